@@ -1,0 +1,129 @@
+"""The deployment's configuration file: datasets and run defaults. Validated when loaded; errors say what to fix.
+
+`REGEN_CONFIG` points at the file (each deployment has its own); the default is the project's `config/regen.yaml`.
+Relative dataset paths are resolved against the config file's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from regen.chat import PROFILES
+
+DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "regen.yaml"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class Sampling(BaseModel):
+    """Every sampling parameter is sent explicitly: unset ones would come from the model's generation_config."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_new_tokens: int = Field(2048, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    top_k: int = -1
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        if value != -1 and value < 1:
+            raise ValueError("top_k must be -1 (all tokens) or at least 1")
+        return value
+
+    def as_params(self) -> dict[str, float | int | bool]:
+        return {
+            **self.model_dump(),
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "repetition_penalty": 1.0,
+            "min_new_tokens": 0,
+            "n": 1,
+            "ignore_eos": False,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "no_stop_trim": True,
+        }
+
+
+class DatasetConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    paths: list[str] = Field(min_length=1)
+    format: Literal["openai_messages", "input_output"] = "openai_messages"
+    description: str = ""
+
+
+class Defaults(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    profile: str = "kimi-k2.5-mini"
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:30000"], min_length=1)
+    storage_root: str = "var/storage"
+    shard_size: int = Field(2000, ge=1)
+    concurrency: int = Field(64, ge=1, description="requests in flight per shard task")
+    request_timeout_s: float = Field(3600.0, gt=0)
+    max_attempts: int = Field(5, ge=1)
+    sampling: Sampling = Sampling()
+    schedule: str | None = None
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        if value not in PROFILES:
+            raise ValueError(f"unknown profile {value!r}; known: {', '.join(sorted(PROFILES))}")
+        return value
+
+
+class RegenConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    defaults: Defaults = Defaults()
+    datasets: dict[str, DatasetConfig] = Field(min_length=1)
+    base_dir: Path = Path(".")
+
+    @model_validator(mode="after")
+    def _names_are_safe(self) -> RegenConfig:
+        for name in self.datasets:
+            if not DATASET_NAME.match(name):
+                raise ValueError(f"dataset name {name!r}: use letters, digits, '_', '.', '-' (it becomes a storage key)")
+        return self
+
+    def dataset(self, name: str) -> DatasetConfig:
+        try:
+            return self.datasets[name]
+        except KeyError:
+            raise ConfigError(f"unknown dataset {name!r}; the config declares: {', '.join(self.datasets)}") from None
+
+    def resolve(self, path: str) -> str:
+        """Dataset paths and a local storage root are relative to the config file; URIs pass through."""
+        if "://" in path or Path(path).is_absolute():
+            return path
+        return str((self.base_dir / path).resolve())
+
+
+def config_path() -> Path:
+    return Path(os.environ.get("REGEN_CONFIG", DEFAULT_CONFIG))
+
+
+def load_config(path: Path | None = None) -> RegenConfig:
+    path = path or config_path()
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist (set REGEN_CONFIG to your deployment's file)") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must be a mapping with 'defaults' and 'datasets'")
+    try:
+        return RegenConfig(**raw, base_dir=path.resolve().parent)
+    except ValidationError as e:
+        raise ConfigError(f"config file {path} is invalid:\n{e}") from e

@@ -1,0 +1,1 @@
+"""Prompt datasets: reading sources, normalising rows, preparing tokenised shards."""

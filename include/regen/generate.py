@@ -1,0 +1,198 @@
+"""Stage 3: one shard of prompts -> raw answers, kept exactly as /generate returned them.
+
+Durable and exactly-once per sample id: finished answers (and permanent rejections) are checkpointed to part files
+every `checkpoint_every` records or `checkpoint_s` seconds; a retried or cleared task reads the parts and requests
+only what is missing. The shard's raw file is written once, from the parts, when nothing is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from regen.datasets.prepare import read_prompts
+from regen.manifest import ShardManifest, StageStats
+from regen.sglang.client import FleetUnavailable, PermanentError, SGLangClient, TransientError
+from regen.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    endpoints: list[str]
+    sampling_params: dict[str, Any]
+    concurrency: int = 64
+    request_timeout_s: float = 3600.0
+    max_attempts: int = 5
+    checkpoint_every: int = 256
+    checkpoint_s: float = 30.0
+    progress_s: float = 10.0
+
+
+def _parts_prefix(shard: ShardManifest) -> str:
+    return shard.location.key("raw", shard.name) + "/"
+
+
+def load_checkpoints(storage: Storage, shard: ShardManifest) -> tuple[dict[str, dict[str, Any]], int]:
+    """Every record already checkpointed for this shard, by sample id, and the next free part number."""
+    done: dict[str, dict[str, Any]] = {}
+    keys = [k for k in storage.list_keys(_parts_prefix(shard)) if k.endswith(".jsonl")]
+    for key in keys:
+        for line in storage.get_bytes(key).decode("utf-8").splitlines():
+            record = json.loads(line)
+            done.setdefault(record["id"], record)
+    next_part = 1 + max((int(k.rsplit("part-", 1)[1].split(".")[0]) for k in keys), default=-1)
+    return done, next_part
+
+
+class _Checkpointer:
+    def __init__(self, storage: Storage, shard: ShardManifest, next_part: int, every: int, seconds: float) -> None:
+        self.storage, self.shard, self.part = storage, shard, next_part
+        self.every, self.seconds = every, seconds
+        self.pending: list[dict[str, Any]] = []
+        self.last_flush = time.monotonic()
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.pending.append(record)
+        if len(self.pending) >= self.every or time.monotonic() - self.last_flush >= self.seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            body = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in self.pending)
+            self.storage.put_bytes(f"{_parts_prefix(self.shard)}part-{self.part:05d}.jsonl", body.encode())
+            self.part += 1
+            self.pending.clear()
+        self.last_flush = time.monotonic()
+
+
+class _Progress:
+    def __init__(self, shard: ShardManifest, total: int, already: int, every_s: float) -> None:
+        self.shard, self.total, self.done, self.every_s = shard, total, already, every_s
+        self.started = self.last = time.monotonic()
+        self.answered = self.output_tokens = 0
+
+    def record(self, output_tokens: int) -> None:
+        self.done += 1
+        self.answered += 1
+        self.output_tokens += output_tokens
+
+    def maybe_log(self, client: SGLangClient, in_flight: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < self.every_s:
+            return
+        self.last = now
+        elapsed = max(now - self.started, 1e-9)
+        rate = self.answered / elapsed
+        eta = (self.total - self.done) / rate if rate else float("inf")
+        log.info(
+            "%s %s: %d/%d done, %d in flight, %.2f req/s, %.0f output tok/s, retries %s, ETA %.0fs",
+            self.shard.location.dataset, self.shard.name, self.done, self.total, in_flight, rate,
+            self.output_tokens / elapsed, dict(client.stats.retries_by_cause), eta,
+        )
+
+
+def raw_record(sample_id: str, prompt_ids: list[int], sampling: dict[str, Any], generation: Any) -> dict[str, Any]:
+    return {
+        "id": sample_id,
+        "rid": generation.rid,
+        "prompt_ids": prompt_ids,
+        "output_ids": generation.output_ids,
+        "meta_info": generation.meta_info,
+        "text": generation.text,
+        "sampling_params": sampling,
+        "endpoint": generation.endpoint,
+        "attempts": generation.attempts,
+    }
+
+
+async def _generate_missing(
+    settings: GenerateSettings, todo: list[tuple[str, list[int]]], checkpointer: _Checkpointer, progress: _Progress
+) -> None:
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        client = SGLangClient(settings.endpoints, session, settings.request_timeout_s, settings.max_attempts)
+        queue = iter(todo)
+        in_flight = 0
+
+        async def worker() -> None:
+            nonlocal in_flight
+            for sample_id, prompt_ids in queue:
+                in_flight += 1
+                try:
+                    generation = await client.generate(prompt_ids, settings.sampling_params, sample_id)
+                except PermanentError as e:
+                    checkpointer.add({"id": sample_id, "rejected": {"stage": "generate", "reason": "server_rejected",
+                                                                    "detail": str(e)}})
+                    progress.done += 1
+                    continue
+                finally:
+                    in_flight -= 1
+                checkpointer.add(raw_record(sample_id, prompt_ids, settings.sampling_params, generation))
+                progress.record(len(generation.output_ids))
+                progress.maybe_log(client, in_flight)
+
+        workers = [asyncio.create_task(worker()) for _ in range(min(settings.concurrency, len(todo)))]
+        try:
+            await asyncio.gather(*workers)
+        except TransientError as e:
+            raise FleetUnavailable(
+                f"gave up after {settings.max_attempts} attempts on {settings.endpoints}: {e}; "
+                "finished answers are checkpointed and a retry of this task resumes from them"
+            ) from e
+        finally:
+            for w in workers:
+                w.cancel()
+            checkpointer.flush()
+            progress.maybe_log(client, in_flight, force=True)
+
+
+def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSettings) -> ShardManifest:
+    raw_key = shard.key("raw", ".jsonl")
+    prompts = read_prompts(storage, shard)
+    ids, prompt_ids = prompts.column("id").to_pylist(), prompts.column("prompt_ids").to_pylist()
+    if not storage.exists(raw_key):
+        done, next_part = load_checkpoints(storage, shard)
+        todo = [(i, p) for i, p in zip(ids, prompt_ids, strict=True) if i not in done]
+        log.info("%s %s: %d prompts, %d checkpointed, %d to generate",
+                 shard.location.dataset, shard.name, len(ids), len(done), len(todo))
+        if todo:
+            checkpointer = _Checkpointer(storage, shard, next_part, settings.checkpoint_every, settings.checkpoint_s)
+            progress = _Progress(shard, len(ids), len(done), settings.progress_s)
+            asyncio.run(_generate_missing(settings, todo, checkpointer, progress))
+            done, _ = load_checkpoints(storage, shard)
+        _write_raw(storage, shard, raw_key, [done[i] for i in ids])
+    return _summarise(storage, shard, raw_key, ids)
+
+
+def _write_raw(storage: Storage, shard: ShardManifest, raw_key: str, records: list[dict[str, Any]]) -> None:
+    """Answers in prompt order into raw/, permanent rejections into rejected/; the raw file marks the shard done."""
+    answered = [r for r in records if "rejected" not in r]
+    rejected = [{"id": r["id"], **r["rejected"]} for r in records if "rejected" in r]
+    if rejected:
+        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected)
+        storage.put_bytes(shard.key("rejected", "-generate.jsonl"), body.encode())
+    storage.put_bytes(raw_key, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in answered).encode())
+
+
+def _summarise(storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str]) -> ShardManifest:
+    raw = storage.get_bytes(raw_key)
+    answered = [json.loads(line)["id"] for line in raw.decode("utf-8").splitlines()]
+    if len(answered) != len(set(answered)):
+        raise AssertionError(f"{raw_key}: duplicate sample ids")
+    stats = StageStats()
+    answered_set = set(answered)
+    for sample_id in ids:
+        if sample_id in answered_set:
+            stats.keep()
+        else:
+            stats.drop("server_rejected")
+    return shard.with_stage("generate", stats, {raw_key: hashlib.sha256(raw).hexdigest()}, raw_key=raw_key)

@@ -1,0 +1,161 @@
+"""The pipeline's stages as plain functions of (run spec, manifest dict) -> manifest dict.
+
+This is the seam between the orchestrator and the library: DAG tasks call exactly one of these each, and pass only
+what they return (small JSON dicts) to each other. Anything here runs the same without Airflow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import cache
+from typing import Any
+
+from regen.chat import ChatRenderer, get_profile
+from regen.config import ConfigError, RegenConfig, Sampling, load_config
+from regen.datasets.prepare import run_prepare
+from regen.export import run_export
+from regen.generate import GenerateSettings, run_generate
+from regen.manifest import DatasetLocation, PreparedDataset, ShardManifest, version_from_run_id
+from regen.publish import run_publish
+from regen.sglang.server_check import check_fleet
+from regen.storage import Storage, open_storage
+from regen.validate import run_validate
+
+log = logging.getLogger(__name__)
+
+S3ClientFactory = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run's choices: the trigger form's params over the config's defaults, checked before any work starts."""
+
+    datasets: list[str]
+    endpoints: list[str]
+    storage_root: str
+    profile: str
+    limit: int | None
+    sampling: dict[str, Any]
+    version: str
+    shard_size: int
+    concurrency: int
+    request_timeout_s: float
+    max_attempts: int
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], run_id: str, config: RegenConfig | None = None) -> RunSpec:
+        config = config or load_config()
+        d = config.defaults
+        datasets = list(params.get("datasets") or config.datasets)
+        for name in datasets:
+            config.dataset(name)
+        profile = params.get("profile") or d.profile
+        get_profile(profile)
+        limit = params.get("limit")
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ConfigError(f"limit must be a positive integer or null, got {limit!r}")
+        sampling = Sampling(**{**d.sampling.model_dump(), **(params.get("sampling") or {})})
+        endpoints = [str(e).rstrip("/") for e in (params.get("endpoints") or d.endpoints)]
+        if not all(e.startswith(("http://", "https://")) for e in endpoints):
+            raise ConfigError(f"endpoints must be http(s) base URLs, got {endpoints}")
+        return cls(
+            datasets=datasets,
+            endpoints=endpoints,
+            storage_root=config.resolve(params.get("storage_root") or d.storage_root),
+            profile=profile,
+            limit=limit,
+            sampling=sampling.as_params(),
+            version=params.get("version") or version_from_run_id(run_id),
+            shard_size=int(params.get("shard_size") or d.shard_size),
+            concurrency=int(params.get("concurrency") or d.concurrency),
+            request_timeout_s=d.request_timeout_s,
+            max_attempts=d.max_attempts,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def location(self, dataset: str) -> DatasetLocation:
+        return DatasetLocation(self.storage_root, self.profile, dataset, self.version)
+
+
+@cache
+def renderer_for(profile: str) -> ChatRenderer:
+    return ChatRenderer(get_profile(profile))
+
+
+def _storage(run: RunSpec, s3_client: S3ClientFactory | None) -> Storage:
+    needs_client = run.storage_root.startswith("s3://") and s3_client is not None
+    return open_storage(run.storage_root, s3_client() if needs_client else None)
+
+
+def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    config = load_config()
+    prepared = run_prepare(
+        config.dataset(dataset),
+        run.location(dataset),
+        _storage(run, s3_client),
+        renderer_for(run.profile),
+        run.shard_size,
+        run.limit,
+        config.resolve,
+    )
+    return prepared.to_dict()
+
+
+def shards_of(prepared: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [shard for dataset in prepared for shard in dataset["shards"]]
+
+
+def check_server(run: RunSpec) -> list[dict[str, Any]]:
+    return check_fleet(run.endpoints, renderer_for(run.profile), run.sampling)
+
+
+def generate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    settings = GenerateSettings(
+        endpoints=run.endpoints,
+        sampling_params=run.sampling,
+        concurrency=run.concurrency,
+        request_timeout_s=run.request_timeout_s,
+        max_attempts=run.max_attempts,
+    )
+    return run_generate(ShardManifest.from_dict(shard), _storage(run, s3_client), settings).to_dict()
+
+
+def validate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    roles = renderer_for(run.profile).roles
+    return run_validate(ShardManifest.from_dict(shard), _storage(run, s3_client), roles).to_dict()
+
+
+def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    return run_export(ShardManifest.from_dict(shard), _storage(run, s3_client)).to_dict()
+
+
+def publish_dataset(
+    run: RunSpec, prepared: dict[str, Any], fleet: list[dict[str, Any]], s3_client: S3ClientFactory | None = None
+) -> dict[str, Any]:
+    return run_publish(PreparedDataset.from_dict(prepared), _storage(run, s3_client), fleet)
+
+
+def report(run: RunSpec, published: list[dict[str, Any]], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    """The run's summary: one line per dataset in the log, and a JSON report beside the datasets."""
+    missing = sorted(set(run.datasets) - {p["dataset"] for p in published})
+    summary = {"run": run.to_dict(), "datasets": published, "unpublished": missing}
+    storage = _storage(run, s3_client)
+    key = f"{run.profile}/runs/{run.version}.json"
+    storage.put_bytes(key, json.dumps(summary, indent=1).encode())
+    for p in published:
+        g, v = p["stages"]["generate"], p["stages"]["validate"]
+        log.info(
+            "%s: %d rows read, %d prompts, %d answered, %d valid (failed: %s), %d training records -> %s",
+            p["dataset"], p["prepare"]["total"], p["prepare"]["kept"], g["kept"], v["kept"],
+            v["dropped_by_reason"] or "none", p["records"], p["manifest"],
+        )
+    if missing:
+        log.error("not published: %s (see the failed tasks; clear them to resume)", ", ".join(missing))
+    log.info("run report: %s", storage.uri(key))
+    summary["report"] = storage.uri(key)
+    return summary

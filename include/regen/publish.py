@@ -1,0 +1,70 @@
+"""Stage 6: a dataset version becomes visible. `manifest.json` is written last, only when every shard is finished."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from regen.export import shard_report_key
+from regen.manifest import PreparedDataset, ShardManifest, StageStats
+from regen.storage import Storage
+
+log = logging.getLogger(__name__)
+
+STAGES = ("generate", "validate", "export")
+
+
+class IncompleteDataset(Exception):
+    pass
+
+
+def manifest_key(prepared: PreparedDataset) -> str:
+    return prepared.location.key("manifest.json")
+
+
+def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], list[str]]:
+    finished, missing = [], []
+    for shard in prepared.shards:
+        key = shard_report_key(shard)
+        if storage.exists(key):
+            finished.append(ShardManifest.from_dict(json.loads(storage.get_bytes(key))))
+        else:
+            missing.append(shard.name)
+    return finished, missing
+
+
+def run_publish(prepared: PreparedDataset, storage: Storage, fleet: list[dict[str, Any]]) -> dict[str, Any]:
+    location = prepared.location
+    shards, missing = finished_shards(prepared, storage)
+    if missing:
+        raise IncompleteDataset(
+            f"{location.dataset} {location.version}: shards {', '.join(missing)} did not finish; clear their failed "
+            "tasks (finished answers are kept) and this task publishes once they succeed"
+        )
+    stages = {stage: StageStats.merged([s.stats[stage] for s in shards]).to_dict() for stage in STAGES}
+    manifest = {
+        "dataset": location.dataset,
+        "profile": prepared.profile,
+        "token_roles": prepared.token_roles,
+        "version": location.version,
+        "root": storage.root_uri,
+        "published_at": datetime.now(UTC).isoformat(),
+        "prepare": {**prepared.stats.to_dict(), "duplicates": prepared.duplicates},
+        "stages": stages,
+        "records": stages["export"]["kept"],
+        "fleet": fleet,
+        "shards": [
+            {"shard": s.name, "prompts": s.num_prompts, "train": s.train_key, "raw": s.raw_key,
+             "records": s.stats["export"].kept}
+            for s in shards
+        ],
+        "files": {k: v for s in shards for k, v in s.files.items()} | prepared.files,
+    }
+    key = manifest_key(prepared)
+    storage.put_bytes(key, json.dumps(manifest, indent=1).encode())
+    log.info("published %s %s: %d training records -> %s", location.dataset, location.version,
+             manifest["records"], storage.uri(key))
+    return {"dataset": location.dataset, "version": location.version, "manifest": storage.uri(key),
+            "records": manifest["records"], "stages": stages, "prepare": manifest["prepare"]}

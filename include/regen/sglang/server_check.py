@@ -1,0 +1,86 @@
+"""Stage 2: before any GPU time goes into shards, prove every endpoint serves the profile's model correctly.
+
+Each endpoint must answer /health (within a deadline), report a model that the profile accepts in /model_info, and
+answer one probe prompt whose ids pass the same checks as a real record (a probe cut by its small token budget may
+end with finish_reason length). A mismatch fails the run with a message that says what differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from regen.chat import ChatRenderer
+from regen.sglang.client import SGLangClient, get_json, wait_healthy
+from regen.validate import OK, validate_record
+
+PROBE_MESSAGES = [{"role": "user", "content": "Reply with one short sentence: what is 2 + 2?"}]
+PROBE_MAX_NEW_TOKENS = 64
+
+
+class ServerMismatch(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class EndpointInfo:
+    url: str
+    model_path: str
+    version: str | None
+    context_length: int | None
+    probe_output_tokens: int
+    probe_finish_reason: dict[str, Any]
+
+
+def model_matches(model_path: str, accepted: tuple[str, ...]) -> bool:
+    """A served path like /models/moonshotai/Kimi-K2.5 matches "moonshotai/Kimi-K2.5" or "Kimi-K2.5"."""
+    path = model_path.rstrip("/")
+    return any(path == name or path.endswith("/" + name) for name in accepted)
+
+
+async def _check_one(
+    session: aiohttp.ClientSession, url: str, renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float
+) -> EndpointInfo:
+    await wait_healthy(session, url, deadline_s)
+    info = await get_json(session, f"{url}/model_info")
+    model_path = str(info.get("model_path", ""))
+    if not model_matches(model_path, renderer.profile.served_model_names):
+        raise ServerMismatch(
+            f"{url} serves {model_path!r}, but profile {renderer.profile.name!r} expects one of "
+            f"{list(renderer.profile.served_model_names)}: point the run at the right fleet or pick the right profile"
+        )
+    server = await get_json(session, f"{url}/server_info")
+    prompt_ids = renderer.render_ids(PROBE_MESSAGES, None)
+    client = SGLangClient([url], session, request_timeout_s=600, max_attempts=3)
+    probe_sampling = {**sampling, "max_new_tokens": min(int(sampling["max_new_tokens"]), PROBE_MAX_NEW_TOKENS)}
+    generation = await client.generate(prompt_ids, probe_sampling, "regen-probe")
+    verdict = validate_record(prompt_ids, generation.output_ids, generation.finish_reason, renderer.roles)
+    if verdict not in (OK, "truncated"):
+        raise ServerMismatch(f"{url}: the probe answer failed validation ({verdict}): {generation.output_ids[:32]}...")
+    return EndpointInfo(
+        url=url,
+        model_path=model_path,
+        version=server.get("version"),
+        context_length=server.get("context_length") or server.get("max_req_input_len"),
+        probe_output_tokens=len(generation.output_ids),
+        probe_finish_reason=generation.finish_reason,
+    )
+
+
+async def _check_all(
+    endpoints: list[str], renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float
+) -> list[EndpointInfo]:
+    async with aiohttp.ClientSession() as session:
+        return list(
+            await asyncio.gather(*(_check_one(session, u.rstrip("/"), renderer, sampling, deadline_s) for u in endpoints))
+        )
+
+
+def check_fleet(
+    endpoints: list[str], renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float = 600.0
+) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(e) for e in asyncio.run(_check_all(endpoints, renderer, sampling, deadline_s))]

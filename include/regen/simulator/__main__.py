@@ -1,0 +1,57 @@
+"""`python -m regen.simulator --port N`: serve the SGLang protocol on loopback over a simulated model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from aiohttp import web
+
+from regen.chat import get_profile
+from regen.simulator.model import ModelBehaviour, SimulatedModel
+from regen.simulator.server import LatencyModel, SimulatorState, build_app
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m regen.simulator", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback unless told otherwise)")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--profile", default="kimi-k2.5-mini")
+    parser.add_argument("--seed", type=int, default=0, help="model seed when a request sends no sampling_seed")
+    parser.add_argument("--context-length", type=int, default=16384)
+    parser.add_argument("--min-tokens", type=int, default=16, help="shortest reasoning or answer part, in tokens")
+    parser.add_argument("--max-tokens", type=int, default=96, help="longest reasoning or answer part, in tokens")
+    parser.add_argument("--tool-call-rate", type=float, default=0.5)
+    parser.add_argument("--omit-think-end-rate", type=float, default=0.0)
+    parser.add_argument("--prefill-us-per-token", type=float, default=0.0)
+    parser.add_argument("--decode-ms-per-token", type=float, default=0.0)
+    parser.add_argument("--max-running", type=int, default=256, help="running requests; the rest queue")
+    parser.add_argument("--warmup-s", type=float, default=0.0, help="/health answers 503 this long after start")
+    parser.add_argument("--record", type=Path, help="append every answer (rid, input_ids, output_ids) to this JSONL")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    profile = get_profile(args.profile)
+    behaviour = ModelBehaviour(
+        seed=args.seed,
+        min_tokens=args.min_tokens,
+        max_tokens=args.max_tokens,
+        tool_call_rate=args.tool_call_rate,
+        omit_think_end_rate=args.omit_think_end_rate,
+    )
+    latency = LatencyModel(
+        prefill_s_per_token=args.prefill_us_per_token / 1e6,
+        decode_s_per_token=args.decode_ms_per_token / 1e3,
+        max_running=args.max_running,
+        warmup_s=args.warmup_s,
+    )
+    state = SimulatorState(SimulatedModel(profile, behaviour), profile, latency, args.context_length, args.record)
+    web.run_app(build_app(state), host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""An HTTP server that speaks SGLang's native protocol (shared SGLANG_API.md) over a simulated model.
+
+Faithful where the client depends on it: request shapes (single, batch, `n`), sampling-parameter validation with
+SGLang's 400 messages, the two error-body shapes, `output_ids` that include the matched EOS, `finish_reason` stop and
+length, `meta_info` counts, duplicate-rid rejection, and /health answering 503 until warm-up ends. A latency model
+(prefill + decode time per token, a cap on running requests, the rest queued) lets it stand in for a server under load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from regen.chat import ModelProfile
+from regen.simulator.model import SimulatedModel
+
+log = logging.getLogger(__name__)
+
+SERVER_VERSION = "0.5.9-simulator"
+SAMPLING_DEFAULTS: dict[str, Any] = {
+    "max_new_tokens": 128,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "n": 1,
+    "stop_token_ids": None,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "no_stop_trim": False,
+    "sampling_seed": None,
+}
+
+
+class EngineError(ValueError):
+    """What SGLang's engine raises as ValueError: 400 {"error": {"message": ...}}."""
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    prefill_s_per_token: float = 0.0
+    decode_s_per_token: float = 0.0
+    max_running: int = 256
+    warmup_s: float = 0.0
+
+    def seconds(self, prompt_tokens: int, output_tokens: int) -> float:
+        return prompt_tokens * self.prefill_s_per_token + output_tokens * self.decode_s_per_token
+
+
+def _schema_error(message: str) -> web.Response:
+    body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
+    return web.json_response(body, status=400)
+
+
+def _engine_error(message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=400)
+
+
+def verify_sampling(params: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    """SGLang's SamplingParams.verify, the checks a client can trip."""
+    merged = {**SAMPLING_DEFAULTS, **params}
+    if merged["temperature"] < 0.0:
+        raise EngineError(f"temperature must be non-negative, got {merged['temperature']}.")
+    if not 0.0 < merged["top_p"] <= 1.0:
+        raise EngineError(f"top_p must be in (0, 1], got {merged['top_p']}.")
+    if merged["top_k"] < 1 and merged["top_k"] != -1:
+        raise EngineError(f"top_k must be -1 (disable), or at least 1, got {merged['top_k']}.")
+    if not 0.0 <= merged["min_p"] <= 1.0:
+        raise EngineError(f"min_p must be in [0, 1], got {merged['min_p']}.")
+    if merged["max_new_tokens"] is not None and merged["max_new_tokens"] < 0:
+        raise EngineError(f"max_new_tokens must be at least 0, got {merged['max_new_tokens']}.")
+    if merged["n"] < 1:
+        raise EngineError(f"n must be at least 1, got {merged['n']}.")
+    for token_id in merged["stop_token_ids"] or []:
+        if not 0 <= token_id < vocab_size:
+            raise EngineError(f"stop_token_ids contains {token_id}, outside the vocabulary of {vocab_size}.")
+    return merged
+
+
+class SimulatorState:
+    def __init__(
+        self, model: SimulatedModel, profile: ModelProfile, latency: LatencyModel, context_length: int,
+        record_path: Path | None,
+    ) -> None:
+        self.model = model
+        self.profile = profile
+        self.latency = latency
+        self.context_length = context_length
+        self.started = time.monotonic()
+        self.running = asyncio.Semaphore(latency.max_running)
+        self.active_rids: set[str] = set()
+        self.record_file = record_path.open("a", encoding="utf-8") if record_path else None
+        self.requests_served = 0
+
+    def ready(self) -> bool:
+        return time.monotonic() - self.started >= self.latency.warmup_s
+
+
+def _split_batch(body: dict[str, Any]) -> tuple[list[list[int]], list[dict[str, Any]], list[str | None], bool]:
+    given = [key for key in ("text", "input_ids", "input_embeds") if body.get(key) is not None]
+    if len(given) != 1:
+        raise EngineError("Either text, input_ids or input_embeds should be provided.")
+    if given[0] != "input_ids":
+        raise EngineError(f"The simulator accepts input_ids only, got {given[0]}.")
+    input_ids = body["input_ids"]
+    if not isinstance(input_ids, list) or not input_ids:
+        raise EngineError("input_ids cannot be empty.")
+    is_batch = isinstance(input_ids[0], list)
+    prompts = input_ids if is_batch else [input_ids]
+    if any(not p or not all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompts):
+        raise EngineError("input_ids cannot be empty." if any(not p for p in prompts) else "input_ids must be ints.")
+    sampling = body.get("sampling_params") or {}
+    samplings = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+    if len(samplings) != len(prompts):
+        raise EngineError("The number of sampling_params does not match the batch size.")
+    rid = body.get("rid")
+    if isinstance(rid, list):
+        rids = rid
+    elif is_batch and rid is not None:
+        rids = [f"{rid}_{i}" for i in range(len(prompts))]
+    else:
+        rids = [rid] * len(prompts)
+    if len(rids) != len(prompts):
+        raise EngineError("The number of rids does not match the batch size.")
+    return prompts, samplings, rids, is_batch
+
+
+def _finish(full: list[int], params: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    """Cut the model's answer where SGLang would: a stop id (kept in output_ids) or max_new_tokens."""
+    stop_ids = set(params["stop_token_ids"] or [])
+    limit = params["max_new_tokens"]
+    for position, token_id in enumerate(full):
+        if limit is not None and position >= limit:
+            return full[:limit], {"type": "length", "length": limit}
+        is_eos = position == len(full) - 1 and not params["ignore_eos"]
+        if is_eos or token_id in stop_ids:
+            return full[: position + 1], {"type": "stop", "matched": token_id}
+    return full, {"type": "length", "length": limit}
+
+
+async def _one(
+    state: SimulatorState, prompt_ids: list[int], params: dict[str, Any], rid: str, index: int
+) -> dict[str, Any]:
+    started = time.monotonic()
+    seed = params["sampling_seed"]
+    full = state.model.complete(prompt_ids, None if seed is None else seed + index)
+    output_ids, finish_reason = _finish(full, params)
+    async with state.running:
+        await asyncio.sleep(state.latency.seconds(len(prompt_ids), len(output_ids)))
+    text_ids = output_ids
+    if finish_reason["type"] == "stop" and not params["no_stop_trim"]:
+        text_ids = output_ids[:-1]
+    text = state.model.tokenizer.decode(text_ids, skip_special_tokens=params["skip_special_tokens"])
+    meta_info = {
+        "id": rid,
+        "finish_reason": finish_reason,
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": len(output_ids),
+        "cached_tokens": 0,
+        "e2e_latency": round(time.monotonic() - started, 6),
+    }
+    if state.record_file:
+        record = {"rid": rid, "input_ids": prompt_ids, "output_ids": output_ids, "finish_reason": finish_reason}
+        state.record_file.write(json.dumps(record) + "\n")
+        state.record_file.flush()
+    state.requests_served += 1
+    return {"text": text, "output_ids": output_ids, "meta_info": meta_info}
+
+
+async def generate(request: web.Request) -> web.Response:
+    state: SimulatorState = request.app["state"]
+    try:
+        body = await request.json()
+    except json.JSONDecodeError as e:
+        return _schema_error(f"Invalid JSON body: {e}")
+    if not isinstance(body, dict):
+        return _schema_error("The request body must be a JSON object.")
+    if body.get("stream"):
+        return _schema_error("The simulator does not stream; send stream=false.")
+    try:
+        prompts, samplings, rids, is_batch = _split_batch(body)
+        params = [verify_sampling(s, state.model.vocab_size) for s in samplings]
+        for prompt_ids in prompts:
+            if len(prompt_ids) >= state.context_length:
+                raise EngineError(
+                    f"The input ({len(prompt_ids)} tokens) is longer than the model's context length "
+                    f"({state.context_length} tokens)."
+                )
+            if any(not 0 <= t < state.model.vocab_size for t in prompt_ids):
+                raise EngineError(f"Token id out of range: the vocabulary has {state.model.vocab_size} ids.")
+    except (EngineError, TypeError) as e:
+        return _engine_error(str(e))
+    except KeyError as e:
+        return _schema_error(f"Missing field: {e}")
+    items = []
+    for i, (prompt_ids, p, rid) in enumerate(zip(prompts, params, rids, strict=True)):
+        base_rid = rid or uuid.uuid4().hex
+        for k in range(p["n"]):
+            items.append((prompt_ids, p, f"{base_rid}_{k}" if p["n"] > 1 else base_rid, i * p["n"] + k))
+    item_rids = [item[2] for item in items]
+    if state.active_rids.intersection(item_rids) or len(set(item_rids)) < len(item_rids):
+        return _engine_error("Duplicate request ID detected")
+    state.active_rids.update(item_rids)
+    try:
+        results = await asyncio.gather(*(_one(state, *item) for item in items))
+    finally:
+        state.active_rids.difference_update(item_rids)
+    return web.json_response(results if is_batch or len(results) > 1 else results[0])
+
+
+async def health(request: web.Request) -> web.Response:
+    state: SimulatorState = request.app["state"]
+    return web.Response(status=200 if state.ready() else 503)
+
+
+async def model_info(request: web.Request) -> web.Response:
+    state: SimulatorState = request.app["state"]
+    return web.json_response(
+        {
+            "model_path": state.profile.served_model_names[0],
+            "tokenizer_path": state.profile.tokenizer,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+        }
+    )
+
+
+async def server_info(request: web.Request) -> web.Response:
+    state: SimulatorState = request.app["state"]
+    return web.json_response(
+        {
+            "version": SERVER_VERSION,
+            "model_path": state.profile.served_model_names[0],
+            "served_model_name": state.profile.served_model_names[0],
+            "context_length": state.context_length,
+            "max_req_input_len": state.context_length - 1,
+            "max_total_num_tokens": state.context_length * state.latency.max_running,
+            "max_running_requests": state.latency.max_running,
+            "max_queued_requests": None,
+            "reasoning_parser": "kimi_k2",
+            "tool_call_parser": "kimi_k2",
+            "incremental_streaming_output": False,
+            "skip_tokenizer_init": False,
+            "tp_size": 8,
+            "dp_size": 1,
+            "requests_served": state.requests_served,
+        }
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    state: SimulatorState = request.app["state"]
+    name = state.profile.served_model_names[0]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": int(state.started), "owned_by": "sglang",
+                 "root": name, "max_model_len": state.context_length}
+            ],
+        }
+    )
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    state: SimulatorState = request.app["state"]
+    if state.active_rids:
+        return web.Response(status=400, text="Cache not flushed: requests are running.")
+    return web.Response(text="Cache flushed.")
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+def build_app(state: SimulatorState) -> web.Application:
+    app = web.Application(client_max_size=1024**3)
+    app["state"] = state
+    app.router.add_route("POST", "/generate", generate)
+    app.router.add_route("PUT", "/generate", generate)
+    for path in ("/health", "/health_generate"):
+        app.router.add_get(path, health)
+    for path in ("/model_info", "/get_model_info"):
+        app.router.add_get(path, model_info)
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, server_info)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/flush_cache", flush_cache)
+    app.router.add_post("/abort_request", abort_request)
+    return app

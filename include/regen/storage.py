@@ -1,0 +1,187 @@
+"""One storage root, local directory or S3 prefix, addressed by relative keys.
+
+Writes are all-or-nothing: a local file appears by atomic rename, an S3 object by a single PUT or a completed
+multipart upload. Every write returns the SHA-256 of what was written, which manifests record; S3 additionally checks
+the upload with its own SHA-256 checksum.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+CHUNK = 8 * 1024 * 1024
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Storage(Protocol):
+    root_uri: str
+
+    def uri(self, key: str) -> str: ...
+    def exists(self, key: str) -> bool: ...
+    def put_bytes(self, key: str, data: bytes) -> str: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def put_file(self, key: str, path: Path) -> str: ...
+    def get_file(self, key: str, path: Path) -> None: ...
+    def list_keys(self, prefix: str) -> list[str]: ...
+    def delete(self, key: str) -> None: ...
+
+
+class LocalStorage:
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.root_uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if not path.is_relative_to(self.root):
+            raise ValueError(f"key {key!r} escapes the storage root")
+        return path
+
+    def uri(self, key: str) -> str:
+        return str(self._path(key))
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return hashlib.sha256(data).hexdigest()
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def put_file(self, key: str, path: Path) -> str:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+        os.close(fd)
+        try:
+            with path.open("rb") as src, open(tmp, "wb") as dst:
+                while chunk := src.read(CHUNK):
+                    dst.write(chunk)
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return sha256_file(target)
+
+    def get_file(self, key: str, path: Path) -> None:
+        path.write_bytes(self.get_bytes(key))
+
+    def list_keys(self, prefix: str) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        if base.is_file():
+            return [prefix]
+        if not base.is_dir():
+            return []
+        return sorted(
+            str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".tmp-")
+        )
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+
+class S3Storage:
+    """boto3 against S3 or any S3 HTTP API (MinIO, moto); the client comes from the caller's credentials."""
+
+    def __init__(self, bucket: str, prefix: str, client: Any) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.client = client
+        self.root_uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
+
+    def _key(self, key: str) -> str:
+        if ".." in key.split("/"):
+            raise ValueError(f"key {key!r} escapes the storage root")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        digest = hashlib.sha256(data)
+        self.client.put_object(
+            Bucket=self.bucket,
+            Key=self._key(key),
+            Body=data,
+            ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
+        )
+        return digest.hexdigest()
+
+    def get_bytes(self, key: str) -> bytes:
+        return bytes(self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read())
+
+    def put_file(self, key: str, path: Path) -> str:
+        # upload_file switches to a multipart upload for large files; every part carries its own checksum.
+        self.client.upload_file(
+            str(path), self.bucket, self._key(key), ExtraArgs={"ChecksumAlgorithm": "SHA256"}
+        )
+        return sha256_file(path)
+
+    def get_file(self, key: str, path: Path) -> None:
+        self.client.download_file(self.bucket, self._key(key), str(path))
+
+    def list_keys(self, prefix: str) -> list[str]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        keys: list[str] = []
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+
+def open_storage(root_uri: str, s3_client: Any = None) -> Storage:
+    """`s3://bucket/prefix` or a local directory. S3 needs a boto3 client (from an Airflow connection, say)."""
+    parsed = urlparse(root_uri)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ValueError(f"storage root {root_uri!r}: write s3://bucket/prefix")
+        if s3_client is None:
+            import boto3
+
+            s3_client = boto3.client("s3")
+        return S3Storage(parsed.netloc, parsed.path, s3_client)
+    if parsed.scheme not in ("", "file"):
+        raise ValueError(f"storage root {root_uri!r}: only s3:// URIs and local directories are supported")
+    return LocalStorage(Path(parsed.path if parsed.scheme == "file" else root_uri))
