@@ -16,21 +16,40 @@ OUT = Path(__file__).resolve().parents[1] / "data" / "samples"
 FUNCTIONS = [
     ("get_weather", "Get the current weather for a city", {"city": "string", "unit": "string"}),
     ("get_stock_price", "Get the current stock price", {"symbol": "string"}),
-    ("convert_currency", "Convert an amount between currencies", {"amount": "number", "from": "string", "to": "string"}),
+    (
+        "convert_currency",
+        "Convert an amount between currencies",
+        {"amount": "number", "from": "string", "to": "string"},
+    ),
     ("search_recipes", "Search recipes by ingredient", {"ingredient": "string", "max_results": "integer"}),
     ("calculate_bmi", "Calculate the body mass index", {"weight_kg": "number", "height_m": "number"}),
 ]
 CITIES = ["Paris", "Tokyo", "Lagos", "Lima", "Oslo", "Hanoi", "Quito", "Perth"]
-TOPICS = ["a binary search", "a linked list reversal", "an LRU cache", "a trie", "merge sort", "a rate limiter",
-          "Dijkstra's algorithm", "a JSON pretty-printer", "run-length encoding", "matrix multiplication"]
+TOPICS = [
+    "a binary search",
+    "a linked list reversal",
+    "an LRU cache",
+    "a trie",
+    "merge sort",
+    "a rate limiter",
+    "Dijkstra's algorithm",
+    "a JSON pretty-printer",
+    "run-length encoding",
+    "matrix multiplication",
+]
 LANGS = ["Python", "Rust", "Go", "TypeScript", "C++", "Java"]
 
 
 def tool(name: str, description: str, params: dict[str, str]) -> dict:
     properties = {p: {"type": t, "description": f"the {p}"} for p, t in params.items()}
-    return {"type": "function", "function": {"name": name, "description": description,
-                                             "parameters": {"type": "object", "properties": properties,
-                                                            "required": list(params)[:1]}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": list(params)[:1]},
+        },
+    }
 
 
 def glaive_rows(rng: random.Random) -> list[str]:
@@ -41,12 +60,19 @@ def glaive_rows(rng: random.Random) -> list[str]:
         city = rng.choice(CITIES)
         name = chosen[0][0]
         messages = [{"role": "system", "content": "You are a helpful assistant with access to functions."}]
-        messages.append({"role": "user", "content": f"Request {i}: can you help me with {name.replace('_', ' ')} for {city}?"})
+        messages.append(
+            {"role": "user", "content": f"Request {i}: can you help me with {name.replace('_', ' ')} for {city}?"}
+        )
         if i % 3 == 0:
-            args = json.dumps({list(chosen[0][2])[0]: city})
+            args = json.dumps({next(iter(chosen[0][2])): city})
             messages += [
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}]},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+                    ],
+                },
                 {"role": "tool", "tool_call_id": f"call_{i}", "content": json.dumps({"result": rng.randint(1, 99)})},
                 {"role": "assistant", "content": f"The result for {city} is ready."},
                 {"role": "user", "content": "Thanks! And what does that mean for tomorrow?"},
@@ -64,17 +90,21 @@ def opencodeinstruct_rows(rng: random.Random) -> list[str]:
     rows = []
     for i in range(48):
         topic, lang = rng.choice(TOPICS), rng.choice(LANGS)
-        rows.append(json.dumps({
-            "id": f"oci-{i:04d}",
-            "input": f"Implement {topic} in {lang}. Explain the time complexity. (task {i})",
-            "output": "```\n# reference solution\n```",
-            "domain": rng.choice(["generic", "algorithmic"]),
-            "generation_algorithm": "self-instruct",
-            "llm_judgement": "{\"score\": 5}",
-            "unit_tests": "[]",
-            "tests_execution_status": "[]",
-            "average_test_score": "1",
-        }))
+        rows.append(
+            json.dumps(
+                {
+                    "id": f"oci-{i:04d}",
+                    "input": f"Implement {topic} in {lang}. Explain the time complexity. (task {i})",
+                    "output": "```\n# reference solution\n```",
+                    "domain": rng.choice(["generic", "algorithmic"]),
+                    "generation_algorithm": "self-instruct",
+                    "llm_judgement": '{"score": 5}',
+                    "unit_tests": "[]",
+                    "tests_execution_status": "[]",
+                    "average_test_score": "1",
+                }
+            )
+        )
     rows.append(json.dumps({"id": "oci-empty", "input": "   ", "output": "nothing to ask"}))
     return rows
 

@@ -13,7 +13,6 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from regen.chat import PROFILES
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -93,7 +92,9 @@ class RegenConfig(BaseModel):
     def _names_are_safe(self) -> RegenConfig:
         for name in self.datasets:
             if not DATASET_NAME.match(name):
-                raise ValueError(f"dataset name {name!r}: use letters, digits, '_', '.', '-' (it becomes a storage key)")
+                raise ValueError(
+                    f"dataset name {name!r}: use letters, digits, '_', '.', '-' (it becomes a storage key)"
+                )
         return self
 
     def dataset(self, name: str) -> DatasetConfig:

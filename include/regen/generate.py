@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-
 from regen.datasets.prepare import read_prompts
 from regen.manifest import ShardManifest, StageStats
 from regen.sglang.client import FleetUnavailable, PermanentError, SGLangClient, TransientError
@@ -95,8 +94,15 @@ class _Progress:
         eta = (self.total - self.done) / rate if rate else float("inf")
         log.info(
             "%s %s: %d/%d done, %d in flight, %.2f req/s, %.0f output tok/s, retries %s, ETA %.0fs",
-            self.shard.location.dataset, self.shard.name, self.done, self.total, in_flight, rate,
-            self.output_tokens / elapsed, dict(client.stats.retries_by_cause), eta,
+            self.shard.location.dataset,
+            self.shard.name,
+            self.done,
+            self.total,
+            in_flight,
+            rate,
+            self.output_tokens / elapsed,
+            dict(client.stats.retries_by_cause),
+            eta,
         )
 
 
@@ -130,8 +136,12 @@ async def _generate_missing(
                 try:
                     generation = await client.generate(prompt_ids, settings.sampling_params, sample_id)
                 except PermanentError as e:
-                    checkpointer.add({"id": sample_id, "rejected": {"stage": "generate", "reason": "server_rejected",
-                                                                    "detail": str(e)}})
+                    checkpointer.add(
+                        {
+                            "id": sample_id,
+                            "rejected": {"stage": "generate", "reason": "server_rejected", "detail": str(e)},
+                        }
+                    )
                     progress.done += 1
                     continue
                 finally:
@@ -162,8 +172,14 @@ def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSetti
     if not storage.exists(raw_key):
         done, next_part = load_checkpoints(storage, shard)
         todo = [(i, p) for i, p in zip(ids, prompt_ids, strict=True) if i not in done]
-        log.info("%s %s: %d prompts, %d checkpointed, %d to generate",
-                 shard.location.dataset, shard.name, len(ids), len(done), len(todo))
+        log.info(
+            "%s %s: %d prompts, %d checkpointed, %d to generate",
+            shard.location.dataset,
+            shard.name,
+            len(ids),
+            len(done),
+            len(todo),
+        )
         if todo:
             checkpointer = _Checkpointer(storage, shard, next_part, settings.checkpoint_every, settings.checkpoint_s)
             progress = _Progress(shard, len(ids), len(done), settings.progress_s)

@@ -44,11 +44,17 @@ class StageStats:
 
     def check(self) -> None:
         if self.total != self.kept + self.dropped:
-            raise AssertionError(f"stats do not add up: total {self.total} != kept {self.kept} + dropped {self.dropped}")
+            raise AssertionError(
+                f"stats do not add up: total {self.total} != kept {self.kept} + dropped {self.dropped}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"total": self.total, "kept": self.kept, "dropped": self.dropped,
-                "dropped_by_reason": dict(sorted(self.dropped_by_reason.items()))}
+        return {
+            "total": self.total,
+            "kept": self.kept,
+            "dropped": self.dropped,
+            "dropped_by_reason": dict(sorted(self.dropped_by_reason.items())),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
@@ -106,9 +112,7 @@ class ShardManifest:
 
     def with_stage(self, stage: str, stats: StageStats, files: dict[str, str], **fields: Any) -> ShardManifest:
         stats.check()
-        return dataclasses.replace(
-            self, stats={**self.stats, stage: stats}, files={**self.files, **files}, **fields
-        )
+        return dataclasses.replace(self, stats={**self.stats, stage: stats}, files={**self.files, **files}, **fields)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -151,8 +151,14 @@ def report(run: RunSpec, published: list[dict[str, Any]], s3_client: S3ClientFac
         g, v = p["stages"]["generate"], p["stages"]["validate"]
         log.info(
             "%s: %d rows read, %d prompts, %d answered, %d valid (failed: %s), %d training records -> %s",
-            p["dataset"], p["prepare"]["total"], p["prepare"]["kept"], g["kept"], v["kept"],
-            v["dropped_by_reason"] or "none", p["records"], p["manifest"],
+            p["dataset"],
+            p["prepare"]["total"],
+            p["prepare"]["kept"],
+            g["kept"],
+            v["kept"],
+            v["dropped_by_reason"] or "none",
+            p["records"],
+            p["manifest"],
         )
     if missing:
         log.error("not published: %s (see the failed tasks; clear them to resume)", ", ".join(missing))

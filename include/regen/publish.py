@@ -56,15 +56,31 @@ def run_publish(prepared: PreparedDataset, storage: Storage, fleet: list[dict[st
         "records": stages["export"]["kept"],
         "fleet": fleet,
         "shards": [
-            {"shard": s.name, "prompts": s.num_prompts, "train": s.train_key, "raw": s.raw_key,
-             "records": s.stats["export"].kept}
+            {
+                "shard": s.name,
+                "prompts": s.num_prompts,
+                "train": s.train_key,
+                "raw": s.raw_key,
+                "records": s.stats["export"].kept,
+            }
             for s in shards
         ],
         "files": {k: v for s in shards for k, v in s.files.items()} | prepared.files,
     }
     key = manifest_key(prepared)
     storage.put_bytes(key, json.dumps(manifest, indent=1).encode())
-    log.info("published %s %s: %d training records -> %s", location.dataset, location.version,
-             manifest["records"], storage.uri(key))
-    return {"dataset": location.dataset, "version": location.version, "manifest": storage.uri(key),
-            "records": manifest["records"], "stages": stages, "prepare": manifest["prepare"]}
+    log.info(
+        "published %s %s: %d training records -> %s",
+        location.dataset,
+        location.version,
+        manifest["records"],
+        storage.uri(key),
+    )
+    return {
+        "dataset": location.dataset,
+        "version": location.version,
+        "manifest": storage.uri(key),
+        "records": manifest["records"],
+        "stages": stages,
+        "prepare": manifest["prepare"],
+    }

@@ -151,9 +151,7 @@ class S3Storage:
 
     def put_file(self, key: str, path: Path) -> str:
         # upload_file switches to a multipart upload for large files; every part carries its own checksum.
-        self.client.upload_file(
-            str(path), self.bucket, self._key(key), ExtraArgs={"ChecksumAlgorithm": "SHA256"}
-        )
+        self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs={"ChecksumAlgorithm": "SHA256"})
         return sha256_file(path)
 
     def get_file(self, key: str, path: Path) -> None:

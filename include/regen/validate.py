@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 OK = "ok"
 
 
-def validate_record(prompt_ids: list[int], output_ids: list[int], finish_reason: dict[str, Any], roles: TokenRoles) -> str:
+def validate_record(
+    prompt_ids: list[int], output_ids: list[int], finish_reason: dict[str, Any], roles: TokenRoles
+) -> str:
     """The verdict for one record: "ok" or the first failed check's name."""
     suffix = list(roles.generation_suffix)
     if prompt_ids[-len(suffix) :] != suffix:

@@ -15,7 +15,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from regen.chat import ChatRenderer, canonical_json
 from regen.config import DatasetConfig
 from regen.datasets.normalise import Conversation, Rejection, normalise_row
@@ -50,8 +49,14 @@ class _Rejections:
         self._file = self.path.open("w", encoding="utf-8")
 
     def add(self, index: int, source: str, reason: str, detail: str, sample_id: str | None = None) -> None:
-        record = {"id": sample_id, "source_index": index, "source": source, "stage": "prepare",
-                  "reason": reason, "detail": detail}
+        record = {
+            "id": sample_id,
+            "source_index": index,
+            "source": source,
+            "stage": "prepare",
+            "reason": reason,
+            "detail": detail,
+        }
         self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     def close(self) -> None:
@@ -162,7 +167,12 @@ def run_prepare(
     storage.put_bytes(existing, json.dumps(prepared.to_dict(), indent=1).encode())
     log.info(
         "prepared %s: %d rows read, %d prompts kept in %d shards, %d duplicates, dropped %s",
-        location.dataset, stats.total, stats.kept, len(shards), duplicates, stats.dropped_by_reason,
+        location.dataset,
+        stats.total,
+        stats.kept,
+        len(shards),
+        duplicates,
+        stats.dropped_by_reason,
     )
     return prepared
 

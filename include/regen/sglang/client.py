@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import uuid
 import logging
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,7 +164,11 @@ class SGLangClient:
         async for trial in retrying:
             with trial:
                 attempt = trial.retry_state.attempt_number
-                payload = {"input_ids": prompt_ids, "sampling_params": sampling_params, "rid": f"{rid}-{nonce}-{attempt}"}
+                payload = {
+                    "input_ids": prompt_ids,
+                    "sampling_params": sampling_params,
+                    "rid": f"{rid}-{nonce}-{attempt}",
+                }
                 result = await self._attempt(payload, len(prompt_ids))
                 return dataclasses.replace(result, attempts=attempt)
         raise AssertionError("unreachable: tenacity reraises the last error")

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-
 from regen.chat import ChatRenderer
 from regen.sglang.client import SGLangClient, get_json, wait_healthy
 from regen.validate import OK, validate_record
@@ -76,7 +75,9 @@ async def _check_all(
 ) -> list[EndpointInfo]:
     async with aiohttp.ClientSession() as session:
         return list(
-            await asyncio.gather(*(_check_one(session, u.rstrip("/"), renderer, sampling, deadline_s) for u in endpoints))
+            await asyncio.gather(
+                *(_check_one(session, u.rstrip("/"), renderer, sampling, deadline_s) for u in endpoints)
+            )
         )
 
 

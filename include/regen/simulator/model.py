@@ -16,10 +16,54 @@ from typing import Any
 from regen.chat import ChatRenderer, ModelProfile
 
 WORDS = (
-    "the user wants a clear answer so I will check each step and then explain the result with an example "
-    "function value list string number loop return input output first second because therefore however "
-    "let me think about the edge cases compute verify code test simple efficient"
-).split()
+    "the",
+    "user",
+    "wants",
+    "a",
+    "clear",
+    "answer",
+    "so",
+    "I",
+    "will",
+    "check",
+    "each",
+    "step",
+    "and",
+    "then",
+    "explain",
+    "the",
+    "result",
+    "with",
+    "an",
+    "example",
+    "function",
+    "value",
+    "list",
+    "string",
+    "number",
+    "loop",
+    "return",
+    "input",
+    "output",
+    "first",
+    "second",
+    "because",
+    "therefore",
+    "however",
+    "let",
+    "me",
+    "think",
+    "about",
+    "the",
+    "edge",
+    "cases",
+    "compute",
+    "verify",
+    "code",
+    "test",
+    "simple",
+    "efficient",
+)
 TOOL_DECLARE_OPEN = "<|im_system|>tool_declare<|im_middle|>"
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-
 from regen.chat import ModelProfile
 from regen.simulator.model import SimulatedModel
 
@@ -87,7 +86,11 @@ def verify_sampling(params: dict[str, Any], vocab_size: int) -> dict[str, Any]:
 
 class SimulatorState:
     def __init__(
-        self, model: SimulatedModel, profile: ModelProfile, latency: LatencyModel, context_length: int,
+        self,
+        model: SimulatedModel,
+        profile: ModelProfile,
+        latency: LatencyModel,
+        context_length: int,
         record_path: Path | None,
     ) -> None:
         self.model = model
@@ -266,8 +269,14 @@ async def models(request: web.Request) -> web.Response:
         {
             "object": "list",
             "data": [
-                {"id": name, "object": "model", "created": int(state.started), "owned_by": "sglang",
-                 "root": name, "max_model_len": state.context_length}
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": int(state.started),
+                    "owned_by": "sglang",
+                    "root": name,
+                    "max_model_len": state.context_length,
+                }
             ],
         }
     )

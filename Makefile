@@ -1,0 +1,31 @@
+# Two commands on a fresh machine: `make demo` (the pipeline end to end) and `make test` (the test suite).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo demo-s3 test test-fast lint bench clean
+
+$(BIN)/.installed: requirements.txt constraints.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt -c constraints.txt -e .
+	touch $@
+
+demo: $(BIN)/.installed  ## run eagle3_regen through Airflow on the sample datasets, results under var/storage
+	$(BIN)/python tools/devstack.py demo
+
+demo-s3: $(BIN)/.installed  ## the same, publishing to a local S3 API (moto server)
+	$(BIN)/python tools/devstack.py demo --s3
+
+test: $(BIN)/.installed lint  ## everything: unit, DAG and end-to-end tests
+	$(BIN)/python -m pytest
+
+test-fast: $(BIN)/.installed  ## the fast tier: no Airflow scheduler
+	$(BIN)/python -m pytest -m "not e2e"
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf var .pytest_cache .ruff_cache

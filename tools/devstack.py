@@ -1,0 +1,264 @@
+"""The local stack, real parts only: Airflow (scheduler, dag-processor, api-server; LocalExecutor on PostgreSQL),
+the SGLang-protocol simulator, and optionally an S3 HTTP API (moto server). Used by `make demo` and the e2e tests.
+
+    python tools/devstack.py demo [--s3] [--limit N]     run eagle3_regen end to end and print where results are
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DAG_ID = "eagle3_regen"
+ADMIN = ("admin", "admin")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(what: str, check: Any, timeout_s: float, poll_s: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except (requests.RequestException, OSError) as e:
+            last = e
+        time.sleep(poll_s)
+    raise TimeoutError(f"{what} not ready after {timeout_s:.0f}s (last error: {last!r})")
+
+
+def reset_database(name: str) -> str:
+    """A fresh metadata database on the machine's PostgreSQL (trust auth on loopback)."""
+    import psycopg2
+
+    conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        cur.execute(f'CREATE DATABASE "{name}"')
+    conn.close()
+    return f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
+
+
+@dataclass
+class Stack:
+    home: Path  # AIRFLOW_HOME, logs and the simulator's record live here
+    database: str = "eagle3_regen_dev"
+    with_s3: bool = False
+    simulator_args: list[str] = field(default_factory=list)
+    pool_slots: int = 4
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.api_port, self.sim_port, self.s3_port = free_port(), free_port(), free_port()
+        self.api = f"http://127.0.0.1:{self.api_port}"
+        self.simulator = f"http://127.0.0.1:{self.sim_port}"
+        self.s3_endpoint = f"http://127.0.0.1:{self.s3_port}"
+        self.record = self.home / "simulator-record.jsonl"
+        self._token: str | None = None
+
+    def env(self) -> dict[str, str]:
+        passwords = self.home / "passwords.json"
+        passwords.write_text(json.dumps({ADMIN[0]: ADMIN[1]}))
+        s3_conn = {
+            "conn_type": "aws",
+            "login": "testing",
+            "password": "testing",
+            "extra": {"endpoint_url": self.s3_endpoint, "region_name": "us-east-1"},
+        }
+        return {
+            **os.environ,
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN[0]}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.sql_conn,
+            "AIRFLOW__API__PORT": str(self.api_port),
+            "AIRFLOW__API__BASE_URL": self.api,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api}/execution/",
+            "AIRFLOW__API_AUTH__JWT_SECRET": "eagle3-regen-local-stack",
+            "AIRFLOW__API__SECRET_KEY": "eagle3-regen-local-stack",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(s3_conn),
+            "REGEN_CONFIG": os.environ.get("REGEN_CONFIG", str(ROOT / "config" / "regen.yaml")),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = (self.home / f"{name}.log").open("ab")
+        # A process group per component, so stopping it takes its children (gunicorn/uvicorn workers) too.
+        self.processes.append(
+            subprocess.Popen(argv, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
+
+    def _airflow(self, *args: str) -> None:
+        subprocess.run([str(BIN / "airflow"), *args], env=self.env(), check=True, capture_output=True)
+
+    def start(self) -> Stack:
+        self.sql_conn = reset_database(self.database)
+        self._airflow("db", "migrate")
+        self._airflow("pools", "set", "sglang_fleet", str(self.pool_slots), "Requests to the SGLang fleet")
+        self._spawn(
+            "simulator",
+            [
+                sys.executable,
+                "-m",
+                "regen.simulator",
+                "--port",
+                str(self.sim_port),
+                "--record",
+                str(self.record),
+                *self.simulator_args,
+            ],
+        )
+        if self.with_s3:
+            self._spawn("s3", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.s3_port)])
+        self._spawn("api-server", [str(BIN / "airflow"), "api-server", "--port", str(self.api_port)])
+        self._spawn("scheduler", [str(BIN / "airflow"), "scheduler"])
+        self._spawn("dag-processor", [str(BIN / "airflow"), "dag-processor"])
+        wait_until("simulator", lambda: requests.get(f"{self.simulator}/health", timeout=2).ok, 60)
+        if self.with_s3:
+            wait_until("S3 API", lambda: requests.get(self.s3_endpoint, timeout=2).status_code < 500, 60)
+        wait_until("Airflow API", lambda: requests.get(f"{self.api}/api/v2/monitor/health", timeout=2).ok, 120)
+        return self
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+        self.processes.clear()
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def s3_client(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.s3_endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+
+    # --- the Airflow REST API, as a person's scripts would use it ---
+    def _headers(self) -> dict[str, str]:
+        if self._token is None:
+            resp = requests.post(
+                f"{self.api}/auth/token", json={"username": ADMIN[0], "password": ADMIN[1]}, timeout=10
+            )
+            resp.raise_for_status()
+            self._token = resp.json()["access_token"]
+        return {"Authorization": f"Bearer {self._token}"}
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        resp = requests.request(method, f"{self.api}/api/v2{path}", headers=self._headers(), timeout=30, **kwargs)
+        resp.raise_for_status()
+        return resp.json() if resp.content else None
+
+    def trigger(self, conf: dict[str, Any], timeout_s: float = 180) -> str:
+        wait_until(
+            "DAG parsed",
+            lambda: requests.get(f"{self.api}/api/v2/dags/{DAG_ID}", headers=self._headers(), timeout=5).ok,
+            timeout_s,
+        )
+        self.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+        run = self.call("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf})
+        return str(run["dag_run_id"])
+
+    def wait_for_run(self, run_id: str, timeout_s: float = 600) -> str:
+        def finished() -> str | None:
+            state = self.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
+            return state if state in ("success", "failed") else None
+
+        return str(wait_until(f"run {run_id}", finished, timeout_s, poll_s=2))
+
+    def task_states(self, run_id: str) -> list[tuple[str, int, str]]:
+        items = self.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
+        return sorted((t["task_id"], t["map_index"], t["state"]) for t in items["task_instances"])
+
+    def xcom(self, run_id: str, task_id: str, map_index: int = -1) -> Any:
+        path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value"
+        return self.call("GET", path, params={"map_index": map_index, "deserialize": True})["value"]
+
+
+def demo(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="devstack.py demo")
+    parser.add_argument("--s3", action="store_true", help="publish to a local S3 API (moto) instead of var/storage")
+    parser.add_argument("--limit", type=int, default=None)
+    args = parser.parse_args(argv)
+    stack = Stack(
+        ROOT / "var" / "airflow",
+        database="eagle3_regen_demo",
+        with_s3=args.s3,
+        simulator_args=["--decode-ms-per-token", "0.2", "--max-running", "64"],
+    )
+    print(
+        f"starting Airflow ({stack.api}), the SGLang simulator ({stack.simulator})"
+        + (f" and an S3 API ({stack.s3_endpoint})" if args.s3 else "")
+        + "; logs in var/airflow/"
+    )
+    with stack:
+        conf: dict[str, Any] = {"endpoints": [stack.simulator], "limit": args.limit}
+        if args.s3:
+            stack.s3_client().create_bucket(Bucket="eagle3-regen")
+            conf["storage_root"] = "s3://eagle3-regen/demo"
+        run_id = stack.trigger(conf)
+        print(f"triggered {DAG_ID} run {run_id}; waiting (UI: {stack.api}, user admin / admin)")
+        state = stack.wait_for_run(run_id)
+        for task_id, map_index, task_state in stack.task_states(run_id):
+            print(f"  {task_id}[{map_index}]: {task_state}" if map_index >= 0 else f"  {task_id}: {task_state}")
+        summary = stack.xcom(run_id, "report") if state == "success" else None
+    if summary is None:
+        print(f"run {state}: see var/airflow/logs/ for the failed tasks")
+        return 1
+    for dataset in summary["datasets"]:
+        prep = dataset["prepare"]
+        print(
+            f"{dataset['dataset']}: {prep['total']} rows, {prep['kept']} prompts "
+            f"(rejected {prep['dropped_by_reason'] or 'none'}), {dataset['records']} training records\n"
+            f"  manifest: {dataset['manifest']}"
+        )
+    print(f"run report: {summary['report']}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] != "demo":
+        sys.exit(__doc__)
+    sys.exit(demo(sys.argv[2:]))
