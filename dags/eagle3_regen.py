@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import Asset, Param, TriggerRule, dag, get_current_context, task, task_group
+
 from regen.chat import PROFILES
 from regen.config import load_config
 

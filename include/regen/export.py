@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from regen.manifest import ShardManifest, StageStats
 from regen.storage import Storage
 from regen.validate import OK, verdicts_key

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
 from regen.datasets.prepare import read_prompts
 from regen.manifest import ShardManifest, StageStats
 from regen.sglang.client import FleetUnavailable, PermanentError, SGLangClient, TransientError

@@ -15,7 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from regen.chat import ChatRenderer, canonical_json
+
+from regen.chat import ChatRenderer
 from regen.config import DatasetConfig
 from regen.datasets.normalise import Conversation, Rejection, normalise_row
 from regen.datasets.readers import BadRow, expand_paths, iter_jsonl
@@ -136,9 +137,10 @@ def run_prepare(
                     "id": sample_id,
                     "source_index": index,
                     "source": source,
-                    "messages": canonical_json(conversation.messages),
-                    "tools": canonical_json(conversation.tools),
-                    "meta": canonical_json(conversation.meta),
+                    # Key order kept as rendered: re-rendering the stored columns gives the same prompt_ids.
+                    "messages": json.dumps(conversation.messages, ensure_ascii=False),
+                    "tools": json.dumps(conversation.tools, ensure_ascii=False),
+                    "meta": json.dumps(conversation.meta, ensure_ascii=False),
                     "prompt_ids": prompt_ids,
                 }
             )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
 from regen.chat import ChatRenderer
 from regen.sglang.client import SGLangClient, get_json, wait_healthy
 from regen.validate import OK, validate_record

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from aiohttp import web
+
 from regen.chat import get_profile
 from regen.simulator.model import ModelBehaviour, SimulatedModel
 from regen.simulator.server import LatencyModel, SimulatorState, build_app

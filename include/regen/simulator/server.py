@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
 from regen.chat import ModelProfile
 from regen.simulator.model import SimulatedModel
 

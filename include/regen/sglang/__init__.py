@@ -1,0 +1,1 @@
+"""SGLang's native API: the /generate client and the fleet check."""

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from regen.chat import ChatRenderer
+from regen.sglang.client import (
+    Generation,
+    PermanentError,
+    SGLangClient,
+    TransientError,
+    check_response,
+    error_message,
+)
+from tests.conftest import Simulator, free_port
+
+SAMPLING = {"max_new_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
+
+
+async def _generate(endpoints: list[str], prompt: list[int], sampling: dict[str, Any], **kw: Any) -> tuple:
+    async with aiohttp.ClientSession() as session:
+        client = SGLangClient(endpoints, session, backoff_max_s=0.05, **kw)
+        result = await client.generate(prompt, sampling, "sample-1")
+        return result, client.stats
+
+
+def test_generation_keeps_raw_ids_and_meta(simulator: Simulator, renderer: ChatRenderer) -> None:
+    prompt = renderer.render_ids([{"role": "user", "content": "hello"}], None)
+    result, stats = asyncio.run(_generate([simulator.url], prompt, SAMPLING))
+    assert isinstance(result, Generation)
+    recorded = next(r for r in simulator.records() if r["rid"] == result.rid)
+    assert result.output_ids == recorded["output_ids"]
+    assert result.finish_reason == {"type": "stop", "matched": 163586}
+    assert result.attempts == 1 and stats.requests == 1 and result.rid.startswith("sample-1-")
+
+
+def test_400_is_permanent_with_the_servers_message(simulator: Simulator) -> None:
+    with pytest.raises(PermanentError, match=r"top_p must be in \(0, 1\]"):
+        asyncio.run(_generate([simulator.url], [1, 2, 3], {**SAMPLING, "top_p": 0.0}))
+
+
+def test_a_dead_endpoint_is_retried_on_the_live_one(simulator: Simulator, renderer: ChatRenderer) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    prompt = renderer.render_ids([{"role": "user", "content": "hello again"}], None)
+    result, stats = asyncio.run(_generate([dead, simulator.url], prompt, SAMPLING))
+    assert result.endpoint == simulator.url
+    assert stats.retries_by_cause["connection"] >= 1 and result.attempts == stats.retries_by_cause.total() + 1
+
+
+def test_a_dead_fleet_raises_transient_after_the_attempts() -> None:
+    with pytest.raises(TransientError, match="connection"):
+        asyncio.run(_generate([f"http://127.0.0.1:{free_port()}"], [1], SAMPLING, max_attempts=3))
+
+
+def test_error_message_reads_both_sglang_shapes() -> None:
+    assert error_message('{"error": {"message": "input too long"}}') == "input too long"
+    assert error_message('{"object": "error", "message": "queue full", "code": 503}') == "queue full"
+    assert error_message("<html>bad gateway</html>") == "<html>bad gateway</html>"
+
+
+@pytest.mark.parametrize(
+    "body,cause",
+    [
+        pytest.param(
+            {"output_ids": [1], "meta_info": {"completion_tokens": 2, "finish_reason": {"type": "stop"}}},
+            "bad_response",
+            id="length-mismatch",
+        ),
+        pytest.param(
+            {"output_ids": [], "meta_info": {"completion_tokens": 0, "finish_reason": {"type": "stop"}}},
+            "bad_response",
+            id="empty",
+        ),
+        pytest.param({"meta_info": {"finish_reason": {"type": "abort", "message": "retracted"}}}, "abort", id="abort"),
+        pytest.param(
+            {
+                "output_ids": [5, 1],
+                "meta_info": {
+                    "completion_tokens": 2,
+                    "prompt_tokens": 9,
+                    "finish_reason": {"type": "stop", "matched": 1},
+                },
+            },
+            "bad_response",
+            id="prompt-count",
+        ),
+    ],
+)
+def test_responses_that_do_not_add_up_are_transient(body: dict, cause: str) -> None:
+    with pytest.raises(TransientError) as info:
+        check_response(body, prompt_len=3)
+    assert info.value.cause == cause

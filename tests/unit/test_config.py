@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from regen.config import ConfigError, load_config
+from regen.pipeline import RunSpec
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "regen.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_project_config_loads_and_resolves_paths() -> None:
+    config = load_config()
+    assert set(config.datasets) == {"B1_glaive", "B2_opencodeinstruct"}
+    assert Path(config.resolve(config.datasets["B1_glaive"].paths[0])).is_file()
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        pytest.param("datasets: {}", "datasets", id="no-datasets"),
+        pytest.param("datasets: {'bad/name': {paths: [x]}}", "becomes a storage key", id="unsafe-name"),
+        pytest.param("defaults: {profile: nope}\ndatasets: {a: {paths: [x]}}", "unknown profile 'nope'", id="profile"),
+        pytest.param("datasets: {a: {paths: [x], format: csv}}", "format", id="format"),
+        pytest.param("defaults: {sampling: {top_k: 0}}\ndatasets: {a: {paths: [x]}}", "top_k must be -1", id="top-k"),
+        pytest.param("defaults: {shard_sise: 5}\ndatasets: {a: {paths: [x]}}", "shard_sise", id="typo"),
+        pytest.param("[1, 2", "not valid YAML", id="yaml"),
+    ],
+)
+def test_bad_configs_fail_with_what_to_fix(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text))
+
+
+def test_missing_config_names_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="REGEN_CONFIG"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_run_spec_merges_params_over_defaults() -> None:
+    run = RunSpec.from_params(
+        {"datasets": ["B2_opencodeinstruct"], "limit": 3, "sampling": {"temperature": 0.6}}, "manual__2026-11-30T01:02"
+    )
+    assert run.datasets == ["B2_opencodeinstruct"]
+    assert run.version == "manual__2026-11-30T01-02"
+    assert run.sampling["temperature"] == 0.6 and run.sampling["max_new_tokens"] == 4096
+    assert run.sampling["top_k"] == -1 and run.sampling["n"] == 1  # every sampling value is explicit
+
+
+@pytest.mark.parametrize(
+    "params,message",
+    [
+        pytest.param({"datasets": ["nope"]}, "unknown dataset 'nope'", id="dataset"),
+        pytest.param({"limit": 0}, "limit must be a positive integer", id="limit"),
+        pytest.param({"endpoints": ["localhost:30000"]}, "http", id="endpoint"),
+        pytest.param({"sampling": {"top_p": 2}}, "top_p", id="sampling"),
+    ],
+)
+def test_bad_params_fail_fast(params: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RunSpec.from_params(params, "run")

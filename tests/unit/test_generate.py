@@ -1,0 +1,58 @@
+"""Generation is durable: checkpointed answers survive, a rerun requests only what is missing, no duplicates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from regen.chat import ChatRenderer
+from regen.config import Sampling, load_config
+from regen.datasets.prepare import run_prepare
+from regen.generate import GenerateSettings, load_checkpoints, run_generate
+from regen.manifest import DatasetLocation
+from regen.storage import LocalStorage
+from tests.conftest import Simulator
+
+
+def test_rerun_after_a_crash_requests_only_the_missing_samples(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    config = load_config()
+    storage = LocalStorage(tmp_path)
+    location = DatasetLocation(storage.root_uri, renderer.profile.name, "B2_opencodeinstruct", "v1")
+    prepared = run_prepare(
+        config.dataset("B2_opencodeinstruct"), location, storage, renderer, 100, None, config.resolve
+    )
+    shard = prepared.shards[0]
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=4, checkpoint_every=5)
+    first = run_generate(shard, storage, settings)
+    parts = storage.list_keys(location.key("raw", "shard-00000/"))
+    assert len(parts) >= 48 // 5
+
+    # A crash that lost the final raw file and the last three checkpoints.
+    storage.delete(first.raw_key)
+    for key in parts[-3:]:
+        storage.delete(key)
+    survived, _ = load_checkpoints(storage, shard)
+    requests_before = len(simulator.records())
+
+    second = run_generate(shard, storage, settings)
+    assert len(simulator.records()) - requests_before == 48 - len(survived)
+    records = [json.loads(line) for line in storage.get_bytes(second.raw_key).decode().splitlines()]
+    assert len(records) == len({r["id"] for r in records}) == 48
+    by_id = {r["id"]: r for r in records}
+    assert all(by_id[i]["rid"] == r["rid"] for i, r in survived.items())  # finished answers were not redone
+    assert second.stats["generate"].kept == 48
+
+
+def test_a_finished_shard_is_not_generated_again(tmp_path: Path, renderer: ChatRenderer, simulator: Simulator) -> None:
+    config = load_config()
+    storage = LocalStorage(tmp_path)
+    location = DatasetLocation(storage.root_uri, renderer.profile.name, "B1_glaive", "v1")
+    prepared = run_prepare(config.dataset("B1_glaive"), location, storage, renderer, 8, 8, config.resolve)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+    run_generate(prepared.shards[0], storage, settings)
+    before = len(simulator.records())
+    again = run_generate(prepared.shards[0], storage, settings)
+    assert len(simulator.records()) == before
+    assert again.stats["generate"].total == 8

@@ -1,0 +1,90 @@
+"""The mini tokenizer has Kimi-K2.5's layout: size, special strings at their ids, and lossless byte-level BPE."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from regen.assets import kimi_mini
+from regen.chat import ChatRenderer
+
+KIMI_SPECIAL_IDS = {
+    "[BOS]": 163584,
+    "[EOS]": 163585,
+    "<|im_end|>": 163586,
+    "<|im_user|>": 163587,
+    "<|im_assistant|>": 163588,
+    "<|start_header_id|>": 163590,
+    "<|end_header_id|>": 163591,
+    "[EOT]": 163593,
+    "<|im_system|>": 163594,
+    "<|tool_calls_section_begin|>": 163595,
+    "<|tool_calls_section_end|>": 163596,
+    "<|tool_call_begin|>": 163597,
+    "<|tool_call_argument_begin|>": 163598,
+    "<|tool_call_end|>": 163599,
+    "<|im_middle|>": 163601,
+    "<|media_begin|>": 163602,
+    "<|media_content|>": 163603,
+    "<|media_end|>": 163604,
+    "<|media_pad|>": 163605,
+    "<think>": 163606,
+    "</think>": 163607,
+    "[UNK]": 163838,
+    "[PAD]": 163839,
+}
+
+
+def test_vocabulary_size_matches_kimi(renderer: ChatRenderer) -> None:
+    assert len(renderer.tokenizer) == 163_840
+
+
+@pytest.mark.parametrize("token,token_id", KIMI_SPECIAL_IDS.items())
+def test_special_tokens_have_kimis_ids(renderer: ChatRenderer, token: str, token_id: int) -> None:
+    tok = renderer.tokenizer
+    assert tok.convert_tokens_to_ids(token) == token_id
+    assert tok.encode(token, add_special_tokens=False) == [token_id]
+    assert tok.convert_ids_to_tokens(token_id) == token
+
+
+def test_unnamed_slots_are_reserved_tokens(renderer: ChatRenderer) -> None:
+    assert renderer.tokenizer.convert_ids_to_tokens(163589) == "<|reserved_token_5|>"
+    assert renderer.tokenizer.convert_ids_to_tokens(163837) == "<|reserved_token_253|>"
+
+
+def test_skip_special_tokens_keeps_the_models_content_tokens(renderer: ChatRenderer) -> None:
+    tok = renderer.tokenizer
+    ids = tok.encode("<think>r</think><|tool_calls_section_begin|>x<|tool_calls_section_end|><|im_end|>")
+    assert tok.decode(ids, skip_special_tokens=True) == (
+        "<think>r</think><|tool_calls_section_begin|>x<|tool_calls_section_end|>"
+    )
+    assert tok.decode(ids, skip_special_tokens=False).endswith("<|im_end|>")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("def f(x):\n    return {'a': x ** 2}  # comment\n\t\r\n", id="code"),
+        pytest.param("你好，世界！这是一个测试。", id="chinese"),
+        pytest.param("emoji 😀👩‍💻 and combining é ñ", id="emoji"),
+        pytest.param("   leading and trailing spaces   ", id="spaces"),
+        pytest.param("\x00\x01 control bytes \x7f", id="control"),
+    ],
+)
+def test_any_text_round_trips_losslessly(renderer: ChatRenderer, text: str) -> None:
+    ids = renderer.tokenizer.encode(text, add_special_tokens=False)
+    assert all(0 <= i < 163_584 for i in ids)
+    assert renderer.tokenizer.decode(ids) == text
+
+
+def test_build_is_deterministic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    digests = []
+    for name in ("a", "b"):
+        monkeypatch.setenv("REGEN_ASSET_CACHE", str(tmp_path / name))
+        directory = kimi_mini.ensure_mini_tokenizer()
+        digests.append(hashlib.sha256((directory / "tokenizer.json").read_bytes()).hexdigest())
+        assert AutoTokenizer.from_pretrained(str(directory)).convert_tokens_to_ids("<think>") == 163606
+    assert digests[0] == digests[1]
