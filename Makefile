@@ -26,6 +26,7 @@ test-fast: $(BIN)/.installed  ## the fast tier: no Airflow scheduler
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf var .pytest_cache .ruff_cache

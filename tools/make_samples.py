@@ -59,7 +59,9 @@ def glaive_rows(rng: random.Random) -> list[str]:
         tools = [tool(*f) for f in chosen]
         city = rng.choice(CITIES)
         name = chosen[0][0]
-        messages = [{"role": "system", "content": "You are a helpful assistant with access to functions."}]
+        messages: list[dict[str, object]] = [
+            {"role": "system", "content": "You are a helpful assistant with access to functions."}
+        ]
         messages.append(
             {"role": "user", "content": f"Request {i}: can you help me with {name.replace('_', ' ')} for {city}?"}
         )

@@ -88,8 +88,9 @@ def renderer_for(profile: str) -> ChatRenderer:
 
 
 def _storage(run: RunSpec, s3_client: S3ClientFactory | None) -> Storage:
-    needs_client = run.storage_root.startswith("s3://") and s3_client is not None
-    return open_storage(run.storage_root, s3_client() if needs_client else None)
+    if run.storage_root.startswith("s3://") and s3_client is not None:
+        return open_storage(run.storage_root, s3_client())
+    return open_storage(run.storage_root)
 
 
 def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> dict[str, Any]:

@@ -115,8 +115,8 @@ def _learn_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
     )
     learner.train_from_iterator(_corpus(), trainer)
     model = json.loads(learner.to_str())["model"]
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    return model["vocab"], merges
+    merges = [(m.split(" ", 1)[0], m.split(" ", 1)[1]) if isinstance(m, str) else (m[0], m[1]) for m in model["merges"]]
+    return dict(model["vocab"]), merges
 
 
 def build_tokenizer_object() -> Tokenizer:

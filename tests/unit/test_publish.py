@@ -1,0 +1,52 @@
+"""A dataset becomes visible only when every shard finished, and manifest.json is the last thing written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from regen.chat import ChatRenderer
+from regen.config import Sampling, load_config
+from regen.datasets.prepare import run_prepare
+from regen.export import run_export
+from regen.generate import GenerateSettings, run_generate
+from regen.manifest import DatasetLocation
+from regen.publish import IncompleteDataset, run_publish
+from regen.storage import LocalStorage
+from regen.validate import run_validate
+from tests.conftest import Simulator
+
+
+def test_publish_waits_for_every_shard_then_writes_the_manifest_last(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    config = load_config()
+    storage = LocalStorage(tmp_path)
+    location = DatasetLocation(storage.root_uri, renderer.profile.name, "B1_glaive", "v1")
+    prepared = run_prepare(config.dataset("B1_glaive"), location, storage, renderer, 20, None, config.resolve)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+
+    finish = [
+        run_export(run_validate(run_generate(s, storage, settings), storage, renderer.roles), storage)
+        for s in prepared.shards[:1]
+    ]
+    with pytest.raises(IncompleteDataset, match="shard-00001 did not finish"):
+        run_publish(prepared, storage, fleet=[])
+    assert not storage.exists(location.key("manifest.json"))
+
+    finish.append(
+        run_export(run_validate(run_generate(prepared.shards[1], storage, settings), storage, renderer.roles), storage)
+    )
+    summary = run_publish(prepared, storage, fleet=[{"url": simulator.url}])
+    manifest_path = Path(storage.uri(location.key("manifest.json")))
+    manifest = json.loads(manifest_path.read_text())
+    assert summary["records"] == manifest["records"] == 36
+    assert manifest["stages"]["generate"] == {"total": 36, "kept": 36, "dropped": 0, "dropped_by_reason": {}}
+    assert manifest["token_roles"]["eos_ids"] == [163585, 163586]
+    newest = max(Path(storage.uri(k)).stat().st_mtime_ns for k in storage.list_keys(location.prefix))
+    assert manifest_path.stat().st_mtime_ns == newest
+    for key, digest in manifest["files"].items():
+        assert hashlib.sha256(storage.get_bytes(key)).hexdigest() == digest
