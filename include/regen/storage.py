@@ -11,6 +11,7 @@ import base64
 import hashlib
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -56,40 +57,34 @@ class LocalStorage:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def put_bytes(self, key: str, data: bytes) -> str:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    def _write_atomically(self, key: str, chunks: Iterable[bytes]) -> str:
+        """Written to a temporary file beside the target, synced, then renamed: readers see all or nothing."""
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+        digest = hashlib.sha256()
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for chunk in chunks:
+                    digest.update(chunk)
+                    f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path)
+            os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return hashlib.sha256(data).hexdigest()
+        return digest.hexdigest()
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        return self._write_atomically(key, [data])
 
     def get_bytes(self, key: str) -> bytes:
         return self._path(key).read_bytes()
 
     def put_file(self, key: str, path: Path) -> str:
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
-        os.close(fd)
-        try:
-            with path.open("rb") as src, open(tmp, "wb") as dst:
-                while chunk := src.read(CHUNK):
-                    dst.write(chunk)
-                dst.flush()
-                os.fsync(dst.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return sha256_file(target)
+        with path.open("rb") as src:
+            return self._write_atomically(key, iter(lambda: src.read(CHUNK), b""))
 
     def get_file(self, key: str, path: Path) -> None:
         path.write_bytes(self.get_bytes(key))
