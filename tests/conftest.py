@@ -36,8 +36,8 @@ class Simulator:
         return [json.loads(line) for line in self.record.read_text().splitlines()]
 
 
-def start_simulator(tmp: Path, *args: str) -> Simulator:
-    port = free_port()
+def start_simulator(tmp: Path, *args: str, port: int | None = None) -> Simulator:
+    port = port or free_port()
     record = tmp / f"record-{port}.jsonl"
     record.touch()
     process = subprocess.Popen(

@@ -18,8 +18,9 @@ from typing import Any
 import aiohttp
 
 from regen.datasets.prepare import read_prompts
-from regen.manifest import ShardManifest, StageStats
-from regen.sglang.client import FleetUnavailable, PermanentError, SGLangClient, TransientError
+from regen.manifest import GenerationReport, ShardManifest, StageStats
+from regen.sglang.client import Generation, PermanentError, SGLangClient, TransientError
+from regen.sglang.fleet import EndpointPool, FleetUnavailable
 from regen.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -29,12 +30,14 @@ log = logging.getLogger(__name__)
 class GenerateSettings:
     endpoints: list[str]
     sampling_params: dict[str, Any]
-    concurrency: int = 64
+    concurrency: int = 64  # this shard task's share of the fleet's in-flight budget
     request_timeout_s: float = 3600.0
     max_attempts: int = 5
     checkpoint_every: int = 256
     checkpoint_s: float = 30.0
     progress_s: float = 10.0
+    fleet_wait_s: float = 120.0
+    backoff_max_s: float = 30.0
 
 
 def _parts_prefix(shard: ShardManifest) -> str:
@@ -75,22 +78,21 @@ class _Checkpointer:
 
 
 class _Progress:
-    def __init__(self, shard: ShardManifest, total: int, already: int, every_s: float) -> None:
-        self.shard, self.total, self.done, self.every_s = shard, total, already, every_s
-        self.started = self.last = time.monotonic()
-        self.answered = self.output_tokens = 0
+    """The numbers behind the progress lines and the shard's GenerationReport."""
 
-    def record(self, output_tokens: int) -> None:
+    def __init__(self, shard: ShardManifest, total: int, already: int) -> None:
+        self.shard, self.total, self.done = shard, total, already
+        self.started_at, self.started = time.time(), time.monotonic()
+        self.answered = self.output_tokens = 0
+        self.request_seconds = 0.0
+
+    def answer(self, generation: Generation) -> None:
         self.done += 1
         self.answered += 1
-        self.output_tokens += output_tokens
+        self.output_tokens += len(generation.output_ids)
 
-    def maybe_log(self, client: SGLangClient, in_flight: int, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last < self.every_s:
-            return
-        self.last = now
-        elapsed = max(now - self.started, 1e-9)
+    def log_line(self, client: SGLangClient) -> None:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
         rate = self.answered / elapsed
         eta = (self.total - self.done) / rate if rate else float("inf")
         log.info(
@@ -99,15 +101,28 @@ class _Progress:
             self.shard.name,
             self.done,
             self.total,
-            in_flight,
+            client.pool.in_flight,
             rate,
             self.output_tokens / elapsed,
             dict(client.stats.retries_by_cause),
             eta,
         )
 
+    def report(self, client: SGLangClient) -> GenerationReport:
+        return GenerationReport(
+            started_at=self.started_at,
+            finished_at=time.time(),
+            requests=client.stats.requests,
+            answered=self.answered,
+            request_seconds=round(client.stats.request_seconds, 3),
+            output_tokens=self.output_tokens,
+            retries_by_cause=dict(client.stats.retries_by_cause),
+        )
 
-def raw_record(sample_id: str, prompt_ids: list[int], sampling: dict[str, Any], generation: Any) -> dict[str, Any]:
+
+def raw_record(
+    sample_id: str, prompt_ids: list[int], sampling: dict[str, Any], generation: Generation
+) -> dict[str, Any]:
     return {
         "id": sample_id,
         "rid": generation.rid,
@@ -121,55 +136,66 @@ def raw_record(sample_id: str, prompt_ids: list[int], sampling: dict[str, Any], 
     }
 
 
+async def _worker(
+    client: SGLangClient,
+    queue: Any,
+    settings: GenerateSettings,
+    checkpointer: _Checkpointer,
+    progress: _Progress,
+) -> None:
+    for sample_id, prompt_ids in queue:
+        try:
+            generation = await client.generate(prompt_ids, settings.sampling_params, sample_id)
+        except PermanentError as e:
+            rejected = {"stage": "generate", "reason": "server_rejected", "detail": str(e)}
+            checkpointer.add({"id": sample_id, "rejected": rejected})
+            progress.done += 1
+            continue
+        checkpointer.add(raw_record(sample_id, prompt_ids, settings.sampling_params, generation))
+        progress.answer(generation)
+
+
+async def _ticker(progress: _Progress, client: SGLangClient, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        progress.log_line(client)
+
+
 async def _generate_missing(
     settings: GenerateSettings, todo: list[tuple[str, list[int]]], checkpointer: _Checkpointer, progress: _Progress
-) -> None:
+) -> GenerationReport:
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector) as session:
-        client = SGLangClient(settings.endpoints, session, settings.request_timeout_s, settings.max_attempts)
-        queue = iter(todo)
-        in_flight = 0
-
-        async def worker() -> None:
-            nonlocal in_flight
-            for sample_id, prompt_ids in queue:
-                in_flight += 1
-                try:
-                    generation = await client.generate(prompt_ids, settings.sampling_params, sample_id)
-                except PermanentError as e:
-                    checkpointer.add(
-                        {
-                            "id": sample_id,
-                            "rejected": {"stage": "generate", "reason": "server_rejected", "detail": str(e)},
-                        }
-                    )
-                    progress.done += 1
-                    continue
-                finally:
-                    in_flight -= 1
-                checkpointer.add(raw_record(sample_id, prompt_ids, settings.sampling_params, generation))
-                progress.record(len(generation.output_ids))
-                progress.maybe_log(client, in_flight)
-
-        workers = [asyncio.create_task(worker()) for _ in range(min(settings.concurrency, len(todo)))]
+        pool = EndpointPool(settings.endpoints, session, fleet_wait_s=settings.fleet_wait_s)
+        client = SGLangClient(pool, session, settings.request_timeout_s, settings.max_attempts, settings.backoff_max_s)
+        queue = iter(todo)  # shared by the workers: each sample is taken exactly once
+        workers = [
+            asyncio.create_task(_worker(client, queue, settings, checkpointer, progress))
+            for _ in range(min(settings.concurrency, len(todo)))
+        ]
+        ticker = asyncio.create_task(_ticker(progress, client, settings.progress_s))
         try:
             await asyncio.gather(*workers)
         except TransientError as e:
             raise FleetUnavailable(
-                f"gave up after {settings.max_attempts} attempts on {settings.endpoints}: {e}; "
-                "finished answers are checkpointed and a retry of this task resumes from them"
+                f"a sample failed {settings.max_attempts} attempts on {settings.endpoints} ({e}); finished answers "
+                "are checkpointed and a retry of this task resumes from them"
             ) from e
         finally:
-            for w in workers:
-                w.cancel()
+            for task in [*workers, ticker]:
+                task.cancel()
+            await asyncio.gather(*workers, ticker, return_exceptions=True)
+            await pool.close()
             checkpointer.flush()
-            progress.maybe_log(client, in_flight, force=True)
+            progress.log_line(client)
+        return progress.report(client)
 
 
 def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSettings) -> ShardManifest:
     raw_key = shard.key("raw", ".jsonl")
     prompts = read_prompts(storage, shard)
     ids, prompt_ids = prompts.column("id").to_pylist(), prompts.column("prompt_ids").to_pylist()
+    report = None
     if not storage.exists(raw_key):
         done, next_part = load_checkpoints(storage, shard)
         todo = [(i, p) for i, p in zip(ids, prompt_ids, strict=True) if i not in done]
@@ -183,11 +209,10 @@ def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSetti
         )
         if todo:
             checkpointer = _Checkpointer(storage, shard, next_part, settings.checkpoint_every, settings.checkpoint_s)
-            progress = _Progress(shard, len(ids), len(done), settings.progress_s)
-            asyncio.run(_generate_missing(settings, todo, checkpointer, progress))
+            report = asyncio.run(_generate_missing(settings, todo, checkpointer, _Progress(shard, len(ids), len(done))))
             done, _ = load_checkpoints(storage, shard)
         _write_raw(storage, shard, raw_key, [done[i] for i in ids])
-    return _summarise(storage, shard, raw_key, ids)
+    return _summarise(storage, shard, raw_key, ids, report)
 
 
 def _write_raw(storage: Storage, shard: ShardManifest, raw_key: str, records: list[dict[str, Any]]) -> None:
@@ -200,7 +225,9 @@ def _write_raw(storage: Storage, shard: ShardManifest, raw_key: str, records: li
     storage.put_bytes(raw_key, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in answered).encode())
 
 
-def _summarise(storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str]) -> ShardManifest:
+def _summarise(
+    storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str], report: GenerationReport | None
+) -> ShardManifest:
     raw = storage.get_bytes(raw_key)
     answered = [json.loads(line)["id"] for line in raw.decode("utf-8").splitlines()]
     if len(answered) != len(set(answered)):
@@ -212,4 +239,5 @@ def _summarise(storage: Storage, shard: ShardManifest, raw_key: str, ids: list[s
             stats.keep()
         else:
             stats.drop("server_rejected")
-    return shard.with_stage("generate", stats, {raw_key: hashlib.sha256(raw).hexdigest()}, raw_key=raw_key)
+    digest = hashlib.sha256(raw).hexdigest()
+    return shard.with_stage("generate", stats, {raw_key: digest}, raw_key=raw_key, generation=report)

@@ -15,6 +15,7 @@ from regen.sglang.client import (
     check_response,
     error_message,
 )
+from regen.sglang.fleet import EndpointPool
 from tests.conftest import Simulator, free_port
 
 SAMPLING = {"max_new_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
@@ -22,8 +23,12 @@ SAMPLING = {"max_new_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": -1
 
 async def _generate(endpoints: list[str], prompt: list[int], sampling: dict[str, Any], **kw: Any) -> tuple:
     async with aiohttp.ClientSession() as session:
-        client = SGLangClient(endpoints, session, backoff_max_s=0.05, **kw)
-        result = await client.generate(prompt, sampling, "sample-1")
+        pool = EndpointPool(endpoints, session, fleet_wait_s=1)
+        client = SGLangClient(pool, session, backoff_max_s=0.05, **kw)
+        try:
+            result = await client.generate(prompt, sampling, "sample-1")
+        finally:
+            await pool.close()
         return result, client.stats
 
 

@@ -11,13 +11,16 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from regen.sglang.fleet import EndpointPool, FleetUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -27,17 +30,14 @@ RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 class TransientError(Exception):
     """Worth another attempt: the connection, the server's load or an abort, not the request itself."""
 
-    def __init__(self, cause: str, message: str) -> None:
+    def __init__(self, cause: str, message: str, endpoint: str | None = None) -> None:
         super().__init__(f"{cause}: {message}")
         self.cause = cause
+        self.endpoint = endpoint
 
 
 class PermanentError(Exception):
     """The server refused the request itself (400); retrying cannot help."""
-
-
-class FleetUnavailable(Exception):
-    """No endpoint answered within the attempts: the task fails and Airflow's retry resumes it."""
 
 
 @dataclass(frozen=True)
@@ -91,76 +91,71 @@ def check_response(data: Any, prompt_len: int) -> tuple[list[int], dict[str, Any
 
 
 @dataclass
-class Endpoint:
-    url: str
-    outstanding: int = 0
-    consecutive_failures: int = 0
-
-
-@dataclass
 class ClientStats:
     requests: int = 0
+    request_seconds: float = 0.0  # summed over requests, from send to answer
     retries_by_cause: Counter[str] = field(default_factory=Counter)
+
+
+# Faults that say something about the endpoint itself; load signals (429, 503, abort) do not evict it.
+ENDPOINT_FAULTS = frozenset({"connection", "timeout", "http_500", "http_502", "http_504", "bad_response"})
 
 
 class SGLangClient:
     def __init__(
         self,
-        endpoints: list[str],
+        pool: EndpointPool,
         session: aiohttp.ClientSession,
         request_timeout_s: float = 3600.0,
         max_attempts: int = 5,
         backoff_max_s: float = 30.0,
     ) -> None:
-        if not endpoints:
-            raise ValueError("at least one SGLang endpoint is needed")
-        self.endpoints = [Endpoint(url.rstrip("/")) for url in endpoints]
+        self.pool = pool
         self.session = session
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.max_attempts = max_attempts
         self.backoff_max_s = backoff_max_s
         self.stats = ClientStats()
 
-    def _pick(self) -> Endpoint:
-        """Least outstanding requests; endpoints that keep failing sort last until they answer again."""
-        return min(self.endpoints, key=lambda e: (e.consecutive_failures >= 3, e.outstanding))
-
-    async def _attempt(self, payload: dict[str, Any], prompt_len: int) -> Generation:
-        endpoint = self._pick()
-        endpoint.outstanding += 1
+    async def _attempt(self, payload: dict[str, Any], prompt_len: int, avoid: str | None) -> Generation:
+        endpoint = await self.pool.acquire(avoid)
         self.stats.requests += 1
+        ok, cause, sent = False, "", time.monotonic()
         try:
             async with self.session.post(f"{endpoint.url}/generate", json=payload, timeout=self.timeout) as resp:
                 body = await resp.text()
             if resp.status == 400:
+                ok = True  # the endpoint works; the request is wrong
                 raise PermanentError(error_message(body))
             if resp.status in RETRYABLE_STATUS:
-                raise TransientError(f"http_{resp.status}", error_message(body))
+                raise TransientError(f"http_{resp.status}", f"{endpoint.url}: {error_message(body)}", endpoint.url)
             if resp.status != 200:
-                raise PermanentError(f"HTTP {resp.status}: {error_message(body)}")
+                raise PermanentError(f"HTTP {resp.status} from {endpoint.url}: {error_message(body)}")
             data = json.loads(body)
             output_ids, meta = check_response(data, prompt_len)
+            ok = True
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
-            endpoint.consecutive_failures += 1
             cause = "timeout" if isinstance(e, TimeoutError) else "connection"
-            raise TransientError(cause, f"{endpoint.url}: {e!r}") from e
-        except TransientError:
-            endpoint.consecutive_failures += 1
+            raise TransientError(cause, f"{endpoint.url}: {e!r}", endpoint.url) from e
+        except TransientError as e:
+            cause, e.endpoint = e.cause, endpoint.url
             raise
         finally:
-            endpoint.outstanding -= 1
-        endpoint.consecutive_failures = 0
+            self.stats.request_seconds += time.monotonic() - sent
+            self.pool.release(endpoint, ok, counts_against_endpoint=cause in ENDPOINT_FAULTS)
         return Generation(output_ids, meta, data.get("text"), endpoint.url, payload["rid"], 0)
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], rid: str) -> Generation:
+        """One sample: transient faults retried with exponential backoff and jitter, on another endpoint if any."""
         nonce = uuid.uuid4().hex[:8]  # a rid never repeats, even across task retries
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientError),
             stop=stop_after_attempt(self.max_attempts),
             wait=wait_random_exponential(multiplier=0.5, max=self.backoff_max_s),
-            before_sleep=lambda state: self._count_retry(state.outcome.exception() if state.outcome else None),
+            before_sleep=self._count_retry,
             reraise=True,
         )
+        avoid: str | None = None
         async for trial in retrying:
             with trial:
                 attempt = trial.retry_state.attempt_number
@@ -169,14 +164,17 @@ class SGLangClient:
                     "sampling_params": sampling_params,
                     "rid": f"{rid}-{nonce}-{attempt}",
                 }
-                result = await self._attempt(payload, len(prompt_ids))
+                try:
+                    result = await self._attempt(payload, len(prompt_ids), avoid)
+                except TransientError as e:
+                    avoid = e.endpoint
+                    raise
                 return dataclasses.replace(result, attempts=attempt)
         raise AssertionError("unreachable: tenacity reraises the last error")
 
-    def _count_retry(self, error: BaseException | None) -> None:
-        cause = error.cause if isinstance(error, TransientError) else "other"
-        self.stats.retries_by_cause[cause] += 1
-        log.debug("retrying after %s", error)
+    def _count_retry(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        self.stats.retries_by_cause[error.cause if isinstance(error, TransientError) else "other"] += 1
 
 
 async def get_json(session: aiohttp.ClientSession, url: str, timeout_s: float = 10.0) -> Any:

@@ -16,6 +16,7 @@ import aiohttp
 
 from regen.chat import ChatRenderer
 from regen.sglang.client import SGLangClient, get_json, wait_healthy
+from regen.sglang.fleet import EndpointPool
 from regen.validate import OK, validate_record
 
 PROBE_MESSAGES = [{"role": "user", "content": "Reply with one short sentence: what is 2 + 2?"}]
@@ -55,7 +56,7 @@ async def _check_one(
         )
     server = await get_json(session, f"{url}/server_info")
     prompt_ids = renderer.render_ids(PROBE_MESSAGES, None)
-    client = SGLangClient([url], session, request_timeout_s=600, max_attempts=3)
+    client = SGLangClient(EndpointPool([url], session), session, request_timeout_s=600, max_attempts=3)
     probe_sampling = {**sampling, "max_new_tokens": min(int(sampling["max_new_tokens"]), PROBE_MAX_NEW_TOKENS)}
     generation = await client.generate(prompt_ids, probe_sampling, "regen-probe")
     verdict = validate_record(prompt_ids, generation.output_ids, generation.finish_reason, renderer.roles)

@@ -9,6 +9,7 @@ from pathlib import Path
 from aiohttp import web
 
 from regen.chat import get_profile
+from regen.simulator.faults import FaultModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel
 from regen.simulator.server import LatencyModel, SimulatorState, build_app
 
@@ -28,6 +29,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-ms-per-token", type=float, default=0.0)
     parser.add_argument("--max-running", type=int, default=256, help="running requests; the rest queue")
     parser.add_argument("--warmup-s", type=float, default=0.0, help="/health answers 503 this long after start")
+    faults = parser.add_argument_group("fault injection (rates per /generate call, drawn from --fault-seed)")
+    for kind, what in (
+        ("http-500", "HTTP 500 in SGLang's error shape"),
+        ("http-503", "HTTP 503 'The request queue is full.'"),
+        ("reset", "connection dropped with no response"),
+        ("hang", "no answer for --hang-s"),
+        ("abort", "HTTP 200 with finish_reason abort"),
+        ("slow", "--slow-s added to the latency"),
+    ):
+        faults.add_argument(f"--{kind}-rate", type=float, default=0.0, help=what)
+    faults.add_argument("--slow-s", type=float, default=2.0)
+    faults.add_argument("--hang-s", type=float, default=3600.0)
+    faults.add_argument("--fault-seed", type=int, default=0)
     parser.add_argument("--record", type=Path, help="append every answer (rid, input_ids, output_ids) to this JSONL")
     return parser.parse_args(argv)
 
@@ -49,8 +63,22 @@ def main(argv: list[str] | None = None) -> None:
         max_running=args.max_running,
         warmup_s=args.warmup_s,
     )
-    state = SimulatorState(SimulatedModel(profile, behaviour), profile, latency, args.context_length, args.record)
-    web.run_app(build_app(state), host=args.host, port=args.port, access_log=None, print=None)
+    fault_model = FaultModel(
+        http_500_rate=args.http_500_rate,
+        http_503_rate=args.http_503_rate,
+        reset_rate=args.reset_rate,
+        hang_rate=args.hang_rate,
+        abort_rate=args.abort_rate,
+        slow_rate=args.slow_rate,
+        slow_s=args.slow_s,
+        hang_s=args.hang_s,
+    )
+    model = SimulatedModel(profile, behaviour)
+    state = SimulatorState(model, profile, latency, args.context_length, args.record, fault_model, args.fault_seed)
+    # handler_cancellation: a request whose client went away is dropped, as SGLang aborts it.
+    web.run_app(
+        build_app(state), host=args.host, port=args.port, access_log=None, print=None, handler_cancellation=True
+    )
 
 
 if __name__ == "__main__":

@@ -16,54 +16,11 @@ from typing import Any
 from regen.chat import ChatRenderer, ModelProfile
 
 WORDS = (
-    "the",
-    "user",
-    "wants",
-    "a",
-    "clear",
-    "answer",
-    "so",
-    "I",
-    "will",
-    "check",
-    "each",
-    "step",
-    "and",
-    "then",
-    "explain",
-    "the",
-    "result",
-    "with",
-    "an",
-    "example",
-    "function",
-    "value",
-    "list",
-    "string",
-    "number",
-    "loop",
-    "return",
-    "input",
-    "output",
-    "first",
-    "second",
-    "because",
-    "therefore",
-    "however",
-    "let",
-    "me",
-    "think",
-    "about",
-    "the",
-    "edge",
-    "cases",
-    "compute",
-    "verify",
-    "code",
-    "test",
-    "simple",
-    "efficient",
-)
+    "the user wants a clear answer so I will check each step and then explain the result with an example "
+    "function value list string number loop return input output first second because therefore however "
+    "let me think about the edge cases compute verify code test simple efficient"
+).split()
+SENTENCES = 512  # pre-encoded once: answering costs list slicing, not tokenisation
 TOOL_DECLARE_OPEN = "<|im_system|>tool_declare<|im_middle|>"
 
 
@@ -84,6 +41,8 @@ class SimulatedModel:
         self.eos_id = self.renderer.token_id(profile.eos_tokens[0])
         self.reasoning_end = self.renderer.roles.reasoning_end
         self.vocab_size = len(self.tokenizer)
+        rng = random.Random(behaviour.seed)
+        self.sentences = [self._encode(_sentence(rng)) for _ in range(SENTENCES)]
 
     def _rng(self, prompt_ids: list[int], seed: int | None) -> random.Random:
         digest = hashlib.sha256()
@@ -97,8 +56,7 @@ class SimulatedModel:
         length = rng.randint(self.behaviour.min_tokens, self.behaviour.max_tokens)
         ids: list[int] = []
         while len(ids) < length:
-            sentence = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12)))
-            ids += self._encode(sentence.capitalize() + ". ")
+            ids += rng.choice(self.sentences)
         return ids[:length]
 
     def _declared_tools(self, prompt_ids: list[int]) -> list[dict[str, Any]]:
@@ -138,6 +96,10 @@ class SimulatedModel:
                 ids.append(self.reasoning_end)  # type: ignore[arg-type]
         ids += self._tool_call_section(rng, prompt_ids, tools) if calls_tool else self._prose(rng)
         return [*ids, self.eos_id]
+
+
+def _sentence(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + ". "
 
 
 def _fake_value(rng: random.Random, schema: Any) -> Any:

@@ -9,21 +9,25 @@ length, `meta_info` counts, duplicate-rid rejection, and /health answering 503 u
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import random
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from regen.chat import ModelProfile
+from regen.simulator.faults import FaultModel, abort_answer, server_error
 from regen.simulator.model import SimulatedModel
 
 log = logging.getLogger(__name__)
 
+Item = tuple[list[int], dict[str, Any], str, int]  # prompt_ids, sampling params, rid, index in the batch
 SERVER_VERSION = "0.5.9-simulator"
 SAMPLING_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 128,
@@ -85,6 +89,27 @@ def verify_sampling(params: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     return merged
 
 
+@dataclass
+class Counters:
+    """What tests and benchmarks read over HTTP (GET /sim/stats) to compute utilisation and count faults."""
+
+    max_running: int
+    requests: int = 0  # /generate calls
+    answered: int = 0  # answers sent (batch items count one each)
+    slot_seconds: float = 0.0  # time answers held a running slot: busy time, summed over slots
+    first_start: float | None = None
+    last_end: float | None = None
+    faults: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        window = (self.last_end - self.first_start) if self.first_start and self.last_end else 0.0
+        return {
+            **dataclasses.asdict(self),
+            "window_s": window,
+            "utilisation": self.slot_seconds / (self.max_running * window) if window else 0.0,
+        }
+
+
 class SimulatorState:
     def __init__(
         self,
@@ -93,8 +118,13 @@ class SimulatorState:
         latency: LatencyModel,
         context_length: int,
         record_path: Path | None,
+        faults: FaultModel | None = None,
+        fault_seed: int = 0,
     ) -> None:
         self.model = model
+        self.faults = faults or FaultModel()
+        self.fault_rng = random.Random(fault_seed)
+        self.counters = Counters(max_running=latency.max_running)
         self.profile = profile
         self.latency = latency
         self.context_length = context_length
@@ -102,7 +132,6 @@ class SimulatorState:
         self.running = asyncio.Semaphore(latency.max_running)
         self.active_rids: set[str] = set()
         self.record_file = record_path.open("a", encoding="utf-8") if record_path else None
-        self.requests_served = 0
 
     def ready(self) -> bool:
         return time.monotonic() - self.started >= self.latency.warmup_s
@@ -151,14 +180,19 @@ def _finish(full: list[int], params: dict[str, Any]) -> tuple[list[int], dict[st
 
 
 async def _one(
-    state: SimulatorState, prompt_ids: list[int], params: dict[str, Any], rid: str, index: int
+    state: SimulatorState, prompt_ids: list[int], params: dict[str, Any], rid: str, index: int, extra_s: float = 0.0
 ) -> dict[str, Any]:
     started = time.monotonic()
     seed = params["sampling_seed"]
     full = state.model.complete(prompt_ids, None if seed is None else seed + index)
     output_ids, finish_reason = _finish(full, params)
     async with state.running:
-        await asyncio.sleep(state.latency.seconds(len(prompt_ids), len(output_ids)))
+        slot_start = time.monotonic()
+        counters = state.counters
+        counters.first_start = counters.first_start or slot_start
+        await asyncio.sleep(state.latency.seconds(len(prompt_ids), len(output_ids)) + extra_s)
+        counters.last_end = time.monotonic()
+        counters.slot_seconds += counters.last_end - slot_start
     text_ids = output_ids
     if finish_reason["type"] == "stop" and not params["no_stop_trim"]:
         text_ids = output_ids[:-1]
@@ -175,12 +209,13 @@ async def _one(
         record = {"rid": rid, "input_ids": prompt_ids, "output_ids": output_ids, "finish_reason": finish_reason}
         state.record_file.write(json.dumps(record) + "\n")
         state.record_file.flush()
-    state.requests_served += 1
+    state.counters.answered += 1
     return {"text": text, "output_ids": output_ids, "meta_info": meta_info}
 
 
 async def generate(request: web.Request) -> web.Response:
     state: SimulatorState = request.app["state"]
+    state.counters.requests += 1
     try:
         body = await request.json()
     except json.JSONDecodeError as e:
@@ -204,7 +239,7 @@ async def generate(request: web.Request) -> web.Response:
         return _engine_error(str(e))
     except KeyError as e:
         return _schema_error(f"Missing field: {e}")
-    items = []
+    items: list[Item] = []
     for i, (prompt_ids, p, rid) in enumerate(zip(prompts, params, rids, strict=True)):
         base_rid = rid or uuid.uuid4().hex
         for k in range(p["n"]):
@@ -214,9 +249,31 @@ async def generate(request: web.Request) -> web.Response:
         return _engine_error("Duplicate request ID detected")
     state.active_rids.update(item_rids)
     try:
-        results = await asyncio.gather(*(_one(state, *item) for item in items))
+        return await _answer(request, state, items, is_batch)
     finally:
         state.active_rids.difference_update(item_rids)
+
+
+async def _answer(request: web.Request, state: SimulatorState, items: list[Item], is_batch: bool) -> web.Response:
+    fault = state.faults.draw(state.fault_rng)
+    if fault:
+        state.counters.faults[fault] = state.counters.faults.get(fault, 0) + 1
+    if fault == "http_500":
+        return server_error(500, "Internal server error: the scheduler raised an exception.")
+    if fault == "http_503":
+        return server_error(503, "The request queue is full.")
+    if fault == "reset":
+        assert request.transport is not None
+        request.transport.abort()  # the client sees the connection drop, no response
+        return web.Response(status=500)
+    if fault == "hang":
+        await asyncio.sleep(state.faults.hang_s)  # cancelled when the client gives up and disconnects
+    if fault == "abort":
+        now = time.monotonic()
+        results = [abort_answer(item[2], now, now) for item in items]
+    else:
+        extra_s = state.faults.slow_s if fault == "slow" else 0.0
+        results = await asyncio.gather(*(_one(state, p, params, rid, i, extra_s) for p, params, rid, i in items))
     return web.json_response(results if is_batch or len(results) > 1 else results[0])
 
 
@@ -258,7 +315,7 @@ async def server_info(request: web.Request) -> web.Response:
             "skip_tokenizer_init": False,
             "tp_size": 8,
             "dp_size": 1,
-            "requests_served": state.requests_served,
+            "requests_served": state.counters.answered,
         }
     )
 
@@ -290,6 +347,11 @@ async def flush_cache(request: web.Request) -> web.Response:
     return web.Response(text="Cache flushed.")
 
 
+async def stats(request: web.Request) -> web.Response:
+    state: SimulatorState = request.app["state"]
+    return web.json_response(state.counters.as_dict())
+
+
 async def abort_request(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
@@ -308,4 +370,5 @@ def build_app(state: SimulatorState) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/flush_cache", flush_cache)
     app.router.add_post("/abort_request", abort_request)
+    app.router.add_get("/sim/stats", stats)
     return app
