@@ -1,0 +1,179 @@
+"""Generation under faults: every sample answered exactly once, finished work survives a kill, the fleet fails over."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from regen.chat import ChatRenderer
+from regen.config import Sampling, load_config
+from regen.datasets.prepare import run_prepare
+from regen.generate import GenerateSettings, load_checkpoints, run_generate
+from regen.manifest import DatasetLocation, ShardManifest
+from regen.sglang.fleet import FleetUnavailable
+from regen.storage import LocalStorage
+from tests.conftest import Simulator, free_port, start_simulator
+
+SAMPLES = 48  # B2_opencodeinstruct keeps 48 prompts
+
+
+@pytest.fixture
+def shard(tmp_path: Path, renderer: ChatRenderer) -> tuple[LocalStorage, ShardManifest]:
+    config = load_config()
+    storage = LocalStorage(tmp_path / "root")
+    location = DatasetLocation(storage.root_uri, renderer.profile.name, "B2_opencodeinstruct", "v1")
+    dataset = config.dataset("B2_opencodeinstruct")
+    prepared = run_prepare(dataset, location, storage, renderer, 100, None, config.resolve)
+    return storage, prepared.shards[0]
+
+
+def settings(*endpoints: str, **overrides: float) -> GenerateSettings:
+    values = {
+        "concurrency": 8,
+        "request_timeout_s": 2.0,
+        "max_attempts": 12,
+        "backoff_max_s": 0.2,
+        "checkpoint_every": 4,
+        "fleet_wait_s": 3.0,
+        **overrides,
+    }
+    return GenerateSettings(list(endpoints), Sampling().as_params(), **values)  # type: ignore[arg-type]
+
+
+def raw_records(storage: LocalStorage, manifest: ShardManifest) -> list[dict]:
+    assert manifest.raw_key
+    return [json.loads(line) for line in storage.get_bytes(manifest.raw_key).decode().splitlines()]
+
+
+def stop(sim: Simulator) -> None:
+    sim.process.kill()
+    sim.process.wait(10)
+
+
+def test_every_fault_on_every_sample_answered_once_as_the_server_sent_it(
+    tmp_path: Path, shard: tuple[LocalStorage, ShardManifest]
+) -> None:
+    storage, prompts = shard
+    rates = [
+        "--http-500-rate",
+        "0.08",
+        "--http-503-rate",
+        "0.08",
+        "--reset-rate",
+        "0.08",
+        "--hang-rate",
+        "0.06",
+        "--abort-rate",
+        "0.08",
+        "--slow-rate",
+        "0.08",
+        "--slow-s",
+        "0.3",
+        "--fault-seed",
+        "11",
+    ]
+    sim = start_simulator(tmp_path, *rates)
+    try:
+        manifest = run_generate(prompts, storage, settings(sim.url))
+        faults = requests.get(f"{sim.url}/sim/stats", timeout=5).json()["faults"]
+    finally:
+        stop(sim)
+    assert set(faults) == {"http_500", "http_503", "reset", "hang", "abort", "slow"}
+    records = raw_records(storage, manifest)
+    assert len(records) == len({r["id"] for r in records}) == SAMPLES
+    sent = {r["rid"]: r for r in sim.records()}
+    for record in records:  # identical to the answer of the final, successful attempt
+        assert record["output_ids"] == sent[record["rid"]]["output_ids"]
+        assert record["prompt_ids"] == sent[record["rid"]]["input_ids"]
+    assert sum(r["attempts"] > 1 for r in records) > 0
+    assert manifest.generation is not None and sum(manifest.generation.retries_by_cause.values()) > 0
+
+
+KILLABLE = """
+import json, sys
+from regen.config import Sampling
+from regen.generate import GenerateSettings, run_generate
+from regen.manifest import ShardManifest
+from regen.storage import LocalStorage
+shard = ShardManifest.from_dict(json.loads(sys.argv[1]))
+settings = GenerateSettings([sys.argv[3]], Sampling().as_params(), concurrency=4, checkpoint_every=4)
+run_generate(shard, LocalStorage(__import__("pathlib").Path(sys.argv[2])), settings)
+"""
+
+
+def test_sigkill_mid_shard_then_rerun_requests_only_the_unfinished(
+    tmp_path: Path, shard: tuple[LocalStorage, ShardManifest]
+) -> None:
+    storage, prompts = shard
+    sim = start_simulator(tmp_path, "--decode-ms-per-token", "3")
+    try:
+        worker = subprocess.Popen(
+            [sys.executable, "-c", KILLABLE, json.dumps(prompts.to_dict()), str(storage.root), sim.url]
+        )
+        parts = prompts.location.key("raw", "shard-00000/")
+        deadline = time.monotonic() + 60
+        while len(storage.list_keys(parts)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        time.sleep(0.5)  # requests the dead worker left in flight are dropped by the server
+        checkpointed, _ = load_checkpoints(storage, prompts)
+        assert 0 < len(checkpointed) < SAMPLES
+        before = len(sim.records())
+        manifest = run_generate(prompts, storage, settings(sim.url))
+        rerun_requests = len(sim.records()) - before
+    finally:
+        stop(sim)
+    assert rerun_requests == SAMPLES - len(checkpointed)
+    records = raw_records(storage, manifest)
+    assert len(records) == len({r["id"] for r in records}) == SAMPLES
+    assert all(next(r for r in records if r["id"] == i)["rid"] == c["rid"] for i, c in checkpointed.items())
+
+
+def test_one_endpoint_dies_mid_run_and_the_other_finishes(
+    tmp_path: Path, shard: tuple[LocalStorage, ShardManifest]
+) -> None:
+    storage, prompts = shard
+    dying = start_simulator(tmp_path, "--decode-ms-per-token", "2")
+    healthy = start_simulator(tmp_path, "--decode-ms-per-token", "2")
+    try:
+        import threading
+
+        threading.Timer(0.4, stop, args=[dying]).start()
+        manifest = run_generate(prompts, storage, settings(dying.url, healthy.url))
+    finally:
+        stop(healthy)
+    records = raw_records(storage, manifest)
+    assert len(records) == len({r["id"] for r in records}) == SAMPLES
+    by_endpoint = {url: sum(r["endpoint"] == url for r in records) for url in (dying.url, healthy.url)}
+    assert by_endpoint[dying.url] > 0 and by_endpoint[healthy.url] > by_endpoint[dying.url]
+
+
+def test_whole_fleet_dead_fails_clearly_then_resumes(tmp_path: Path, shard: tuple[LocalStorage, ShardManifest]) -> None:
+    storage, prompts = shard
+    port = free_port()
+    first = start_simulator(tmp_path, "--decode-ms-per-token", "2", port=port)
+    import threading
+
+    threading.Timer(0.4, stop, args=[first]).start()
+    with pytest.raises(FleetUnavailable, match=r"every SGLang endpoint is failing|failed 12 attempts"):
+        run_generate(prompts, storage, settings(first.url))
+    checkpointed, _ = load_checkpoints(storage, prompts)
+    assert 0 < len(checkpointed) < SAMPLES
+
+    revived = start_simulator(tmp_path, port=port)  # appends to the same record file
+    try:
+        before = len(revived.records())
+        manifest = run_generate(prompts, storage, settings(revived.url))
+        resumed = len(revived.records()) - before
+    finally:
+        stop(revived)
+    assert resumed == SAMPLES - len(checkpointed)
+    assert len({r["id"] for r in raw_records(storage, manifest)}) == SAMPLES
