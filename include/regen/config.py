@@ -56,11 +56,41 @@ class Sampling(BaseModel):
         }
 
 
+SourceFormat = Literal["auto", "openai_messages", "sharegpt", "glaive", "input_output", "alpaca", "prompt"]
+
+
+class HubDataset(BaseModel):
+    """A Hugging Face dataset: a hub `id` (streamed) or a `path` written by `Dataset.save_to_disk`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str | None = None
+    path: str | None = None
+    subset: str | None = None
+    split: str = "train"
+    revision: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> HubDataset:
+        if (self.id is None) == (self.path is None):
+            raise ValueError("hf: give exactly one of 'id' (a hub dataset) or 'path' (a dataset saved to disk)")
+        if self.path is not None and (self.subset is not None or self.revision is not None):
+            raise ValueError("hf: 'subset' and 'revision' apply to a hub 'id', not to a dataset saved to disk")
+        return self
+
+
 class DatasetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    paths: list[str] = Field(min_length=1)
-    format: Literal["openai_messages", "input_output"] = "openai_messages"
+    paths: list[str] | None = Field(None, min_length=1)
+    hf: HubDataset | None = None
+    format: SourceFormat = "auto"
+    turns: Literal["final", "every_assistant_turn"] = "final"
     description: str = ""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetConfig:
+        if (self.paths is None) == (self.hf is None):
+            raise ValueError("a dataset needs exactly one source: 'paths' (files, globs, s3:// URIs) or 'hf'")
+        return self
 
 
 class Defaults(BaseModel):
@@ -72,6 +102,7 @@ class Defaults(BaseModel):
     concurrency: int = Field(64, ge=1, description="requests in flight per shard task")
     request_timeout_s: float = Field(3600.0, gt=0)
     max_attempts: int = Field(5, ge=1)
+    tokenize_workers: int | None = Field(None, ge=1, description="prepare's tokeniser processes; null: all cores")
     sampling: Sampling = Sampling()
     schedule: str | None = None
 

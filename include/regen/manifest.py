@@ -158,12 +158,14 @@ class PreparedDataset:
     profile: dict[str, Any]
     token_roles: dict[str, Any]
     files: dict[str, str] = field(default_factory=dict)
+    rows_read: int = 0  # source rows; stats count prompts, several per row with turns: every_assistant_turn
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "location": dataclasses.asdict(self.location),
             "shards": [s.to_dict() for s in self.shards],
             "stats": self.stats.to_dict(),
+            "rows_read": self.rows_read,
             "duplicates": self.duplicates,
             "profile": self.profile,
             "token_roles": self.token_roles,
@@ -180,4 +182,5 @@ class PreparedDataset:
             profile=data["profile"],
             token_roles=data["token_roles"],
             files=data.get("files", {}),
+            rows_read=data.get("rows_read", data["stats"]["total"]),
         )

@@ -103,6 +103,8 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
         run.shard_size,
         run.limit,
         config.resolve,
+        s3_client=s3_client,
+        workers=config.defaults.tokenize_workers,
     )
     return prepared.to_dict()
 

@@ -1,11 +1,20 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from regen.datasets.normalise import Conversation, Rejection, normalise_row
+from regen.datasets.formats import normalise_row
+from regen.datasets.normalise import Conversation, RawChat, Rejection, check_tools, normalise_chat, select_prompts
 
 KIMI_IDS = "functions.{name}:{index}"
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def prompts(row: Any, turns: str = "final") -> list[Conversation]:
+    result = normalise_row(row, "openai_messages", KIMI_IDS, turns)  # type: ignore[arg-type]
+    assert isinstance(result, list), result
+    return result
 
 
 def test_final_assistant_turn_is_dropped_and_history_kept() -> None:
@@ -17,9 +26,44 @@ def test_final_assistant_turn_is_dropped_and_history_kept() -> None:
             {"role": "assistant", "content": "reference"},
         ]
     }
-    result = normalise_row(row, "openai_messages", KIMI_IDS)
-    assert isinstance(result, Conversation)
-    assert [m["content"] for m in result.messages] == ["a", "b", "c"]
+    [prompt] = prompts(row)
+    assert [m["content"] for m in prompt.messages] == ["a", "b", "c"]
+
+
+def test_every_assistant_turn_gives_one_prompt_per_turn() -> None:
+    row = {
+        "tools": TOOLS,
+        "messages": [
+            {"role": "system", "content": "s"},
+            {"role": "assistant", "content": "greeting before any user turn: not a prompt"},
+            {"role": "user", "content": "find x"},
+            {"role": "assistant", "tool_calls": [{"function": {"name": "lookup", "arguments": "{}"}}]},
+            {"role": "tool", "content": "found"},
+            {"role": "assistant", "content": "x is here"},
+            {"role": "user", "content": "thanks"},
+            {"role": "assistant", "content": "welcome"},
+        ],
+    }
+    cut = prompts(row, "every_assistant_turn")
+    assert [[m["role"] for m in p.messages] for p in cut] == [
+        ["system", "assistant", "user"],
+        ["system", "assistant", "user", "assistant", "tool"],
+        ["system", "assistant", "user", "assistant", "tool", "assistant", "user"],
+    ]
+    assert len({p.sample_id for p in cut}) == 3
+    assert cut[-1].messages == prompts(row)[0].messages  # the last turn is the `final` prompt
+
+
+def test_a_conversation_waiting_for_the_assistant_is_a_prompt_as_it_is() -> None:
+    row = {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"},
+        ]
+    }
+    assert [len(p.messages) for p in prompts(row, "every_assistant_turn")] == [1, 3]
+    assert [len(p.messages) for p in prompts(row)] == [3]
 
 
 def test_tool_call_ids_follow_the_profile_and_results_follow_them() -> None:
@@ -37,22 +81,67 @@ def test_tool_call_ids_follow_the_profile_and_results_follow_them() -> None:
             {"role": "tool", "tool_call_id": "call_abc", "content": "found"},
         ],
     }
-    result = normalise_row(row, "openai_messages", KIMI_IDS)
-    assert isinstance(result, Conversation)
-    assert result.messages[1]["tool_calls"][0]["id"] == "functions.lookup:0"
-    assert result.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"q": "x"}'
-    assert result.messages[2]["tool_call_id"] == "functions.lookup:0"
-    assert result.tools == TOOLS
+    [prompt] = prompts(row)
+    assert prompt.messages[1]["tool_calls"][0]["id"] == "functions.lookup:0"
+    assert prompt.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"q": "x"}'
+    assert prompt.messages[2]["tool_call_id"] == "functions.lookup:0"
+    assert prompt.tools == TOOLS
+
+
+def test_results_without_ids_answer_parallel_calls_in_order() -> None:
+    calls = [{"function": {"name": "lookup", "arguments": "{}"}}, {"function": {"name": "lookup", "arguments": "{}"}}]
+    raw = RawChat(
+        [
+            {"role": "user", "content": "two lookups"},
+            {"role": "assistant", "tool_calls": calls},
+            {"role": "tool", "content": "first"},
+            {"role": "tool", "content": "second"},
+        ],
+        TOOLS,
+        {},
+    )
+    conversation = normalise_chat(raw, KIMI_IDS)
+    assert isinstance(conversation, Conversation)
+    assert [m.get("tool_call_id") for m in conversation.messages[2:]] == ["functions.lookup:0", "functions.lookup:1"]
 
 
 def test_sample_id_is_stable_and_content_addressed() -> None:
     row = {"messages": [{"role": "user", "content": "same"}]}
-    a = normalise_row(row, "openai_messages", KIMI_IDS)
-    b = normalise_row(dict(reversed(list(row.items()))), "openai_messages", KIMI_IDS)
-    c = normalise_row({"messages": [{"role": "user", "content": "other"}]}, "openai_messages", KIMI_IDS)
-    assert isinstance(a, Conversation) and isinstance(b, Conversation) and isinstance(c, Conversation)
-    assert a.sample_id == b.sample_id != c.sample_id
+    [a] = prompts(row)
+    [b] = prompts(dict(reversed(list(row.items()))))
+    [c] = prompts({"messages": [{"role": "user", "content": "other"}]})
+    [d] = prompts({**row, "source": "another file"})  # metadata is not content
+    assert a.sample_id == b.sample_id == d.sample_id != c.sample_id
     assert len(a.sample_id) == 20
+
+
+def test_tools_from_arrow_lose_the_nulls_arrow_filled_in() -> None:
+    arrow_tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": None,
+            "parameters": {"type": "object", "properties": {"q": {"type": "string", "enum": None}, "n": None}},
+        },
+    }
+    assert check_tools([arrow_tool]) == [
+        {
+            "type": "function",
+            "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}},
+        }
+    ]
+
+
+def test_developer_role_is_a_system_turn() -> None:
+    [prompt] = prompts({"messages": [{"role": "developer", "content": "rules"}, {"role": "user", "content": "hi"}]})
+    assert prompt.messages[0] == {"role": "system", "content": "rules"}
+
+
+def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
+    conversation = Conversation(messages=[{"role": "assistant", "content": "x"}], tools=[])
+    assert select_prompts(conversation, "every_assistant_turn") == Rejection(
+        "no_user_turn", "no user message before the regenerated turn"
+    )
 
 
 @pytest.mark.parametrize(
@@ -61,12 +150,41 @@ def test_sample_id_is_stable_and_content_addressed() -> None:
         pytest.param([1, 2], "not_an_object", id="not-object"),
         pytest.param({"prompt": "x"}, "missing_messages", id="no-messages"),
         pytest.param({"messages": []}, "missing_messages", id="empty-messages"),
+        pytest.param({"messages": "[{"}, "bad_messages", id="messages-not-json"),
         pytest.param({"messages": [{"role": "wizard", "content": "x"}]}, "unknown_role", id="role"),
+        pytest.param({"messages": ["hello"]}, "bad_message", id="message-not-object"),
         pytest.param({"messages": [{"role": "assistant", "content": "x"}]}, "no_user_turn", id="no-user"),
         pytest.param({"messages": [{"role": "user", "content": ""}]}, "empty_content", id="empty"),
         pytest.param({"messages": [{"role": "user", "content": 5}]}, "bad_content", id="content-type"),
+        pytest.param({"messages": [{"role": "user", "content": "bad \ud800 text"}]}, "invalid_utf8", id="surrogate"),
         pytest.param(
             {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "bad_tools", id="tools"
+        ),
+        pytest.param(
+            {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]},
+            "bad_tools",
+            id="tools-not-functions",
+        ),
+        pytest.param(
+            {"messages": [{"role": "user", "content": "x"}], "tools": {"name": "f"}}, "bad_tools", id="tools-not-list"
+        ),
+        pytest.param(
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"function": {"name": "f", "parameters": {"default": b"\x00"}}}],  # Arrow binary
+            },
+            "bad_tools",
+            id="tools-not-json",
+        ),
+        pytest.param(
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": "{}"}}]},
+                ]
+            },
+            "bad_tool_call",
+            id="call-without-name",
         ),
         pytest.param(
             {
@@ -83,18 +201,19 @@ def test_sample_id_is_stable_and_content_addressed() -> None:
             "bad_tool_call_arguments",
             id="arguments",
         ),
+        pytest.param(
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]},
+                ]
+            },
+            "bad_tool_call_arguments",
+            id="arguments-not-object",
+        ),
     ],
 )
 def test_bad_rows_are_rejected_with_a_reason(row: object, reason: str) -> None:
     result = normalise_row(row, "openai_messages", KIMI_IDS)
     assert isinstance(result, Rejection)
     assert result.reason == reason and result.detail
-
-
-def test_input_output_rows_keep_metadata() -> None:
-    result = normalise_row(
-        {"id": "x1", "input": "write code", "output": "ref", "domain": "generic"}, "input_output", KIMI_IDS
-    )
-    assert isinstance(result, Conversation)
-    assert result.messages == [{"role": "user", "content": "write code"}]
-    assert result.meta == {"id": "x1", "domain": "generic"}

@@ -1,19 +1,24 @@
-"""Source rows -> one canonical conversation shape (OpenAI messages + tools), or a rejection with a reason.
+"""OpenAI-shaped messages -> one canonical conversation, then the prompts cut from it; or a rejection with a reason.
 
-Pure functions: no I/O, never raise on bad data. The prompt is the conversation up to the turn the target model
-regenerates (the final assistant turn is dropped, its history kept).
+Every source format is first turned into OpenAI-shaped messages and tools (`formats.py`); this module checks them once
+for all formats. Pure functions: no I/O, never raise on bad data. A prompt is the conversation up to an assistant turn
+the target model regenerates: the final one (history kept), or each one in turn.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, Literal
 
 from regen.chat import canonical_json
 
+Turns = Literal["final", "every_assistant_turn"]
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system turn
 
 
 @dataclass(frozen=True)
@@ -22,9 +27,9 @@ class Conversation:
     tools: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def sample_id(self) -> str:
-        """Stable across runs and file orders: a digest of the canonical prompt content."""
+        """Stable across runs and file orders: a digest of the canonical prompt content (meta left out)."""
         content = canonical_json({"messages": self.messages, "tools": self.tools})
         return hashlib.sha256(content.encode("utf-8")).hexdigest()[:20]
 
@@ -33,6 +38,15 @@ class Conversation:
 class Rejection:
     reason: str
     detail: str
+
+
+@dataclass(frozen=True)
+class RawChat:
+    """A row in OpenAI shape, not yet checked: what every format converter produces."""
+
+    messages: Any
+    tools: Any
+    meta: dict[str, Any]
 
 
 def _text(value: Any) -> str | None:
@@ -46,83 +60,145 @@ def _text(value: Any) -> str | None:
     return None
 
 
-def _check_tools(tools: Any) -> list[dict[str, Any]] | Rejection:
+def _without_nulls(value: Any) -> Any:
+    """Arrow (Parquet, HF datasets) stores nested schemas as structs and fills keys a row lacks with null."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def _function_schema(tool: Any, i: int) -> dict[str, Any] | Rejection:
+    """OpenAI `{"type": "function", "function": {...}}`, or a bare `{"name", "parameters"}` that is wrapped."""
+    if not isinstance(tool, dict):
+        return Rejection("bad_tools", f"tools[{i}] is not an object")
+    fn = tool.get("function") if "function" in tool else tool
+    if tool.get("type", "function") != "function" or not isinstance(fn, dict):
+        return Rejection("bad_tools", f"tools[{i}] is not a function schema (type {tool.get('type')!r})")
+    fn = _without_nulls(fn)
+    if not (isinstance(fn.get("name"), str) and fn["name"]):
+        return Rejection("bad_tools", f"tools[{i}] is not a function schema with a name")
+    if not isinstance(fn.get("parameters", {}), dict):
+        return Rejection("bad_tools", f"tools[{i}].function.parameters must be a JSON schema object")
+    return {"type": "function", "function": fn}
+
+
+def check_tools(tools: Any) -> list[dict[str, Any]] | Rejection:
     if tools is None:
         return []
     if isinstance(tools, str):
         try:
-            tools = json.loads(tools)
+            tools = json.loads(tools) if tools.strip() else []
         except json.JSONDecodeError as e:
             return Rejection("bad_tools", f"tools is not JSON: {e}")
     if not isinstance(tools, list):
         return Rejection("bad_tools", f"tools must be a list, got {type(tools).__name__}")
+    checked = []
     for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]):
-            return Rejection("bad_tools", f"tools[{i}] is not a function schema with a name")
-        if not isinstance(fn.get("parameters", {}), dict):
-            return Rejection("bad_tools", f"tools[{i}].function.parameters must be a JSON schema object")
-    return tools
+        schema = _function_schema(tool, i)
+        if isinstance(schema, Rejection):
+            return schema
+        checked.append(schema)
+    return checked
+
+
+def _arguments(raw: Any, label: str) -> str | Rejection:
+    """Tool-call arguments as the JSON text of an object, whether they came as text or as an object."""
+    if isinstance(raw, str):
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError as e:
+            return Rejection("bad_tool_call_arguments", f"{label}: {e}")
+        if not isinstance(parsed, dict):
+            return Rejection("bad_tool_call_arguments", f"{label}: arguments are JSON but not an object")
+        return raw
+    if isinstance(raw, dict):
+        return json.dumps(raw, ensure_ascii=False)
+    return Rejection("bad_tool_call_arguments", f"{label}: arguments must be a JSON object")
 
 
 def _tool_call(call: Any, index: int, id_format: str) -> tuple[dict[str, Any], str] | Rejection:
     fn = call.get("function") if isinstance(call, dict) else None
     if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]):
         return Rejection("bad_tool_call", f"tool call {index} has no function name")
-    arguments = fn.get("arguments", "{}")
-    if isinstance(arguments, str):
-        try:
-            json.loads(arguments)
-        except json.JSONDecodeError as e:
-            return Rejection("bad_tool_call_arguments", f"tool call {index} ({fn['name']}): {e}")
-    elif isinstance(arguments, dict):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    else:
-        return Rejection("bad_tool_call_arguments", f"tool call {index} ({fn['name']}): arguments must be JSON")
-    new_id = id_format.format(name=fn["name"], index=index, id=call.get("id") or f"call_{index}")
+    arguments = _arguments(fn.get("arguments", "{}"), f"tool call {index} ({fn['name']})")
+    if isinstance(arguments, Rejection):
+        return arguments
+    original_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else f"call_{index}"
+    new_id = id_format.format(name=fn["name"], index=index, id=original_id)
     normalised = {"id": new_id, "type": "function", "function": {"name": fn["name"], "arguments": arguments}}
-    return normalised, str(call.get("id") or new_id)
+    return normalised, original_id
 
 
-def _message(raw: Any, position: int, state: dict[str, Any], id_format: str) -> dict[str, Any] | Rejection:
+class _CallIds:
+    """Tool-call ids of one conversation: the profile's ids replace the dataset's, and tool results follow them. A
+    result without an id answers the oldest unanswered call (formats without ids list results in call order)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.renamed: dict[str, str] = {}
+        self.unanswered: deque[str] = deque()
+        self.last = ""
+
+    def add(self, original: str, new: str) -> None:
+        self.renamed[original] = new
+        self.unanswered.append(new)
+        self.last = new
+        self.count += 1
+
+    def answer(self, original: Any) -> str:
+        if isinstance(original, str) and original:
+            new = self.renamed.get(original, original)
+            if new in self.unanswered:
+                self.unanswered.remove(new)
+            return new
+        return self.unanswered.popleft() if self.unanswered else self.last
+
+
+def _assistant(
+    raw: dict[str, Any], message: dict[str, Any], position: int, ids: _CallIds, id_format: str
+) -> Rejection | None:
+    if isinstance(raw.get("reasoning_content"), str) and raw["reasoning_content"]:
+        message["reasoning_content"] = raw["reasoning_content"]
+    calls = raw.get("tool_calls") or []
+    if not isinstance(calls, list):
+        return Rejection("bad_tool_call", f"message {position} tool_calls is not a list")
+    for call in calls:
+        result = _tool_call(call, ids.count, id_format)
+        if isinstance(result, Rejection):
+            return result
+        normalised, original_id = result
+        ids.add(original_id, normalised["id"])
+        message.setdefault("tool_calls", []).append(normalised)
+    return None
+
+
+def _message(raw: Any, position: int, ids: _CallIds, id_format: str) -> dict[str, Any] | Rejection:
     if not isinstance(raw, dict):
         return Rejection("bad_message", f"message {position} is not an object")
     role = raw.get("role")
-    if role not in ROLES:
-        return Rejection("unknown_role", f"message {position} has role {role!r}")
+    role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
+    if not isinstance(role, str) or role not in ROLES:
+        return Rejection("unknown_role", f"message {position} has role {str(role)[:80]!r}")
     content = _text(raw.get("content")) if raw.get("content") is not None else ""
     if content is None:
         return Rejection("bad_content", f"message {position} ({role}) content is neither text nor text parts")
     message: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant":
-        if isinstance(raw.get("reasoning_content"), str) and raw["reasoning_content"]:
-            message["reasoning_content"] = raw["reasoning_content"]
-        calls = raw.get("tool_calls") or []
-        if not isinstance(calls, list):
-            return Rejection("bad_tool_call", f"message {position} tool_calls is not a list")
-        for call in calls:
-            result = _tool_call(call, state["calls"], id_format)
-            if isinstance(result, Rejection):
-                return result
-            normalised, original_id = result
-            state["ids"][original_id] = normalised["id"]
-            state["calls"] += 1
-            message.setdefault("tool_calls", []).append(normalised)
+        rejected = _assistant(raw, message, position, ids, id_format)
+        if rejected is not None:
+            return rejected
     elif role == "tool":
-        original = raw.get("tool_call_id")
-        message["tool_call_id"] = state["ids"].get(original, original) if original else _last_call_id(state)
-    if not content and "tool_calls" not in message and role != "tool":
+        message["tool_call_id"] = ids.answer(raw.get("tool_call_id"))
+    if not content.strip() and "tool_calls" not in message and role != "tool":
         return Rejection("empty_content", f"message {position} ({role}) is empty")
     return message
 
 
-def _last_call_id(state: dict[str, Any]) -> str:
-    return next(reversed(state["ids"].values()), "") if state["ids"] else ""
-
-
-def normalise_messages(
-    raw_messages: Any, raw_tools: Any, id_format: str, meta: dict[str, Any] | None = None
-) -> Conversation | Rejection:
+def normalise_chat(raw: RawChat, id_format: str) -> Conversation | Rejection:
+    """The whole conversation, every turn checked; tool-call ids rewritten with the profile's `id_format`."""
+    raw_messages = raw.messages
     if isinstance(raw_messages, str):
         try:
             raw_messages = json.loads(raw_messages)
@@ -130,34 +206,54 @@ def normalise_messages(
             return Rejection("bad_messages", f"messages is not JSON: {e}")
     if not isinstance(raw_messages, list) or not raw_messages:
         return Rejection("missing_messages", "no messages")
-    tools = _check_tools(raw_tools)
+    tools = check_tools(raw.tools)
     if isinstance(tools, Rejection):
         return tools
-    state: dict[str, Any] = {"calls": 0, "ids": {}}
+    ids = _CallIds()
     messages: list[dict[str, Any]] = []
-    for position, raw in enumerate(raw_messages):
-        message = _message(raw, position, state, id_format)
+    for position, item in enumerate(raw_messages):
+        message = _message(item, position, ids, id_format)
         if isinstance(message, Rejection):
             return message
         messages.append(message)
-    while messages and messages[-1]["role"] == "assistant":
-        messages.pop()  # the turn the target model regenerates
-    if not any(m["role"] == "user" for m in messages):
+    return Conversation(messages=messages, tools=tools, meta=raw.meta)
+
+
+def _cuts(messages: list[dict[str, Any]]) -> list[int]:
+    """Where a prompt may end: before each assistant turn (a run of assistant messages is one turn), and at the end
+    when the conversation waits for the assistant."""
+    cuts = [
+        i
+        for i, m in enumerate(messages)
+        if m["role"] == "assistant" and (i == 0 or messages[i - 1]["role"] != "assistant")
+    ]
+    if messages[-1]["role"] != "assistant":
+        cuts.append(len(messages))
+    return cuts
+
+
+def _encodable(prompts: list[Conversation]) -> Rejection | None:
+    """Lone surrogates (from `\\ud800`-style JSON escapes) cannot be written as UTF-8, and Arrow rows may hold values
+    JSON cannot (bytes in a tool schema): reject them here, not when a shard is written."""
+    try:
+        for prompt in prompts:
+            _ = prompt.sample_id
+        json.dumps(prompts[0].meta, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return Rejection("invalid_utf8", f"text that is not valid Unicode: {e.reason} at {e.start}")
+    except TypeError as e:
+        return Rejection("bad_tools", f"tools hold a value that is not JSON: {e}")
+    return None
+
+
+def select_prompts(conversation: Conversation, turns: Turns) -> list[Conversation] | Rejection:
+    """The prompts of one conversation, each ending where the assistant answers: the last such point (`final`) or
+    every one (`every_assistant_turn`), each after a user turn; at least one, or a rejection."""
+    messages = conversation.messages
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), len(messages))
+    cuts = _cuts(messages)
+    cuts = [c for c in (cuts[-1:] if turns == "final" else cuts) if c > first_user]
+    if not cuts:
         return Rejection("no_user_turn", "no user message before the regenerated turn")
-    return Conversation(messages=messages, tools=tools, meta=meta or {})
-
-
-def normalise_row(row: Any, source_format: str, id_format: str) -> Conversation | Rejection:
-    if not isinstance(row, dict):
-        return Rejection("not_an_object", f"row is a {type(row).__name__}, not an object")
-    if source_format == "openai_messages":
-        if "messages" not in row:
-            return Rejection("missing_messages", f"no 'messages' field (fields: {', '.join(sorted(row))[:200]})")
-        return normalise_messages(row["messages"], row.get("tools"), id_format)
-    if source_format == "input_output":
-        instruction = row.get("input")
-        if not isinstance(instruction, str) or not instruction.strip():
-            return Rejection("empty_content", "'input' is missing or empty")
-        meta = {k: v for k, v in row.items() if k not in ("input", "output")}
-        return Conversation(messages=[{"role": "user", "content": instruction}], tools=[], meta=meta)
-    raise ValueError(f"unknown source format {source_format!r}")
+    prompts = [Conversation(messages=messages[:c], tools=conversation.tools, meta=conversation.meta) for c in cuts]
+    return _encodable(prompts) or prompts

@@ -1,5 +1,10 @@
 """Stage 1: a dataset source -> normalised, deduplicated, tokenised prompt shards in storage.
 
+Every row read is accounted for: it becomes prompts (one per regenerated turn) or a rejection with its reason in
+`rejected/prepare.jsonl`, and `total == kept + dropped` counts prompts (in the default `turns: final` mode, one per
+row, so `total` is also the rows read). Memory stays flat whatever the dataset size: rows stream in, the seen sample
+ids live in an SQLite table on local disk, rejections stream to a file and prompts leave a shard at a time.
+
 Idempotent: once `prompts/prepare.json` exists for a dataset version, it is the answer, so a cleared or retried task
 never reshards prompts that later stages already consumed.
 """
@@ -8,8 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +27,16 @@ import pyarrow.parquet as pq
 
 from regen.chat import ChatRenderer
 from regen.config import DatasetConfig
-from regen.datasets.normalise import Conversation, Rejection, normalise_row
-from regen.datasets.readers import BadRow, expand_paths, iter_jsonl
+from regen.datasets.formats import normalise_row
+from regen.datasets.normalise import Conversation, Rejection
+from regen.datasets.sources import BadRow, S3ClientFactory, SourceRow, iter_rows
+from regen.datasets.tokenise import Rendered, available_cores, render_ordered
 from regen.manifest import DatasetLocation, PreparedDataset, ShardManifest, StageStats
 from regen.storage import Storage
 
 log = logging.getLogger(__name__)
 
+PROGRESS_EVERY_S = 15.0
 PROMPT_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -42,6 +54,13 @@ def prepare_manifest_key(location: DatasetLocation) -> str:
     return location.key("prompts", "prepare.json")
 
 
+@dataclass(frozen=True, slots=True)
+class Origin:
+    index: int  # the row's position in the dataset stream
+    source: str
+    sample_id: str | None  # None when the row gave no conversation
+
+
 class _Rejections:
     """Rejected rows streamed to a local file, uploaded once: nothing dropped silently, memory stays flat."""
 
@@ -49,14 +68,14 @@ class _Rejections:
         self.path = directory / "rejected.jsonl"
         self._file = self.path.open("w", encoding="utf-8")
 
-    def add(self, index: int, source: str, reason: str, detail: str, sample_id: str | None = None) -> None:
+    def add(self, origin: Origin, rejection: Rejection) -> None:
         record = {
-            "id": sample_id,
-            "source_index": index,
-            "source": source,
+            "id": origin.sample_id,
+            "source_index": origin.index,
+            "source": origin.source,
             "stage": "prepare",
-            "reason": reason,
-            "detail": detail,
+            "reason": rejection.reason,
+            "detail": rejection.detail,
         }
         self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
 
@@ -64,27 +83,131 @@ class _Rejections:
         self._file.close()
 
 
-def _conversations(
-    config: DatasetConfig, paths: list[Path], id_format: str, stats: StageStats, rejections: _Rejections
-) -> Iterator[tuple[int, str, Conversation]]:
-    for row in iter_jsonl(paths):
+class _SeenIds:
+    """Sample ids already kept or queued, in an SQLite table on local disk: a Python set would grow with the data."""
+
+    def __init__(self, directory: Path) -> None:
+        self._db = sqlite3.connect(directory / "seen.sqlite3")
+        self._db.execute("PRAGMA journal_mode = OFF")
+        self._db.execute("PRAGMA synchronous = OFF")
+        self._db.execute("CREATE TABLE seen (id TEXT PRIMARY KEY) WITHOUT ROWID")
+
+    def first(self, sample_id: str) -> bool:
+        """True the first time an id is offered, False for every repeat."""
+        return self._db.execute("INSERT OR IGNORE INTO seen (id) VALUES (?)", (sample_id,)).rowcount == 1
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class _ShardWriter:
+    def __init__(self, location: DatasetLocation, storage: Storage, shard_size: int, workdir: Path) -> None:
+        self.location, self.storage, self.shard_size, self.workdir = location, storage, shard_size, workdir
+        self.shards: list[ShardManifest] = []
+        self._rows: list[dict[str, Any]] = []
+
+    def add(self, origin: Origin, rendered: Rendered) -> None:
+        conversation = rendered.conversation
+        self._rows.append(
+            {
+                "id": conversation.sample_id,
+                "source_index": origin.index,
+                "source": origin.source,
+                # Key order kept as rendered: re-rendering the stored columns gives the same prompt_ids.
+                "messages": json.dumps(conversation.messages, ensure_ascii=False),
+                "tools": json.dumps(conversation.tools, ensure_ascii=False),
+                "meta": json.dumps(conversation.meta, ensure_ascii=False, default=str),
+                "prompt_ids": rendered.prompt_ids,
+            }
+        )
+        if len(self._rows) >= self.shard_size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._rows:
+            return
+        shard = ShardManifest(self.location, len(self.shards), "", "", len(self._rows))
+        key = shard.key("prompts", ".parquet")
+        path = self.workdir / "shard.parquet"
+        pq.write_table(pa.Table.from_pylist(self._rows, schema=PROMPT_SCHEMA), path, compression="zstd")
+        digest = self.storage.put_file(key, path)
+        self.shards.append(ShardManifest(self.location, shard.shard, key, digest, len(self._rows)))
+        self._rows = []
+
+
+class _Tally:
+    """The counts the manifest reports, with a progress line every few seconds."""
+
+    def __init__(self, dataset: str) -> None:
+        self.dataset = dataset
+        self.stats = StageStats()
+        self.rows_read = 0
+        self.duplicates = 0
+        self._last_index = -1
+        self._started = self._logged = time.monotonic()
+
+    def count(self, origin: Origin, result: Rendered | Rejection) -> None:
+        if origin.index != self._last_index:  # a row's prompts arrive together, rows in order
+            self.rows_read += 1
+            self._last_index = origin.index
+        if isinstance(result, Rendered):
+            self.stats.keep()
+        else:
+            self.stats.drop(result.reason)
+            self.duplicates += result.reason == "duplicate"
+        if time.monotonic() - self._logged >= PROGRESS_EVERY_S:
+            self._logged = time.monotonic()
+            self.log("preparing")
+
+    def log(self, what: str) -> None:
+        elapsed = time.monotonic() - self._started
+        log.info(
+            "%s %s: %d rows read, %d prompts kept, %d duplicates, dropped %s (%.0f prompts/s)",
+            what,
+            self.dataset,
+            self.rows_read,
+            self.stats.kept,
+            self.duplicates,
+            dict(sorted(self.stats.dropped_by_reason.items())),
+            self.stats.total / elapsed if elapsed else 0.0,
+        )
+
+
+def _candidates(
+    rows: Iterable[SourceRow | BadRow], config: DatasetConfig, id_format: str, seen: _SeenIds
+) -> Iterator[tuple[Origin, Conversation | Rejection]]:
+    """Rows -> prompts to render, in order; rows that give none, and repeated prompts, as rejections."""
+    for row in rows:
         if isinstance(row, BadRow):
-            stats.drop(row.reason)
-            rejections.add(row.index, row.source, row.reason, row.detail)
+            yield Origin(row.index, row.source, None), Rejection(row.reason, row.detail)
             continue
-        result = normalise_row(row.value, config.format, id_format)
+        result = normalise_row(row.value, config.format, id_format, config.turns)
         if isinstance(result, Rejection):
-            stats.drop(result.reason)
-            rejections.add(row.index, row.source, result.reason, result.detail)
+            yield Origin(row.index, row.source, None), result
             continue
-        yield row.index, row.source, result
+        for conversation in result:
+            origin = Origin(row.index, row.source, conversation.sample_id)
+            if seen.first(conversation.sample_id):
+                yield origin, conversation
+            else:
+                yield origin, Rejection("duplicate", "same prompt as an earlier row")
 
 
-def _write_shard(rows: list[dict[str, Any]], storage: Storage, key: str, workdir: Path) -> str:
-    table = pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA)
-    path = workdir / "shard.parquet"
-    pq.write_table(table, path, compression="zstd")
-    return storage.put_file(key, path)
+def _consume(
+    rendered: Iterable[tuple[Origin, Rendered | Rejection]],
+    tally: _Tally,
+    shards: _ShardWriter,
+    rejections: _Rejections,
+    limit: int | None,
+) -> None:
+    for origin, result in rendered:
+        tally.count(origin, result)
+        if isinstance(result, Rendered):
+            shards.add(origin, result)
+        else:
+            rejections.add(origin, result)
+        if limit is not None and tally.stats.kept >= limit:
+            return
 
 
 def run_prepare(
@@ -94,88 +217,47 @@ def run_prepare(
     renderer: ChatRenderer,
     shard_size: int,
     limit: int | None,
-    resolve_path: Any = str,
+    resolve_path: Callable[[str], str] = str,
+    *,
+    s3_client: S3ClientFactory | None = None,
+    workers: int | None = None,
 ) -> PreparedDataset:
+    """`s3_client` makes the boto3 client for `s3://` sources; `workers` tokenises in that many processes (None:
+    all cores, 1: in this process)."""
     existing = prepare_manifest_key(location)
     if storage.exists(existing):
         log.info("%s already prepared; reusing %s", location.dataset, storage.uri(existing))
         return PreparedDataset.from_dict(json.loads(storage.get_bytes(existing)))
 
-    paths = expand_paths([resolve_path(p) for p in config.paths])
-    stats, seen, shards, buffer = StageStats(), set[str](), list[ShardManifest](), list[dict[str, Any]]()
-    duplicates = 0
+    tally = _Tally(location.dataset)
     with tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp:
         workdir = Path(tmp)
-        rejections = _Rejections(workdir)
-
-        def flush() -> None:
-            shard = ShardManifest(location, len(shards), "", "", len(buffer))
-            key = shard.key("prompts", ".parquet")
-            digest = _write_shard(buffer, storage, key, workdir)
-            shards.append(ShardManifest(location, shard.shard, key, digest, len(buffer)))
-            buffer.clear()
-
-        for index, source, conversation in _conversations(
-            config, paths, renderer.profile.tool_call_id_format, stats, rejections
-        ):
-            sample_id = conversation.sample_id
-            if sample_id in seen:
-                duplicates += 1
-                stats.drop("duplicate")
-                rejections.add(index, source, "duplicate", "same prompt as an earlier row", sample_id)
-                continue
-            prompt_ids = renderer.render_ids(conversation.messages, conversation.tools)
-            if len(prompt_ids) > renderer.profile.max_prompt_tokens:
-                stats.drop("prompt_too_long")
-                detail = f"{len(prompt_ids)} tokens > {renderer.profile.max_prompt_tokens}"
-                rejections.add(index, source, "prompt_too_long", detail, sample_id)
-                continue
-            seen.add(sample_id)
-            stats.keep()
-            buffer.append(
-                {
-                    "id": sample_id,
-                    "source_index": index,
-                    "source": source,
-                    # Key order kept as rendered: re-rendering the stored columns gives the same prompt_ids.
-                    "messages": json.dumps(conversation.messages, ensure_ascii=False),
-                    "tools": json.dumps(conversation.tools, ensure_ascii=False),
-                    "meta": json.dumps(conversation.meta, ensure_ascii=False),
-                    "prompt_ids": prompt_ids,
-                }
-            )
-            if len(buffer) >= shard_size:
-                flush()
-            if limit is not None and stats.kept >= limit:
-                break
-        if buffer:
-            flush()
-        rejections.close()
+        shards, rejections = _ShardWriter(location, storage, shard_size, workdir), _Rejections(workdir)
+        with closing(_SeenIds(workdir)) as seen, closing(rejections):
+            rows = iter_rows(config, resolve_path, s3_client)
+            candidates = _candidates(rows, config, renderer.profile.tool_call_id_format, seen)
+            with closing(render_ordered(candidates, renderer, workers or available_cores())) as rendered:
+                _consume(rendered, tally, shards, rejections, limit)
+        shards.flush()
         files = {}
-        if stats.dropped:
+        if tally.stats.dropped:
             rejected_key = location.key("rejected", "prepare.jsonl")
             files[rejected_key] = storage.put_file(rejected_key, rejections.path)
 
-    stats.check()
+    tally.stats.check()
     prepared = PreparedDataset(
         location=location,
-        shards=shards,
-        stats=stats,
-        duplicates=duplicates,
+        shards=shards.shards,
+        stats=tally.stats,
+        duplicates=tally.duplicates,
         profile=renderer.profile.as_record(),
         token_roles=renderer.roles.as_record(),
         files=files,
+        rows_read=tally.rows_read,
     )
-    storage.put_bytes(existing, json.dumps(prepared.to_dict(), indent=1).encode())
-    log.info(
-        "prepared %s: %d rows read, %d prompts kept in %d shards, %d duplicates, dropped %s",
-        location.dataset,
-        stats.total,
-        stats.kept,
-        len(shards),
-        duplicates,
-        stats.dropped_by_reason,
-    )
+    record = {**prepared.to_dict(), "turns": config.turns}
+    storage.put_bytes(existing, json.dumps(record, indent=1).encode())
+    tally.log(f"prepared ({len(shards.shards)} shards)")
     return prepared
 
 

@@ -1,0 +1,226 @@
+"""Prepare benchmarks: tokenisation throughput on 1 process vs all cores, and peak memory vs dataset size.
+
+    .venv/bin/python bench/bench_prepare.py                    # both, at the default sizes (a few minutes on 2 cores)
+    .venv/bin/python bench/bench_prepare.py throughput         # prompts/s, 1 process vs all cores, two tokenizers
+    .venv/bin/python bench/bench_prepare.py memory --memory-rows 100000 1000000   # the 1M-row check
+
+Throughput: the real `run_prepare` (read, normalise, dedupe, render, write shards) over a generated JSONL dataset
+mixing OpenAI-messages-with-tools, Glaive, ShareGPT and OpenCodeInstruct rows (1% duplicates, 0.5% broken lines),
+with the mini (Rust) tokenizer and with the slow Python tokenizer of `regen.assets.slow_kimi` (same ids, Python
+cost, loaded through trust_remote_code like Kimi's). Each is run with `workers=1` (in-process) and with all cores,
+in the same process, and the shards of both runs are checked identical. The pool start-up (spawn + one renderer per
+worker) is measured on its own. Memory: prepare runs in a child process, at two dataset sizes, with all cores; the
+child reports its own peak RSS (the main process: reading, dedupe, shard buffers) and its workers' largest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "include"))
+
+from regen.assets.slow_kimi import ensure_slow_tokenizer  # noqa: E402
+from regen.chat import ChatRenderer, ModelProfile, get_profile  # noqa: E402
+from regen.config import DatasetConfig  # noqa: E402
+from regen.datasets.normalise import Conversation  # noqa: E402
+from regen.datasets.prepare import run_prepare  # noqa: E402
+from regen.datasets.tokenise import available_cores, render_ordered  # noqa: E402
+from regen.manifest import DatasetLocation, PreparedDataset  # noqa: E402
+from regen.storage import LocalStorage  # noqa: E402
+
+SHARD_SIZE = 2000
+
+
+def slow_profile() -> ModelProfile:
+    return dataclasses.replace(
+        get_profile("kimi-k2.5-mini"),
+        name="kimi-k2.5-mini-slow",
+        tokenizer=str(ensure_slow_tokenizer()),
+        trust_remote_code=True,
+    )
+
+
+class RowMaker:
+    """Deterministic rows of the real formats, words drawn Zipf-like from a fixed vocabulary (as in real text)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        self.words = ["".join(self.rng.choices(letters, k=self.rng.randint(2, 9))) for _ in range(20_000)]
+        self.cum_weights = list(accumulate(1 / (rank + 1) for rank in range(len(self.words))))
+
+    def text(self, low: int, high: int) -> str:
+        words = self.rng.choices(self.words, cum_weights=self.cum_weights, k=self.rng.randint(low, high))
+        return " ".join(words).capitalize() + "."
+
+    def tool(self, name: str) -> dict[str, Any]:
+        properties = {w: {"type": "string", "description": self.text(3, 8)} for w in self.rng.sample(self.words, 3)}
+        return {
+            "name": name,
+            "description": self.text(5, 12),
+            "parameters": {"type": "object", "properties": properties},
+        }
+
+    def openai(self, i: int) -> dict[str, Any]:
+        tool = self.tool(f"tool_{i % 50}")
+        call = {"id": "c1", "type": "function", "function": {"name": tool["name"], "arguments": '{"q": "x"}'}}
+        messages = [
+            {"role": "system", "content": self.text(10, 30)},
+            {"role": "user", "content": self.text(20, 80)},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": self.text(10, 40)},
+            {"role": "assistant", "content": self.text(20, 60)},
+        ]
+        return {"messages": messages, "tools": [{"type": "function", "function": tool}]}
+
+    def glaive(self, i: int) -> dict[str, Any]:
+        system = "SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -"
+        tool = self.tool(f"fn_{i % 50}")
+        chat = (
+            f"USER: {self.text(20, 80)}\n\n\nASSISTANT: <functioncall> "
+            f'{{"name": "{tool["name"]}", "arguments": \'{{"a": 1}}\'}} <|endoftext|>\n\n\n'
+            f'FUNCTION RESPONSE: {{"r": "{self.text(3, 10)}"}}\n\n\nASSISTANT: {self.text(10, 40)} <|endoftext|>\n'
+        )
+        return {"system": f"{system}\n{json.dumps(tool, indent=4)}\n", "chat": chat}
+
+    def sharegpt(self, i: int) -> dict[str, Any]:
+        turns = [{"from": "human" if t % 2 == 0 else "gpt", "value": self.text(15, 60)} for t in range(4)]
+        return {"id": f"sg-{i}", "conversations": turns}
+
+    def opencodeinstruct(self, i: int) -> dict[str, Any]:
+        return {"id": f"oci-{i}", "input": self.text(30, 120), "output": "ref", "domain": "generic"}
+
+    def lines(self, n: int) -> Iterator[str]:
+        makers = (self.openai, self.glaive, self.sharegpt, self.opencodeinstruct)
+        previous = ""
+        for i in range(n):
+            if i % 200 == 7:
+                line = '{"messages": [{"role": "user", "content": "trunc'
+            elif i % 100 == 3 and previous:
+                line = previous  # an exact duplicate
+            else:
+                line = json.dumps(makers[i % len(makers)](i))
+            previous = line
+            yield line
+
+
+def write_dataset(path: Path, rows: int) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for line in RowMaker().lines(rows):
+            f.write(line + "\n")
+
+
+def prepare_once(
+    source: Path, renderer: ChatRenderer, workers: int, folder: Path, name: str
+) -> tuple[PreparedDataset, float]:
+    storage = LocalStorage(folder)
+    location = DatasetLocation(storage.root_uri, renderer.profile.name, name, "v1")
+    started = time.perf_counter()
+    prepared = run_prepare(
+        DatasetConfig(paths=[str(source)]), location, storage, renderer, SHARD_SIZE, None, workers=workers
+    )
+    return prepared, time.perf_counter() - started
+
+
+def pool_startup(renderer: ChatRenderer, workers: int) -> float:
+    """Seconds from starting a pool to the first rendered prompt: spawn, imports, one renderer per worker."""
+    item = Conversation([{"role": "user", "content": "hello"}], [])
+    started = time.perf_counter()
+    next(iter(render_ordered([(0, item)], renderer, workers, in_process_below=0)))
+    return time.perf_counter() - started
+
+
+def throughput(rows: dict[str, int]) -> None:
+    cores = available_cores()
+    print(f"throughput: run_prepare on generated mixed-format rows, 1 process vs {cores} worker processes")
+    for label, profile in (("mini (Rust)", get_profile("kimi-k2.5-mini")), ("slow (Python)", slow_profile())):
+        renderer = ChatRenderer(profile)
+        with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
+            source = Path(tmp) / "rows.jsonl"
+            write_dataset(source, rows[profile.name])
+            one, one_s = prepare_once(source, renderer, 1, Path(tmp) / "out", "one")
+            many, many_s = prepare_once(source, renderer, cores, Path(tmp) / "out", "many")
+            startup = pool_startup(renderer, cores)
+        same = [s.prompts_sha256 for s in one.shards] == [s.prompts_sha256 for s in many.shards]
+        kept = one.stats.kept
+        print(
+            f"  {label:14s} {rows[profile.name]:>7,} rows, {kept:,} prompts: "
+            f"1 process {kept / one_s:8.0f} prompts/s | {cores} workers {kept / many_s:8.0f} prompts/s | "
+            f"speed-up x{one_s / many_s:.2f} (x{one_s / (many_s - startup):.2f} after the pool's start-up of "
+            f"{startup:.1f} s) | identical shards: {same}"
+        )
+
+
+def child(source: Path, workers: int) -> None:
+    """Runs in its own process so that its peak RSS is prepare's alone."""
+    renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+    with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
+        prepared, seconds = prepare_once(source, renderer, workers, Path(tmp), "memory")
+    report = {
+        "rows": prepared.stats.total,
+        "kept": prepared.stats.kept,
+        "seconds": seconds,
+        "main_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "worker_max_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }
+    print(json.dumps(report))
+
+
+def memory(sizes: list[int]) -> None:
+    cores = available_cores()
+    print(f"memory: peak RSS of prepare in a child process ({cores} workers), by dataset size")
+    results = []
+    for rows in sizes:
+        with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
+            source = Path(tmp) / "rows.jsonl"
+            write_dataset(source, rows)
+            size_mb = source.stat().st_size / 2**20
+            command = [sys.executable, __file__, "child", str(source), str(cores)]
+            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        result = json.loads(output.strip().splitlines()[-1])
+        results.append(result)
+        print(
+            f"  {rows:>9,} rows ({size_mb:,.0f} MB of JSONL, {result['kept']:,} prompts) in {result['seconds']:.0f} s: "
+            f"main process {result['main_max_rss_mb']:.0f} MB, largest worker {result['worker_max_rss_mb']:.0f} MB"
+        )
+    first, last = results[0], results[-1]
+    print(
+        f"  rows x{last['rows'] / first['rows']:.0f} -> main-process peak RSS "
+        f"x{last['main_max_rss_mb'] / first['main_max_rss_mb']:.2f}, "
+        f"worker peak RSS x{last['worker_max_rss_mb'] / first['worker_max_rss_mb']:.2f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="?", choices=["all", "throughput", "memory", "child"], default="all")
+    parser.add_argument("args", nargs="*", help=argparse.SUPPRESS)
+    parser.add_argument("--mini-rows", type=int, default=40_000, help="rows for the mini tokenizer's throughput")
+    parser.add_argument("--slow-rows", type=int, default=12_000, help="rows for the slow tokenizer's throughput")
+    parser.add_argument("--memory-rows", type=int, nargs=2, default=[20_000, 200_000], metavar=("SMALL", "LARGE"))
+    options = parser.parse_args()
+    if options.what == "child":
+        child(Path(options.args[0]), int(options.args[1]))
+        return
+    print(f"$ {' '.join([Path(sys.executable).name, *sys.argv])}")
+    if options.what in ("all", "throughput"):
+        throughput({"kimi-k2.5-mini": options.mini_rows, "kimi-k2.5-mini-slow": options.slow_rows})
+    if options.what in ("all", "memory"):
+        memory(options.memory_rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""Stream a dataset's rows, one at a time, from wherever it lives, so memory never grows with the dataset.
+
+Files: JSON Lines, JSON arrays, Parquet; plain, gzip or zstd; local paths, globs and `s3://` URIs. Hugging Face
+datasets: a hub id (streamed) or a dataset saved to disk. A line or item that is not valid UTF-8 or not valid JSON
+becomes a `BadRow`, counted and rejected downstream, never an exception that stops the dataset.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import gzip
+import io
+import json
+import logging
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlparse
+
+from regen.config import DatasetConfig, HubDataset
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 1024 * 1024
+PARQUET_BATCH = 1024
+S3ClientFactory = Callable[[], Any]
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+FILE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
+
+
+class CorruptSource(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    index: int  # position in the dataset's stream, over all its files
+    source: str  # file and line (or item, or row), for people tracing a rejection
+    value: Any
+
+
+@dataclass(frozen=True)
+class BadRow:
+    index: int
+    source: str
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    uri: str  # a local path or s3://bucket/key
+    kind: str  # jsonl, json or parquet
+    compression: str | None
+
+    @property
+    def name(self) -> str:
+        return self.uri.rsplit("/", 1)[-1]
+
+
+def file_kind(uri: str) -> tuple[str, str | None]:
+    """What a file holds, from its name: `.jsonl`, `.json`, `.parquet`, optionally compressed `.gz` or `.zst`."""
+    name = uri.rsplit("/", 1)[-1].lower()
+    compression = next((c for suffix, c in COMPRESSIONS.items() if name.endswith(suffix)), None)
+    if compression is not None:
+        name = name.rsplit(".", 1)[0]
+    kind = next((k for suffix, k in FILE_KINDS.items() if name.endswith(suffix)), None)
+    if kind is None:
+        raise ValueError(f"{uri}: unknown file type; name files .jsonl, .json or .parquet, optionally .gz or .zst")
+    if kind == "parquet" and compression is not None:
+        raise ValueError(f"{uri}: Parquet compresses its own pages; store it uncompressed")
+    return kind, compression
+
+
+def _s3_client(factory: S3ClientFactory | None) -> Any:
+    if factory is not None:
+        return factory()
+    import boto3
+
+    return boto3.client("s3")
+
+
+def _segments_match(pattern: list[str], key: list[str]) -> bool:
+    """Glob semantics on `/`-separated keys: `*` stays within a segment, `**` spans any number of them."""
+    if not pattern:
+        return not key
+    if pattern[0] == "**":
+        return any(_segments_match(pattern[1:], key[i:]) for i in range(len(key) + 1))
+    return bool(key) and fnmatch.fnmatchcase(key[0], pattern[0]) and _segments_match(pattern[1:], key[1:])
+
+
+def _expand_s3(pattern: str, client: Any) -> list[str]:
+    parsed = urlparse(pattern)
+    bucket, key = parsed.netloc, parsed.path.lstrip("/")
+    if not glob.has_magic(key):
+        return [pattern]
+    prefix = key[: min(key.find(c) for c in "*?[" if c in key)]
+    paginator = client.get_paginator("list_objects_v2")
+    keys = (obj["Key"] for page in paginator.paginate(Bucket=bucket, Prefix=prefix) for obj in page.get("Contents", []))
+    return [f"s3://{bucket}/{k}" for k in sorted(keys) if _segments_match(key.split("/"), k.split("/"))]
+
+
+def _expand_local(pattern: str) -> list[str]:
+    matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+    return [m for m in matches if Path(m).is_file()]
+
+
+def expand_files(patterns: list[str], s3_client: S3ClientFactory | None = None) -> list[SourceFile]:
+    """Every file of a dataset, in a stable order, each checked for a known type before any is read."""
+    client: Any = None
+    files: list[SourceFile] = []
+    for pattern in patterns:
+        scheme = urlparse(pattern).scheme
+        if scheme == "s3":
+            client = client or _s3_client(s3_client)
+            matches = _expand_s3(pattern, client)
+        elif scheme in ("", "file"):
+            matches = _expand_local(pattern.removeprefix("file://"))
+        else:
+            raise ValueError(f"dataset source {pattern!r}: only local paths and s3:// URIs are supported")
+        if not matches:
+            raise FileNotFoundError(f"dataset source {pattern!r} matches no file")
+        files.extend(SourceFile(m, *file_kind(m)) for m in matches)
+    return files
+
+
+class _ReadableStream(io.RawIOBase):
+    """Any object with `read(n)` (a boto3 body, a zstd reader) as a raw stream that `io.BufferedReader` wraps."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._source.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed and hasattr(self._source, "close"):
+            self._source.close()
+        super().close()
+
+
+class _ZstdFrames:
+    """zstd decompression read as a stream, frame after frame. A stream that ends inside a frame raises `EOFError`
+    (zstandard's own `stream_reader` returns a short read there, which would lose the rest of the file silently)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        import zstandard
+
+        self._raw, self._new_frame = raw, zstandard.ZstdDecompressor().decompressobj
+        self._frame, self._in_frame = self._new_frame(), False
+        self._pending, self._offset = b"", 0
+
+    def read(self, size: int) -> bytes:
+        while self._offset >= len(self._pending):
+            compressed = self._raw.read(READ_CHUNK)
+            if not compressed:
+                if self._in_frame:
+                    raise EOFError("the zstd stream ends inside a frame")
+                return b""
+            self._pending, self._offset = self._decompress(compressed), 0
+        data = self._pending[self._offset : self._offset + size]
+        self._offset += len(data)
+        return data
+
+    def _decompress(self, compressed: bytes) -> bytes:
+        out = []
+        while compressed:
+            self._in_frame = True
+            out.append(self._frame.decompress(compressed))
+            if not self._frame.eof:
+                break
+            self._in_frame, compressed = False, self._frame.unused_data
+            self._frame = self._new_frame()
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+@contextmanager
+def _open_bytes(file: SourceFile, s3_client: S3ClientFactory | None) -> Iterator[IO[bytes]]:
+    """A buffered, decompressed byte stream: read as it goes, never whole."""
+    if file.uri.startswith("s3://"):
+        parsed = urlparse(file.uri)
+        body = _s3_client(s3_client).get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
+        raw: IO[bytes] = io.BufferedReader(_ReadableStream(body), READ_CHUNK)
+    else:
+        raw = open(file.uri.removeprefix("file://"), "rb")  # noqa: SIM115  (closed below, with the decompressor)
+    import zstandard
+
+    try:
+        if file.compression == "gzip":
+            yield io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), READ_CHUNK)
+        elif file.compression == "zstd":
+            yield io.BufferedReader(_ReadableStream(_ZstdFrames(raw)), READ_CHUNK)
+        else:
+            yield raw
+    except (EOFError, gzip.BadGzipFile, zstandard.ZstdError) as e:
+        # Not a bad row: the file itself is damaged, and skipping the rest of it silently would lose data.
+        raise CorruptSource(f"{file.uri}: the {file.compression} stream is damaged ({e}); replace the file") from e
+    finally:
+        raw.close()
+
+
+def _decode_line(line: bytes) -> Any:
+    return json.loads(line.decode("utf-8").removeprefix("\ufeff"))
+
+
+def _jsonl_values(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any] | BadRow]:
+    for line_number, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        where = f"{name}:{line_number}"
+        try:
+            yield where, _decode_line(line)
+        except UnicodeDecodeError as e:
+            yield BadRow(-1, where, "invalid_utf8", str(e))
+        except json.JSONDecodeError as e:
+            yield BadRow(-1, where, "malformed_json", str(e))
+
+
+def _json_array_values(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any] | BadRow]:
+    """Items of a top-level JSON array, parsed as a stream. A syntax error ends the file: the array is one document
+    and no later item boundary can be trusted, so the rest of the file becomes that one rejected row."""
+    import ijson
+
+    item = 0
+    try:
+        for item, value in enumerate(ijson.items(stream, "item", use_float=True), start=1):
+            yield f"{name}[{item}]", value
+    except ijson.JSONError as e:
+        detail = e.args[0].decode("utf-8", "replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        reason = "invalid_utf8" if "UTF8" in detail or "utf-8" in detail else "malformed_json"
+        yield BadRow(-1, f"{name}[{item + 1}]", reason, f"{detail.strip()[:300]} (rest of the file skipped)")
+
+
+def _text_values(file: SourceFile, s3_client: S3ClientFactory | None) -> Iterator[tuple[str, Any] | BadRow]:
+    with _open_bytes(file, s3_client) as stream:
+        peeked = stream.peek(READ_CHUNK) if isinstance(stream, io.BufferedReader) else b""
+        is_array = file.kind == "json" and peeked.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] == b"["
+        yield from (_json_array_values if is_array else _jsonl_values)(stream, file.name)
+
+
+def _parquet_values(file: SourceFile, s3_client: S3ClientFactory | None) -> Iterator[tuple[str, Any] | BadRow]:
+    """Record batch by record batch. Parquet needs random access, so an S3 object is first copied to local disk."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(prefix="regen-source-") as tmp:
+        path = file.uri.removeprefix("file://")
+        if file.uri.startswith("s3://"):
+            parsed = urlparse(file.uri)
+            path = str(Path(tmp) / "source.parquet")
+            _s3_client(s3_client).download_file(parsed.netloc, parsed.path.lstrip("/"), path)
+        row = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH):
+            for value in batch.to_pylist():
+                row += 1
+                yield f"{file.name}:row {row}", value
+
+
+def _hub_rows(hf: HubDataset, resolve_path: Callable[[str], str]) -> Iterator[tuple[str, Any]]:
+    import datasets
+
+    datasets.disable_progress_bars()  # bars in task logs are noise; prepare logs its own progress
+    if hf.path is not None:
+        loaded = datasets.load_from_disk(resolve_path(hf.path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if hf.split not in loaded:
+                raise ValueError(f"hf.path {hf.path}: no split {hf.split!r}; it has {', '.join(loaded)}")
+            loaded = loaded[hf.split]
+        name = f"{Path(hf.path).name}[{hf.split}]"
+    else:
+        loaded = datasets.load_dataset(hf.id, name=hf.subset, split=hf.split, revision=hf.revision, streaming=True)
+        name = f"{hf.id}[{hf.split}]"
+    for row, value in enumerate(loaded, start=1):
+        yield f"{name}:row {row}", value
+
+
+def iter_rows(
+    config: DatasetConfig, resolve_path: Callable[[str], str] = str, s3_client: S3ClientFactory | None = None
+) -> Iterator[SourceRow | BadRow]:
+    """Every row of a dataset in a stable order, numbered from 0 across all its files."""
+    if config.hf is not None:
+        values: Iterator[tuple[str, Any] | BadRow] = _hub_rows(config.hf, resolve_path)
+    else:
+        files = expand_files([resolve_path(p) for p in config.paths or []], s3_client)
+        log.info("reading %d file(s): %s", len(files), ", ".join(f.uri for f in files[:5]))
+        values = (
+            value
+            for file in files
+            for value in (_parquet_values if file.kind == "parquet" else _text_values)(file, s3_client)
+        )
+    for index, value in enumerate(values):
+        if isinstance(value, BadRow):
+            yield BadRow(index, value.source, value.reason, value.detail)
+        else:
+            yield SourceRow(index, *value)

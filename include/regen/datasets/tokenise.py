@@ -1,0 +1,167 @@
+"""Conversations -> prompt ids through the profile's chat template, in worker processes, in input order.
+
+Real target tokenizers (Kimi's among them) are slow Python tokenizers, so rendering runs in a pool of processes that
+each build the renderer once. Chunks are submitted in order and collected in order, at most a few per worker in
+flight: output order is the input order whatever the number of workers, and memory stays bounded. Workers start
+with `spawn`, safe inside an Airflow task process that already runs threads (plain `fork` is not), and without
+re-importing the parent's `__main__` (see `_WorkerProcess`).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.context
+import os
+import sys
+import time
+import types
+from collections import deque
+from collections.abc import Generator, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import chain, islice
+from typing import Any, TypeVar
+
+from jinja2 import TemplateError
+
+from regen.chat import ChatRenderer, ModelProfile
+from regen.datasets.normalise import Conversation, Rejection
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+CHUNK_SIZE = 32  # conversations per task sent to a worker
+CHUNKS_IN_FLIGHT_PER_WORKER = 4
+IN_PROCESS_BELOW = 1000  # conversations; a smaller dataset is not worth starting workers for
+Job = tuple[list[dict[str, Any]], list[dict[str, Any]]] | None  # (messages, tools); None: nothing to render
+Result = list[int] | Rejection | None
+
+_worker_renderer: ChatRenderer | None = None  # one per worker process, built by `_start_worker`
+
+
+@dataclass(frozen=True)
+class Rendered:
+    conversation: Conversation
+    prompt_ids: list[int]
+
+
+def available_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def render(
+    renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> list[int] | Rejection:
+    """Prompt ids, or a rejection when the template refuses the conversation or it exceeds the profile's limit."""
+    try:
+        ids = renderer.render_ids(messages, tools)
+    except TemplateError as e:
+        return Rejection("template_error", str(e)[:300])
+    limit = renderer.profile.max_prompt_tokens
+    if len(ids) > limit:
+        return Rejection("prompt_too_long", f"{len(ids)} tokens > {limit}")
+    return ids
+
+
+def _start_worker(profile: ModelProfile) -> None:
+    global _worker_renderer
+    _worker_renderer = ChatRenderer(profile)
+
+
+def _render_chunk(jobs: list[Job]) -> list[Result]:
+    if _worker_renderer is None:
+        raise RuntimeError("tokeniser worker used before its renderer was built")
+    return [None if job is None else render(_worker_renderer, *job) for job in jobs]
+
+
+def _job(outcome: Conversation | Rejection) -> Job:
+    return None if isinstance(outcome, Rejection) else (outcome.messages, outcome.tools)
+
+
+def _settle(outcome: Conversation | Rejection, result: Result) -> Rendered | Rejection:
+    if isinstance(outcome, Rejection):
+        return outcome
+    if result is None:
+        raise RuntimeError("a conversation came back from the tokeniser without prompt ids")
+    return result if isinstance(result, Rejection) else Rendered(outcome, result)
+
+
+def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+def render_ordered(
+    items: Iterable[tuple[T, Conversation | Rejection]],
+    renderer: ChatRenderer,
+    workers: int,
+    in_process_below: int = IN_PROCESS_BELOW,
+) -> Generator[tuple[T, Rendered | Rejection], None, None]:
+    """Each item's conversation rendered (rejections pass through untouched), in input order. Rendering runs in this
+    process with one worker, for fewer than `in_process_below` items (starting a worker costs about a second, more
+    than rendering a small dataset), and inside a daemonic process, which may not have children."""
+    iterator = iter(items)
+    head = list(islice(iterator, in_process_below))
+    if workers > 1 and len(head) < in_process_below:
+        workers = 1
+    elif workers > 1 and multiprocessing.current_process().daemon:
+        log.warning("this process is daemonic and may not start tokeniser workers; tokenising in-process")
+        workers = 1
+    if workers > 1:
+        yield from _render_in_pool(chain(head, iterator), renderer.profile, workers)
+        return
+    for payload, outcome in chain(head, iterator):
+        if isinstance(outcome, Rejection):
+            yield payload, outcome
+        else:
+            yield payload, _settle(outcome, render(renderer, outcome.messages, outcome.tools))
+
+
+class _WorkerProcess(multiprocessing.context.SpawnProcess):
+    """A spawned process that does not import the parent's `__main__` again. Spawn normally re-imports it in every
+    child; in an Airflow task that is the `airflow` command, whose import initialises Airflow and fails there (task
+    processes have no database), so every worker would die at start. The workers need nothing from `__main__`, so
+    for the instant of the launch it is a blank module, and nothing of it is sent to the child."""
+
+    def start(self) -> None:
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            super().start()
+        finally:
+            sys.modules["__main__"] = main
+
+
+class _WorkerContext(multiprocessing.context.SpawnContext):
+    Process = _WorkerProcess
+
+
+def _render_in_pool(
+    items: Iterable[tuple[T, Conversation | Rejection]], profile: ModelProfile, workers: int
+) -> Iterator[tuple[T, Rendered | Rejection]]:
+    """A worker that dies (killed, out of memory) fails the stage with `BrokenProcessPool`, never a silent hang."""
+    started = time.monotonic()
+    pool = ProcessPoolExecutor(workers, mp_context=_WorkerContext(), initializer=_start_worker, initargs=(profile,))
+    log.info("tokenising with %d worker processes (spawn, profile %s)", workers, profile.name)
+    try:
+        pending: deque[tuple[list[tuple[T, Conversation | Rejection]], Future[list[Result]]]] = deque()
+        for chunk in _chunks(items, CHUNK_SIZE):
+            pending.append((chunk, pool.submit(_render_chunk, [_job(o) for _, o in chunk])))
+            if len(pending) >= workers * CHUNKS_IN_FLIGHT_PER_WORKER:
+                yield from _collect(*pending.popleft())
+        while pending:
+            yield from _collect(*pending.popleft())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # also when the consumer stops early (a limit)
+    log.info("tokeniser pool done in %.1f s", time.monotonic() - started)
+
+
+def _collect(
+    chunk: list[tuple[T, Conversation | Rejection]], result: Future[list[Result]]
+) -> Iterator[tuple[T, Rendered | Rejection]]:
+    for (payload, outcome), rendered in zip(chunk, result.result(), strict=True):
+        yield payload, _settle(outcome, rendered)

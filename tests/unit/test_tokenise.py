@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from regen.assets.slow_kimi import ensure_slow_tokenizer
+from regen.chat import ChatRenderer
+from regen.datasets import tokenise
+from regen.datasets.normalise import Conversation, Rejection
+from regen.datasets.tokenise import Rendered, render_ordered
+
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+CONVERSATIONS = [
+    Conversation([{"role": "user", "content": "Hello 世界, it's 12345 o'clock\n\n  <think>?</think>"}], []),
+    Conversation(
+        [
+            {"role": "system", "content": "Use tools."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "call it",
+                "tool_calls": [
+                    {
+                        "id": "functions.weather:0",
+                        "type": "function",
+                        "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "content": '{"temp_c": 21}', "tool_call_id": "functions.weather:0"},
+        ],
+        TOOLS,
+    ),
+]
+
+
+def test_rendering_in_workers_keeps_input_order_and_passes_rejections_through(renderer: ChatRenderer) -> None:
+    too_long = Conversation([{"role": "user", "content": "word " * 9000}], [])
+    items = [(i, [*CONVERSATIONS, Rejection("duplicate", "x"), too_long][i % 4]) for i in range(70)]
+    in_process = list(render_ordered(items, renderer, workers=1))
+    in_workers = list(render_ordered(items, renderer, workers=2, in_process_below=0))
+    assert in_workers == in_process
+    assert [payload for payload, _ in in_workers] == list(range(70))
+    assert [type(r).__name__ for _, r in in_workers[:4]] == ["Rendered", "Rendered", "Rejection", "Rejection"]
+    assert in_workers[3][1] == Rejection(
+        "prompt_too_long", f"{len(renderer.render_ids(too_long.messages, []))} tokens > 8192"
+    )
+    first = in_workers[0][1]
+    assert isinstance(first, Rendered) and first.prompt_ids == renderer.render_ids(CONVERSATIONS[0].messages, [])
+
+
+def test_the_slow_python_tokenizer_gives_the_mini_tokenizers_ids(renderer: ChatRenderer) -> None:
+    profile = dataclasses.replace(
+        renderer.profile, name="kimi-k2.5-mini-slow", tokenizer=str(ensure_slow_tokenizer()), trust_remote_code=True
+    )
+    slow = ChatRenderer(profile)
+    assert not slow.tokenizer.is_fast
+    assert slow.roles == renderer.roles
+    for conversation in CONVERSATIONS:
+        ids = slow.render_ids(conversation.messages, conversation.tools)
+        assert ids == renderer.render_ids(conversation.messages, conversation.tools)
+        assert slow.decode(ids) == renderer.decode(ids)
+
+
+def test_a_daemonic_process_tokenises_in_process(renderer: ChatRenderer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Daemonic processes may not have children (a worker of some executors): prepare still runs, in-process."""
+    monkeypatch.setattr(tokenise.multiprocessing, "current_process", lambda: SimpleNamespace(daemon=True))
+    items = [(0, CONVERSATIONS[0])]
+    in_workers = list(render_ordered(items, renderer, workers=4, in_process_below=0))
+    assert in_workers == list(render_ordered(items, renderer, workers=1))
+
+
+MAIN_THAT_BREAKS_WHEN_IMPORTED = """
+if __name__ != "__main__":
+    raise RuntimeError("the parent's __main__ was imported again in a worker")
+from regen.chat import ChatRenderer, get_profile
+from regen.datasets.normalise import Conversation
+from regen.datasets.tokenise import render_ordered
+
+renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+items = [(i, Conversation([{"role": "user", "content": f"question {i}"}], [])) for i in range(40)]
+print(len(list(render_ordered(items, renderer, workers=2, in_process_below=0))))
+"""
+
+
+def test_workers_never_import_the_parents_main_module(tmp_path: Path) -> None:
+    """In an Airflow task `__main__` is the `airflow` command, whose import fails in a child of a task process."""
+    script = tmp_path / "task_main.py"
+    script.write_text(MAIN_THAT_BREAKS_WHEN_IMPORTED)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == "40"
