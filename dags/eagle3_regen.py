@@ -159,10 +159,10 @@ def eagle3_regen() -> None:
         return published
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
-    def report(run: dict[str, Any], published: list[dict[str, Any]]) -> dict[str, Any]:
+    def report(run: dict[str, Any], published: list[dict[str, Any]], fleet: list[dict[str, Any]]) -> dict[str, Any]:
         from regen import pipeline
 
-        return pipeline.report(_run(run), [p for p in published if p], _s3_client)
+        return pipeline.report(_run(run), [p for p in published if p], fleet or [], _s3_client)
 
     run = plan()
     prepared = prepare_dataset.partial(run=run).expand(dataset=dataset_names(run))
@@ -172,7 +172,7 @@ def eagle3_regen() -> None:
     processed = process_shard.partial(run=run).expand(shard=shards)
     published = publish_dataset.partial(run=run, fleet=fleet).expand(prepared=prepared)
     processed >> published
-    report(run, published)
+    report(run, published, fleet)
 
 
 eagle3_regen()

@@ -1,60 +1,19 @@
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
 from regen.chat import ChatRenderer, get_profile
+from tools.devstack import Simulator, free_port, start_simulator
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
 def renderer() -> ChatRenderer:
     return ChatRenderer(get_profile("kimi-k2.5-mini"))
-
-
-class Simulator:
-    def __init__(self, url: str, record: Path, process: subprocess.Popen[bytes]) -> None:
-        self.url, self.record, self.process = url, record, process
-
-    def records(self) -> list[dict]:
-        import json
-
-        return [json.loads(line) for line in self.record.read_text().splitlines()]
-
-
-def start_simulator(tmp: Path, *args: str, port: int | None = None) -> Simulator:
-    port = port or free_port()
-    record = tmp / f"record-{port}.jsonl"
-    record.touch()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "regen.simulator", "--port", str(port), "--record", str(record), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{url}/model_info", timeout=1).ok:
-                return Simulator(url, record, process)
-        except requests.ConnectionError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("the simulator did not start")
 
 
 @pytest.fixture(scope="session")

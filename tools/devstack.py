@@ -20,6 +20,8 @@ from typing import Any
 
 import requests
 
+from regen.config import load_config
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DAG_ID = "eagle3_regen"
@@ -46,6 +48,41 @@ def wait_until(what: str, check: Any, timeout_s: float, poll_s: float = 0.5) -> 
     raise TimeoutError(f"{what} not ready after {timeout_s:.0f}s (last error: {last!r})")
 
 
+class Simulator:
+    """A running `python -m regen.simulator`, with the JSONL record of every answer it sent."""
+
+    def __init__(self, url: str, record: Path, process: subprocess.Popen[bytes]) -> None:
+        self.url, self.record, self.process = url, record, process
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.record.read_text().splitlines()]
+
+    def stats(self) -> dict[str, Any]:
+        return dict(requests.get(f"{self.url}/sim/stats", timeout=10).json())
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+
+def start_simulator(folder: Path, *args: str, port: int | None = None) -> Simulator:
+    port = port or free_port()
+    record = folder / f"record-{port}.jsonl"
+    record.touch()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "regen.simulator", "--port", str(port), "--record", str(record), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until("simulator", lambda: requests.get(f"{url}/model_info", timeout=1).ok, 60, poll_s=0.2)
+    except TimeoutError:
+        process.kill()
+        raise
+    return Simulator(url, record, process)
+
+
 def reset_database(name: str) -> str:
     """A fresh metadata database on the machine's PostgreSQL (trust auth on loopback)."""
     import psycopg2
@@ -65,17 +102,30 @@ class Stack:
     database: str = "eagle3_regen_dev"
     with_s3: bool = False
     simulator_args: list[str] = field(default_factory=list)
-    pool_slots: int = 4
+    simulators: int = 1  # SGLang endpoints in the fleet
+    pool_slots: int | None = None  # default: the config's shard_tasks
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    fleet: list[Simulator] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
-        self.api_port, self.sim_port, self.s3_port = free_port(), free_port(), free_port()
+        self.api_port, self.s3_port = free_port(), free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
-        self.simulator = f"http://127.0.0.1:{self.sim_port}"
         self.s3_endpoint = f"http://127.0.0.1:{self.s3_port}"
-        self.record = self.home / "simulator-record.jsonl"
         self._token: str | None = None
+
+    @property
+    def slots(self) -> int:
+        config = Path(os.environ.get("REGEN_CONFIG", ROOT / "config" / "regen.yaml"))
+        return self.pool_slots or load_config(config).defaults.shard_tasks
+
+    @property
+    def simulator(self) -> str:
+        return self.fleet[0].url
+
+    @property
+    def record(self) -> Path:
+        return self.fleet[0].record
 
     def env(self) -> dict[str, str]:
         passwords = self.home / "passwords.json"
@@ -93,7 +143,8 @@ class Stack:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__PARALLELISM": "4",
+            # Room for every pool slot plus the validate/export tasks of finished shards, and no more (2 cores).
+            "AIRFLOW__CORE__PARALLELISM": str(self.slots + 2),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN[0]}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
@@ -106,7 +157,7 @@ class Stack:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(s3_conn),
-            "REGEN_CONFIG": os.environ.get("REGEN_CONFIG", str(ROOT / "config" / "regen.yaml")),
+            "REGEN_CONFIG": str(os.environ.get("REGEN_CONFIG", ROOT / "config" / "regen.yaml")),
             "PYTHONUNBUFFERED": "1",
         }
 
@@ -123,32 +174,23 @@ class Stack:
     def start(self) -> Stack:
         self.sql_conn = reset_database(self.database)
         self._airflow("db", "migrate")
-        self._airflow("pools", "set", "sglang_fleet", str(self.pool_slots), "Requests to the SGLang fleet")
-        self._spawn(
-            "simulator",
-            [
-                sys.executable,
-                "-m",
-                "regen.simulator",
-                "--port",
-                str(self.sim_port),
-                "--record",
-                str(self.record),
-                *self.simulator_args,
-            ],
+        self._airflow(
+            "pools", "set", "sglang_fleet", str(self.slots), "Shard tasks generating against the SGLang fleet"
         )
+        self.fleet = [start_simulator(self.home, *self.simulator_args) for _ in range(self.simulators)]
         if self.with_s3:
             self._spawn("s3", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.s3_port)])
         self._spawn("api-server", [str(BIN / "airflow"), "api-server", "--port", str(self.api_port)])
         self._spawn("scheduler", [str(BIN / "airflow"), "scheduler"])
         self._spawn("dag-processor", [str(BIN / "airflow"), "dag-processor"])
-        wait_until("simulator", lambda: requests.get(f"{self.simulator}/health", timeout=2).ok, 60)
         if self.with_s3:
             wait_until("S3 API", lambda: requests.get(self.s3_endpoint, timeout=2).status_code < 500, 60)
         wait_until("Airflow API", lambda: requests.get(f"{self.api}/api/v2/monitor/health", timeout=2).ok, 120)
         return self
 
     def stop(self) -> None:
+        for simulator in self.fleet:
+            simulator.stop()
         for process in self.processes:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -158,6 +200,18 @@ class Stack:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
         self.processes.clear()
+        self._stop_task_processes()
+
+    def _stop_task_processes(self) -> None:
+        """Task processes run in process groups of their own: find them by this stack's AIRFLOW_HOME."""
+        import psutil
+
+        for process in psutil.process_iter():
+            try:
+                if process.environ().get("AIRFLOW_HOME") == str(self.home) and process.pid != os.getpid():
+                    process.kill()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
 
     def __enter__(self) -> Stack:
         return self.start()
@@ -218,6 +272,7 @@ class Stack:
 
 
 def demo(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # so the stack's processes are stopped too
     parser = argparse.ArgumentParser(prog="devstack.py demo")
     parser.add_argument("--s3", action="store_true", help="publish to a local S3 API (moto) instead of var/storage")
     parser.add_argument("--limit", type=int, default=None)
@@ -228,12 +283,9 @@ def demo(argv: list[str]) -> int:
         with_s3=args.s3,
         simulator_args=["--decode-ms-per-token", "0.2", "--max-running", "64"],
     )
-    print(
-        f"starting Airflow ({stack.api}), the SGLang simulator ({stack.simulator})"
-        + (f" and an S3 API ({stack.s3_endpoint})" if args.s3 else "")
-        + "; logs in var/airflow/"
-    )
+    print("starting Airflow, the SGLang simulator" + (" and an S3 API" if args.s3 else "") + "; logs in var/airflow/")
     with stack:
+        print(f"Airflow {stack.api}, simulator {stack.simulator}" + (f", S3 {stack.s3_endpoint}" if args.s3 else ""))
         conf: dict[str, Any] = {"endpoints": [stack.simulator], "limit": args.limit}
         if args.s3:
             stack.s3_client().create_bucket(Bucket="eagle3-regen")
@@ -250,10 +302,11 @@ def demo(argv: list[str]) -> int:
     for dataset in summary["datasets"]:
         prep = dataset["prepare"]
         print(
-            f"{dataset['dataset']}: {prep['total']} rows, {prep['kept']} prompts "
+            f"{dataset['dataset']}: {prep['rows_read']} rows, {prep['kept']} prompts "
             f"(rejected {prep['dropped_by_reason'] or 'none'}), {dataset['records']} training records\n"
             f"  manifest: {dataset['manifest']}"
         )
+    print(f"fleet usage: {summary['fleet_usage']}")
     print(f"run report: {summary['report']}")
     return 0
 

@@ -99,7 +99,10 @@ class Defaults(BaseModel):
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:30000"], min_length=1)
     storage_root: str = "var/storage"
     shard_size: int = Field(2000, ge=1)
-    concurrency: int = Field(64, ge=1, description="requests in flight per shard task")
+    # Concurrency is set for the fleet: `shard_tasks` shard tasks generate at once (the sglang_fleet pool's slots),
+    # each holding an equal share of `in_flight`, so one shard's tail still leaves the others feeding the servers.
+    in_flight: int = Field(256, ge=1, description="requests in flight across the fleet")
+    shard_tasks: int = Field(4, ge=1, description="shard tasks generating at once: the sglang_fleet pool's slots")
     request_timeout_s: float = Field(3600.0, gt=0)
     max_attempts: int = Field(5, ge=1)
     tokenize_workers: int | None = Field(None, ge=1, description="prepare's tokeniser processes; null: all cores")
@@ -112,6 +115,10 @@ class Defaults(BaseModel):
         if value not in PROFILES:
             raise ValueError(f"unknown profile {value!r}; known: {', '.join(sorted(PROFILES))}")
         return value
+
+    @property
+    def shard_concurrency(self) -> int:
+        return -(-self.in_flight // self.shard_tasks)
 
 
 class RegenConfig(BaseModel):

@@ -11,8 +11,11 @@ import asyncio
 import hashlib
 import json
 import logging
+import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -44,37 +47,62 @@ def _parts_prefix(shard: ShardManifest) -> str:
     return shard.location.key("raw", shard.name) + "/"
 
 
-def load_checkpoints(storage: Storage, shard: ShardManifest) -> tuple[dict[str, dict[str, Any]], int]:
-    """Every record already checkpointed for this shard, by sample id, and the next free part number."""
-    done: dict[str, dict[str, Any]] = {}
+@dataclass
+class Checkpoints:
+    """What earlier attempts finished for a shard. Answers stay JSON lines: a shard's worth of parsed token lists
+    would cost several times the memory."""
+
+    answers: dict[str, str] = field(default_factory=dict)  # sample id -> raw record line
+    rejected: dict[str, dict[str, Any]] = field(default_factory=dict)  # sample id -> rejection
+    next_part: int = 0
+
+    def __contains__(self, sample_id: object) -> bool:
+        return sample_id in self.answers or sample_id in self.rejected
+
+    def __len__(self) -> int:
+        return len(self.answers) + len(self.rejected)
+
+
+def load_checkpoints(storage: Storage, shard: ShardManifest) -> Checkpoints:
+    found = Checkpoints()
     keys = [k for k in storage.list_keys(_parts_prefix(shard)) if k.endswith(".jsonl")]
     for key in keys:
         for line in storage.get_bytes(key).decode("utf-8").splitlines():
             record = json.loads(line)
-            done.setdefault(record["id"], record)
-    next_part = 1 + max((int(k.rsplit("part-", 1)[1].split(".")[0]) for k in keys), default=-1)
-    return done, next_part
+            if record["id"] in found:
+                continue  # first one wins; a part is never rewritten, so this only guards a double flush
+            if "rejected" in record:
+                found.rejected[record["id"]] = record["rejected"]
+            else:
+                found.answers[record["id"]] = line
+    found.next_part = 1 + max((int(k.rsplit("part-", 1)[1].split(".")[0]) for k in keys), default=-1)
+    return found
 
 
 class _Checkpointer:
+    """Buffers finished records and writes them as part files, off the event loop (an S3 PUT must not stall
+    the responses of a thousand requests in flight)."""
+
     def __init__(self, storage: Storage, shard: ShardManifest, next_part: int, every: int, seconds: float) -> None:
         self.storage, self.shard, self.part = storage, shard, next_part
         self.every, self.seconds = every, seconds
         self.pending: list[dict[str, Any]] = []
         self.last_flush = time.monotonic()
 
-    def add(self, record: dict[str, Any]) -> None:
+    async def add(self, record: dict[str, Any]) -> None:
         self.pending.append(record)
         if len(self.pending) >= self.every or time.monotonic() - self.last_flush >= self.seconds:
-            self.flush()
+            await self.flush()
 
-    def flush(self) -> None:
-        if self.pending:
-            body = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in self.pending)
-            self.storage.put_bytes(f"{_parts_prefix(self.shard)}part-{self.part:05d}.jsonl", body.encode())
-            self.part += 1
-            self.pending.clear()
-        self.last_flush = time.monotonic()
+    async def flush(self) -> None:
+        batch, self.pending, self.last_flush = self.pending, [], time.monotonic()
+        if batch:
+            part, self.part = self.part, self.part + 1  # numbered before the write: concurrent flushes never collide
+            await asyncio.to_thread(self._write, part, batch)
+
+    def _write(self, part: int, batch: list[dict[str, Any]]) -> None:
+        body = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in batch)
+        self.storage.put_bytes(f"{_parts_prefix(self.shard)}part-{part:05d}.jsonl", body.encode())
 
 
 class _Progress:
@@ -138,20 +166,22 @@ def raw_record(
 
 async def _worker(
     client: SGLangClient,
-    queue: Any,
+    queue: Iterator[tuple[str, int]],
+    prompt_column: Any,
     settings: GenerateSettings,
     checkpointer: _Checkpointer,
     progress: _Progress,
 ) -> None:
-    for sample_id, prompt_ids in queue:
+    for sample_id, row in queue:
+        prompt_ids = prompt_column[row].as_py()
         try:
             generation = await client.generate(prompt_ids, settings.sampling_params, sample_id)
         except PermanentError as e:
             rejected = {"stage": "generate", "reason": "server_rejected", "detail": str(e)}
-            checkpointer.add({"id": sample_id, "rejected": rejected})
+            await checkpointer.add({"id": sample_id, "rejected": rejected})
             progress.done += 1
             continue
-        checkpointer.add(raw_record(sample_id, prompt_ids, settings.sampling_params, generation))
+        await checkpointer.add(raw_record(sample_id, prompt_ids, settings.sampling_params, generation))
         progress.answer(generation)
 
 
@@ -162,7 +192,11 @@ async def _ticker(progress: _Progress, client: SGLangClient, every_s: float) -> 
 
 
 async def _generate_missing(
-    settings: GenerateSettings, todo: list[tuple[str, list[int]]], checkpointer: _Checkpointer, progress: _Progress
+    settings: GenerateSettings,
+    prompt_column: Any,
+    todo: list[tuple[str, int]],
+    checkpointer: _Checkpointer,
+    progress: _Progress,
 ) -> GenerationReport:
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -170,7 +204,7 @@ async def _generate_missing(
         client = SGLangClient(pool, session, settings.request_timeout_s, settings.max_attempts, settings.backoff_max_s)
         queue = iter(todo)  # shared by the workers: each sample is taken exactly once
         workers = [
-            asyncio.create_task(_worker(client, queue, settings, checkpointer, progress))
+            asyncio.create_task(_worker(client, queue, prompt_column, settings, checkpointer, progress))
             for _ in range(min(settings.concurrency, len(todo)))
         ]
         ticker = asyncio.create_task(_ticker(progress, client, settings.progress_s))
@@ -186,7 +220,7 @@ async def _generate_missing(
                 task.cancel()
             await asyncio.gather(*workers, ticker, return_exceptions=True)
             await pool.close()
-            checkpointer.flush()
+            await checkpointer.flush()
             progress.log_line(client)
         return progress.report(client)
 
@@ -194,40 +228,53 @@ async def _generate_missing(
 def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSettings) -> ShardManifest:
     raw_key = shard.key("raw", ".jsonl")
     prompts = read_prompts(storage, shard)
-    ids, prompt_ids = prompts.column("id").to_pylist(), prompts.column("prompt_ids").to_pylist()
+    ids = prompts.column("id").to_pylist()
+    if storage.exists(raw_key):  # an earlier attempt finished this shard
+        return _summarise_existing(storage, shard, raw_key, ids)
+    done = load_checkpoints(storage, shard)
+    # Prompt ids become Python lists one request at a time: the shard's column stays in Arrow memory.
+    prompt_column = prompts.column("prompt_ids")
+    todo = [(sample_id, row) for row, sample_id in enumerate(ids) if sample_id not in done]
+    log.info(
+        "%s %s: %d prompts, %d checkpointed, %d to generate",
+        shard.location.dataset,
+        shard.name,
+        len(ids),
+        len(done),
+        len(todo),
+    )
     report = None
-    if not storage.exists(raw_key):
-        done, next_part = load_checkpoints(storage, shard)
-        todo = [(i, p) for i, p in zip(ids, prompt_ids, strict=True) if i not in done]
-        log.info(
-            "%s %s: %d prompts, %d checkpointed, %d to generate",
-            shard.location.dataset,
-            shard.name,
-            len(ids),
-            len(done),
-            len(todo),
-        )
-        if todo:
-            checkpointer = _Checkpointer(storage, shard, next_part, settings.checkpoint_every, settings.checkpoint_s)
-            report = asyncio.run(_generate_missing(settings, todo, checkpointer, _Progress(shard, len(ids), len(done))))
-            done, _ = load_checkpoints(storage, shard)
-        _write_raw(storage, shard, raw_key, [done[i] for i in ids])
-    return _summarise(storage, shard, raw_key, ids, report)
+    if todo:
+        checkpointer = _Checkpointer(storage, shard, done.next_part, settings.checkpoint_every, settings.checkpoint_s)
+        progress = _Progress(shard, len(ids), len(done))
+        report = asyncio.run(_generate_missing(settings, prompt_column, todo, checkpointer, progress))
+        done = load_checkpoints(storage, shard)
+    digest = _write_raw(storage, shard, raw_key, ids, done)
+    stats = StageStats()
+    for sample_id in ids:
+        if sample_id in done.answers:
+            stats.keep()
+        else:
+            stats.drop("server_rejected")
+    return shard.with_stage("generate", stats, {raw_key: digest}, raw_key=raw_key, generation=report)
 
 
-def _write_raw(storage: Storage, shard: ShardManifest, raw_key: str, records: list[dict[str, Any]]) -> None:
+def _write_raw(storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str], done: Checkpoints) -> str:
     """Answers in prompt order into raw/, permanent rejections into rejected/; the raw file marks the shard done."""
-    answered = [r for r in records if "rejected" not in r]
-    rejected = [{"id": r["id"], **r["rejected"]} for r in records if "rejected" in r]
-    if rejected:
-        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected)
+    missing = [i for i in ids if i not in done]
+    if missing:
+        raise AssertionError(f"{shard.name}: {len(missing)} samples neither answered nor rejected, e.g. {missing[:3]}")
+    if done.rejected:
+        body = "".join(json.dumps({"id": i, **r}, ensure_ascii=False) + "\n" for i, r in done.rejected.items())
         storage.put_bytes(shard.key("rejected", "-generate.jsonl"), body.encode())
-    storage.put_bytes(raw_key, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in answered).encode())
+    with tempfile.TemporaryDirectory(prefix="regen-raw-") as tmp:  # streamed: a shard's raw file can be large
+        path = Path(tmp) / "raw.jsonl"
+        with path.open("w", encoding="utf-8") as f:
+            f.writelines(done.answers[i] + "\n" for i in ids if i in done.answers)
+        return storage.put_file(raw_key, path)
 
 
-def _summarise(
-    storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str], report: GenerationReport | None
-) -> ShardManifest:
+def _summarise_existing(storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str]) -> ShardManifest:
     raw = storage.get_bytes(raw_key)
     answered = [json.loads(line)["id"] for line in raw.decode("utf-8").splitlines()]
     if len(answered) != len(set(answered)):
@@ -239,5 +286,4 @@ def _summarise(
             stats.keep()
         else:
             stats.drop("server_rejected")
-    digest = hashlib.sha256(raw).hexdigest()
-    return shard.with_stage("generate", stats, {raw_key: digest}, raw_key=raw_key, generation=report)
+    return shard.with_stage("generate", stats, {raw_key: hashlib.sha256(raw).hexdigest()}, raw_key=raw_key)

@@ -18,8 +18,9 @@ from regen.config import ConfigError, RegenConfig, Sampling, load_config
 from regen.datasets.prepare import run_prepare
 from regen.export import run_export
 from regen.generate import GenerateSettings, run_generate
-from regen.manifest import DatasetLocation, PreparedDataset, ShardManifest, version_from_run_id
+from regen.manifest import DatasetLocation, GenerationReport, PreparedDataset, ShardManifest, version_from_run_id
 from regen.publish import run_publish
+from regen.report import fleet_utilisation, log_summary
 from regen.sglang.server_check import check_fleet
 from regen.storage import Storage, open_storage
 from regen.validate import run_validate
@@ -70,7 +71,7 @@ class RunSpec:
             sampling=sampling.as_params(),
             version=params.get("version") or version_from_run_id(run_id),
             shard_size=int(params.get("shard_size") or d.shard_size),
-            concurrency=int(params.get("concurrency") or d.concurrency),
+            concurrency=d.shard_concurrency,
             request_timeout_s=d.request_timeout_s,
             max_attempts=d.max_attempts,
         )
@@ -143,28 +144,27 @@ def publish_dataset(
     return run_publish(PreparedDataset.from_dict(prepared), _storage(run, s3_client), fleet)
 
 
-def report(run: RunSpec, published: list[dict[str, Any]], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+def report(
+    run: RunSpec,
+    published: list[dict[str, Any]],
+    fleet: list[dict[str, Any]],
+    s3_client: S3ClientFactory | None = None,
+) -> dict[str, Any]:
     """The run's summary: one line per dataset in the log, and a JSON report beside the datasets."""
     missing = sorted(set(run.datasets) - {p["dataset"] for p in published})
-    summary = {"run": run.to_dict(), "datasets": published, "unpublished": missing}
+    generations = [GenerationReport.from_dict(g) for p in published for g in p.get("generation", [])]
+    fleet_usage = fleet_utilisation(generations, fleet)
+    summary: dict[str, Any] = {
+        "run": run.to_dict(),
+        "fleet": fleet,
+        "fleet_usage": fleet_usage,
+        "datasets": published,
+        "unpublished": missing,
+    }
     storage = _storage(run, s3_client)
     key = f"{run.profile}/runs/{run.version}.json"
     storage.put_bytes(key, json.dumps(summary, indent=1).encode())
-    for p in published:
-        g, v = p["stages"]["generate"], p["stages"]["validate"]
-        log.info(
-            "%s: %d rows read, %d prompts, %d answered, %d valid (failed: %s), %d training records -> %s",
-            p["dataset"],
-            p["prepare"]["total"],
-            p["prepare"]["kept"],
-            g["kept"],
-            v["kept"],
-            v["dropped_by_reason"] or "none",
-            p["records"],
-            p["manifest"],
-        )
-    if missing:
-        log.error("not published: %s (see the failed tasks; clear them to resume)", ", ".join(missing))
+    log_summary(published, missing, fleet_usage)
     log.info("run report: %s", storage.uri(key))
     summary["report"] = storage.uri(key)
     return summary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from datetime import UTC, datetime
@@ -51,7 +52,7 @@ def run_publish(prepared: PreparedDataset, storage: Storage, fleet: list[dict[st
         "version": location.version,
         "root": storage.root_uri,
         "published_at": datetime.now(UTC).isoformat(),
-        "prepare": {**prepared.stats.to_dict(), "duplicates": prepared.duplicates},
+        "prepare": {**prepared.stats.to_dict(), "rows_read": prepared.rows_read, "duplicates": prepared.duplicates},
         "stages": stages,
         "records": stages["export"]["kept"],
         "fleet": fleet,
@@ -83,4 +84,5 @@ def run_publish(prepared: PreparedDataset, storage: Storage, fleet: list[dict[st
         "records": manifest["records"],
         "stages": stages,
         "prepare": manifest["prepare"],
+        "generation": [dataclasses.asdict(s.generation) for s in shards if s.generation],
     }

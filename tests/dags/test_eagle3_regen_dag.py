@@ -32,7 +32,7 @@ def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
         "process_shard.validate_shard": ["plan", "process_shard.generate_shard"],
         "process_shard.export_shard": ["plan", "process_shard.validate_shard"],
         "publish_dataset": ["check_server", "plan", "prepare_dataset", "process_shard.export_shard"],
-        "report": ["plan", "publish_dataset"],
+        "report": ["check_server", "plan", "publish_dataset"],
     }
 
 

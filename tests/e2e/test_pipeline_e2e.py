@@ -79,6 +79,7 @@ def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, 
             assert record["input_ids"][-1] == 163586 and record["verdict"] == "ok"
         assert manifest["profile"]["generation_suffix"] == "<|im_assistant|>assistant<|im_middle|><think>"
         assert manifest["prepare"]["total"] == manifest["prepare"]["kept"] + manifest["prepare"]["dropped"]
+        assert manifest["prepare"]["rows_read"] == manifest["prepare"]["total"]  # turns: final, one prompt per row
         rejected = s3_lines(stack, prefix + "rejected/prepare.jsonl")
         assert len(rejected) == manifest["prepare"]["dropped"] > 0
 

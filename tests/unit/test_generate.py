@@ -33,7 +33,7 @@ def test_rerun_after_a_crash_requests_only_the_missing_samples(
     storage.delete(first.raw_key)
     for key in parts[-3:]:
         storage.delete(key)
-    survived, _ = load_checkpoints(storage, shard)
+    survived = load_checkpoints(storage, shard).answers
     requests_before = len(simulator.records())
 
     second = run_generate(shard, storage, settings)
@@ -41,7 +41,9 @@ def test_rerun_after_a_crash_requests_only_the_missing_samples(
     records = [json.loads(line) for line in storage.get_bytes(second.raw_key).decode().splitlines()]
     assert len(records) == len({r["id"] for r in records}) == 48
     by_id = {r["id"]: r for r in records}
-    assert all(by_id[i]["rid"] == r["rid"] for i, r in survived.items())  # finished answers were not redone
+    assert all(
+        by_id[i]["rid"] == json.loads(line)["rid"] for i, line in survived.items()
+    )  # finished answers were not redone
     assert second.stats["generate"].kept == 48
 
 

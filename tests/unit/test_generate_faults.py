@@ -124,7 +124,7 @@ def test_sigkill_mid_shard_then_rerun_requests_only_the_unfinished(
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
         time.sleep(0.5)  # requests the dead worker left in flight are dropped by the server
-        checkpointed, _ = load_checkpoints(storage, prompts)
+        checkpointed = load_checkpoints(storage, prompts).answers
         assert 0 < len(checkpointed) < SAMPLES
         before = len(sim.records())
         manifest = run_generate(prompts, storage, settings(sim.url))
@@ -134,7 +134,8 @@ def test_sigkill_mid_shard_then_rerun_requests_only_the_unfinished(
     assert rerun_requests == SAMPLES - len(checkpointed)
     records = raw_records(storage, manifest)
     assert len(records) == len({r["id"] for r in records}) == SAMPLES
-    assert all(next(r for r in records if r["id"] == i)["rid"] == c["rid"] for i, c in checkpointed.items())
+    by_id = {r["id"]: r for r in records}
+    assert all(by_id[i]["rid"] == json.loads(line)["rid"] for i, line in checkpointed.items())
 
 
 def test_one_endpoint_dies_mid_run_and_the_other_finishes(
@@ -165,7 +166,7 @@ def test_whole_fleet_dead_fails_clearly_then_resumes(tmp_path: Path, shard: tupl
     threading.Timer(0.4, stop, args=[first]).start()
     with pytest.raises(FleetUnavailable, match=r"every SGLang endpoint is failing|failed 12 attempts"):
         run_generate(prompts, storage, settings(first.url))
-    checkpointed, _ = load_checkpoints(storage, prompts)
+    checkpointed = load_checkpoints(storage, prompts).answers
     assert 0 < len(checkpointed) < SAMPLES
 
     revived = start_simulator(tmp_path, port=port)  # appends to the same record file

@@ -33,6 +33,7 @@ class EndpointInfo:
     model_path: str
     version: str | None
     context_length: int | None
+    max_running_requests: int | None  # the server's running slots: the fleet's capacity
     probe_output_tokens: int
     probe_finish_reason: dict[str, Any]
 
@@ -67,6 +68,7 @@ async def _check_one(
         model_path=model_path,
         version=server.get("version"),
         context_length=server.get("context_length") or server.get("max_req_input_len"),
+        max_running_requests=server.get("max_running_requests"),
         probe_output_tokens=len(generation.output_ids),
         probe_finish_reason=generation.finish_reason,
     )

@@ -91,22 +91,47 @@ def verify_sampling(params: dict[str, Any], vocab_size: int) -> dict[str, Any]:
 
 @dataclass
 class Counters:
-    """What tests and benchmarks read over HTTP (GET /sim/stats) to compute utilisation and count faults."""
+    """What tests and benchmarks read over HTTP (GET /sim/stats): answers, faults, and busy time.
+
+    `busy_slot_seconds` is the time integral of running requests; two reads give the utilisation over the time
+    between them: delta busy_slot_seconds / (max_running x delta now).
+    """
 
     max_running: int
     requests: int = 0  # /generate calls
     answered: int = 0  # answers sent (batch items count one each)
-    slot_seconds: float = 0.0  # time answers held a running slot: busy time, summed over slots
-    first_start: float | None = None
+    running: int = 0
+    busy_slot_seconds: float = 0.0
+    changed_at: float = 0.0
+    first_start: float | None = None  # unix time: comparable with the client's own timestamps
     last_end: float | None = None
     faults: dict[str, int] = field(default_factory=dict)
 
+    def _advance(self, now: float) -> None:
+        self.busy_slot_seconds += self.running * (now - self.changed_at)
+        self.changed_at = now
+
+    def slot_taken(self) -> None:
+        now = time.monotonic()
+        self._advance(now)
+        self.running += 1
+        self.first_start = self.first_start or time.time()
+
+    def slot_released(self) -> None:
+        now = time.monotonic()
+        self._advance(now)
+        self.running -= 1
+        self.last_end = time.time()
+
     def as_dict(self) -> dict[str, Any]:
+        now = time.monotonic()
+        self._advance(now)
         window = (self.last_end - self.first_start) if self.first_start and self.last_end else 0.0
         return {
             **dataclasses.asdict(self),
+            "now": now,
             "window_s": window,
-            "utilisation": self.slot_seconds / (self.max_running * window) if window else 0.0,
+            "utilisation": self.busy_slot_seconds / (self.max_running * window) if window else 0.0,
         }
 
 
@@ -187,12 +212,11 @@ async def _one(
     full = state.model.complete(prompt_ids, None if seed is None else seed + index)
     output_ids, finish_reason = _finish(full, params)
     async with state.running:
-        slot_start = time.monotonic()
-        counters = state.counters
-        counters.first_start = counters.first_start or slot_start
-        await asyncio.sleep(state.latency.seconds(len(prompt_ids), len(output_ids)) + extra_s)
-        counters.last_end = time.monotonic()
-        counters.slot_seconds += counters.last_end - slot_start
+        state.counters.slot_taken()
+        try:
+            await asyncio.sleep(state.latency.seconds(len(prompt_ids), len(output_ids)) + extra_s)
+        finally:
+            state.counters.slot_released()
     text_ids = output_ids
     if finish_reason["type"] == "stop" and not params["no_stop_trim"]:
         text_ids = output_ids[:-1]

@@ -1,0 +1,207 @@
+"""Generation engine benchmarks against the SGLang-protocol simulator on loopback.
+
+    .venv/bin/python bench/bench_generate.py              # all: throughput, client CPU, memory
+    .venv/bin/python bench/bench_generate.py throughput   # fraction of capacity at 64, 256, 1024 in flight
+    .venv/bin/python bench/bench_generate.py cpu          # client CPU per 1,000 requests vs a bare aiohttp loop
+
+Throughput: the simulator serves `in_flight` running slots with a fixed service time (fixed answer length, a fixed
+decode time per token), so its capacity is in_flight / service_time requests per second and its busy fraction
+(/sim/stats: slot-seconds over slots x window) is the throughput as a fraction of capacity. The run is the real
+`run_generate` (checkpoints included), fed enough prompts for 8 full waves. Peak client memory (max RSS) is printed
+for each level. CPU: process CPU seconds per 1,000 requests with 2k-token prompts and 1k-token answers, for the bare
+loop (aiohttp, json) and for this project's client, measured in the same run, alternating, best of three.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from regen.config import Sampling  # noqa: E402
+from regen.generate import GenerateSettings, run_generate  # noqa: E402
+from regen.manifest import DatasetLocation, ShardManifest  # noqa: E402
+from regen.sglang.client import SGLangClient  # noqa: E402
+from regen.sglang.fleet import EndpointPool  # noqa: E402
+from regen.storage import LocalStorage  # noqa: E402
+from tools.devstack import start_simulator  # noqa: E402
+
+GENERATION_SUFFIX = [163588, 866, 72, 266, 593, 163601, 163606]
+SAMPLING = {**Sampling(max_new_tokens=4096).as_params()}
+
+
+def prompts(n: int, tokens: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [
+        [rng.randrange(100, 1000) for _ in range(tokens - len(GENERATION_SUFFIX))] + GENERATION_SUFFIX for _ in range(n)
+    ]
+
+
+def write_shard(folder: Path, n: int, prompt_tokens: int) -> tuple[LocalStorage, ShardManifest]:
+    storage = LocalStorage(folder)
+    location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "bench", "v1")
+    key = location.key("prompts", "shard-00000.parquet")
+    # Built in Arrow, not as Python lists, so the client's peak memory is not the benchmark's own.
+    rng = np.random.default_rng(0)
+    body = rng.integers(100, 1000, size=(n, prompt_tokens), dtype=np.int32)
+    body[:, -len(GENERATION_SUFFIX) :] = GENERATION_SUFFIX
+    offsets = pa.array(np.arange(0, n * prompt_tokens + 1, prompt_tokens, dtype=np.int32))
+    prompt_ids = pa.ListArray.from_arrays(offsets, pa.array(body.reshape(-1)))
+    table = pa.table({"id": [f"s{i:07d}" for i in range(n)], "prompt_ids": prompt_ids})
+    path = folder.parent / f"{folder.name}-prompts.parquet"
+    pq.write_table(table, path)
+    digest = storage.put_file(key, path)
+    return storage, ShardManifest(location, 0, key, digest, n)
+
+
+def throughput_level(in_flight: int, waves: int = 10) -> dict[str, Any]:
+    """One level, in this process: run_generate against a simulator with `in_flight` running slots.
+
+    Answer lengths vary (50-150 tokens per part) so completions do not arrive in lock-step waves. The steady-state
+    fraction is the simulator's busy slot-seconds between two reads, after the first requests are in and before the
+    last ones drain, over the slot-seconds available; the whole-run fraction includes ramp-up and drain.
+    """
+    decode_ms = {64: 2.5, 256: 5.0, 1024: 20.0}[in_flight]
+    service_s = (2 * 100 + 2) * decode_ms / 1000  # mean answer: two parts of 100 tokens, </think>, EOS
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = start_simulator(
+            Path(tmp),
+            "--max-running",
+            str(in_flight),
+            "--decode-ms-per-token",
+            str(decode_ms),
+            "--min-tokens",
+            "50",
+            "--max-tokens",
+            "150",
+        )
+        try:
+            storage, shard = write_shard(Path(tmp) / "root", in_flight * waves, 2000)
+            settings = GenerateSettings([sim.url], SAMPLING, concurrency=in_flight, checkpoint_every=512)
+            reads: list[dict[str, Any]] = []
+            window = (1.5 * service_s, (waves - 2) * service_s)
+            timers = [threading.Timer(t, lambda: reads.append(sim.stats())) for t in window]
+            started = time.monotonic()
+            for timer in timers:
+                timer.start()
+            run_generate(shard, storage, settings)
+            elapsed = time.monotonic() - started
+            whole = sim.stats()
+        finally:
+            sim.stop()
+    first, last = reads
+    steady = (last["busy_slot_seconds"] - first["busy_slot_seconds"]) / (in_flight * (last["now"] - first["now"]))
+    return {
+        "in_flight": in_flight,
+        "capacity_req_s": round(in_flight / service_s, 1),
+        "steady_fraction_of_capacity": round(steady, 4),
+        "whole_run_fraction": round(whole["utilisation"], 4),
+        "answered": whole["answered"],
+        "wall_s": round(elapsed, 1),
+        "client_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+async def bare_loop(url: str, batch: list[list[int]], concurrency: int) -> None:
+    """The floor: aiohttp posting the same JSON and decoding the answer, nothing else."""
+    queue = iter(batch)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker() -> None:
+            for i, prompt in enumerate(queue):
+                body = {"input_ids": prompt, "sampling_params": SAMPLING, "rid": f"bare-{id(prompt)}-{i}"}
+                async with session.post(f"{url}/generate", json=body) as resp:
+                    await resp.json()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def httpx_loop(url: str, batch: list[list[int]], concurrency: int) -> None:
+    """The same floor with httpx, the other mature asyncio HTTP client: the library choice is measured here."""
+    import httpx
+
+    queue = iter(batch)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=None) as session:
+
+        async def worker() -> None:
+            for i, prompt in enumerate(queue):
+                body = {"input_ids": prompt, "sampling_params": SAMPLING, "rid": f"httpx-{id(prompt)}-{i}"}
+                (await session.post(f"{url}/generate", json=body)).json()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def client_loop(url: str, batch: list[list[int]], concurrency: int) -> None:
+    queue = iter(batch)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        pool = EndpointPool([url], session)
+        client = SGLangClient(pool, session)
+
+        async def worker() -> None:
+            for i, prompt in enumerate(queue):
+                await client.generate(prompt, SAMPLING, f"client-{i}")
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await pool.close()
+
+
+def cpu_seconds(loop: Any, url: str, batch: list[list[int]]) -> float:
+    started = time.process_time()
+    asyncio.run(loop(url, batch, 64))
+    return time.process_time() - started
+
+
+def cpu_benchmark(requests: int = 1000) -> dict[str, Any]:
+    batch = prompts(requests, 2000, seed=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = start_simulator(Path(tmp), "--min-tokens", "500", "--max-tokens", "500", "--max-running", "1024")
+        try:
+            loops = {"bare_aiohttp": bare_loop, "bare_httpx": httpx_loop, "regen_client": client_loop}
+            runs: dict[str, list[float]] = {name: [] for name in loops}
+            for _ in range(3):
+                for name, loop in loops.items():
+                    runs[name].append(cpu_seconds(loop, sim.url, batch))
+        finally:
+            sim.stop()
+    per_1000 = {name: round(min(values) * 1000 / requests, 3) for name, values in runs.items()}
+    return {
+        "cpu_s_per_1000_requests": per_1000,
+        "ratio_client_to_bare_aiohttp": round(per_1000["regen_client"] / per_1000["bare_aiohttp"], 3),
+        "ratio_httpx_to_aiohttp": round(per_1000["bare_httpx"] / per_1000["bare_aiohttp"], 3),
+    }
+
+
+def main() -> None:
+    what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if what == "level":  # a child process per level, so each peak RSS is its own
+        print(json.dumps(throughput_level(int(sys.argv[2]))))
+        return
+    if what in ("all", "throughput"):
+        for in_flight in (64, 256, 1024):
+            out = subprocess.run(
+                [sys.executable, __file__, "level", str(in_flight)], capture_output=True, text=True, check=True
+            )
+            print("throughput", out.stdout.strip().splitlines()[-1], flush=True)
+    if what in ("all", "cpu"):
+        print("cpu", json.dumps(cpu_benchmark()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
