@@ -79,6 +79,17 @@ NON_SPECIAL = frozenset(
 )
 
 
+# The settings both the fast mini tokenizer and its slow twin (slow_kimi.py) are saved with.
+TOKENIZER_SETTINGS: dict[str, object] = {
+    "bos_token": "[BOS]",
+    "eos_token": "[EOS]",
+    "unk_token": "[UNK]",
+    "pad_token": "[PAD]",
+    "model_max_length": 262_144,
+    "clean_up_tokenization_spaces": False,
+}
+
+
 def special_token_table() -> list[tuple[int, str]]:
     """All 256 reserved slots in id order; unnamed slots get a reserved name, as in the real tokenizer."""
     return [
@@ -145,15 +156,7 @@ def save_pretrained(directory: Path) -> None:
     """Write a directory that `AutoTokenizer.from_pretrained` loads offline."""
     from transformers import PreTrainedTokenizerFast
 
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer_object(),
-        bos_token="[BOS]",
-        eos_token="[EOS]",
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        model_max_length=262_144,
-        clean_up_tokenization_spaces=False,
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer_object(), **TOKENIZER_SETTINGS)
     fast.chat_template = chat_template()
     fast.save_pretrained(str(directory))
 

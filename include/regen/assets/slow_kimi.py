@@ -120,7 +120,13 @@ class SlowKimiMiniTokenizer(PythonBackend):
 
 
 def _write_directory(target: Path) -> None:
-    from regen.assets.kimi_mini import NON_SPECIAL, SPLIT_PATTERN, chat_template, ensure_mini_tokenizer
+    from regen.assets.kimi_mini import (
+        NON_SPECIAL,
+        SPLIT_PATTERN,
+        TOKENIZER_SETTINGS,
+        chat_template,
+        ensure_mini_tokenizer,
+    )
 
     fast = json.loads((ensure_mini_tokenizer() / "tokenizer.json").read_text(encoding="utf-8"))
     (target / "vocab.json").write_text(json.dumps(fast["model"]["vocab"], ensure_ascii=False), encoding="utf-8")
@@ -135,12 +141,7 @@ def _write_directory(target: Path) -> None:
         str(target / "merges.txt"),
         split_pattern=SPLIT_PATTERN,
         added_tokens_decoder=added,
-        bos_token="[BOS]",
-        eos_token="[EOS]",
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        model_max_length=262_144,
-        clean_up_tokenization_spaces=False,
+        **TOKENIZER_SETTINGS,
     )
     tokenizer.chat_template = chat_template()
     tokenizer.save_pretrained(str(target))
