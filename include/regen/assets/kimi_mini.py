@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -174,20 +175,23 @@ def cache_root() -> Path:
     return Path(os.environ.get("REGEN_ASSET_CACHE", default))
 
 
-def ensure_mini_tokenizer() -> Path:
-    """Build on first use into the cache; concurrent builders race harmlessly through an atomic rename."""
-    target = cache_root() / f"kimi-k2.5-mini-{_source_digest()}"
-    if (target / "tokenizer.json").exists():
+def build_once(target: Path, marker: str, build: Callable[[Path], None]) -> Path:
+    """Build a cache directory on first use; concurrent builders race harmlessly through an atomic rename."""
+    if (target / marker).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
-        save_pretrained(staging)
+        build(staging)
         os.replace(staging, target)
-        log.info("built the kimi-k2.5-mini tokenizer in %s", target)
+        log.info("built %s", target)
     except OSError:
-        if not (target / "tokenizer.json").exists():
+        if not (target / marker).exists():
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def ensure_mini_tokenizer() -> Path:
+    return build_once(cache_root() / f"kimi-k2.5-mini-{_source_digest()}", "tokenizer.json", save_pretrained)

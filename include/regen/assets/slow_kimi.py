@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -157,20 +156,7 @@ def ensure_slow_tokenizer() -> Path:
     built once into the asset cache, beside the mini tokenizer it is derived from."""
     import hashlib
 
-    from regen.assets.kimi_mini import cache_root, ensure_mini_tokenizer
+    from regen.assets.kimi_mini import build_once, cache_root, ensure_mini_tokenizer
 
     digest = hashlib.sha256(Path(__file__).read_bytes() + ensure_mini_tokenizer().name.encode()).hexdigest()[:12]
-    target = cache_root() / f"kimi-k2.5-mini-slow-{digest}"
-    if (target / "tokenizer_config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
-    try:
-        _write_directory(staging)
-        os.replace(staging, target)
-    except OSError:
-        if not (target / "tokenizer_config.json").exists():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return build_once(cache_root() / f"kimi-k2.5-mini-slow-{digest}", "tokenizer_config.json", _write_directory)
