@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from regen.sglang.fleet import EndpointPool, FleetUnavailable
+from regen.sglang.fleet import EndpointPool, FleetUnavailable, health_problem
 
 log = logging.getLogger(__name__)
 
@@ -189,15 +189,7 @@ async def get_json(session: aiohttp.ClientSession, url: str, timeout_s: float = 
 async def wait_healthy(session: aiohttp.ClientSession, url: str, deadline_s: float, poll_s: float = 2.0) -> None:
     loop = asyncio.get_running_loop()
     give_up = loop.time() + deadline_s
-    last = "no answer"
-    while True:
-        try:
-            async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                if resp.status == 200:
-                    return
-                last = f"HTTP {resp.status}"
-        except (aiohttp.ClientError, TimeoutError) as e:
-            last = repr(e)
+    while (last := await health_problem(session, url)) is not None:
         if loop.time() >= give_up:
             raise FleetUnavailable(f"{url}/health not ready after {deadline_s:.0f}s (last: {last})")
         await asyncio.sleep(poll_s)

@@ -17,6 +17,15 @@ import aiohttp
 log = logging.getLogger(__name__)
 
 
+async def health_problem(session: aiohttp.ClientSession, url: str) -> str | None:
+    """None when GET /health answers 200 (SGLang's readiness), else what went wrong."""
+    try:
+        async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            return None if resp.status == 200 else f"HTTP {resp.status}"
+    except (aiohttp.ClientError, TimeoutError) as e:
+        return repr(e)
+
+
 class FleetUnavailable(Exception):
     """No endpoint can take requests: the task fails with this message and Airflow's retry resumes it."""
 
@@ -85,12 +94,7 @@ class EndpointPool:
     async def _probe(self, endpoint: Endpoint) -> None:
         while endpoint.evicted:
             await asyncio.sleep(self.probe_interval_s)
-            try:
-                async with self.session.get(f"{endpoint.url}/health", timeout=aiohttp.ClientTimeout(total=10)) as r:
-                    healthy = r.status == 200
-            except (aiohttp.ClientError, TimeoutError):
-                healthy = False
-            if healthy:
+            if await health_problem(self.session, endpoint.url) is None:
                 endpoint.evicted, endpoint.consecutive_failures = False, 0
                 log.info("re-admitted %s: /health answers again", endpoint.url)
                 self._readmitted.set()
