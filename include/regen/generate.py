@@ -13,7 +13,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -250,13 +250,19 @@ def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSetti
         report = asyncio.run(_generate_missing(settings, prompt_column, todo, checkpointer, progress))
         done = load_checkpoints(storage, shard)
     digest = _write_raw(storage, shard, raw_key, ids, done)
+    stats = _answered_stats(ids, done.answers.keys())
+    return shard.with_stage("generate", stats, {raw_key: digest}, raw_key=raw_key, generation=report)
+
+
+def _answered_stats(ids: list[str], answered: Collection[str]) -> StageStats:
+    """Every prompt is answered or was refused by the server (a 400): nothing else leaves generate."""
     stats = StageStats()
     for sample_id in ids:
-        if sample_id in done.answers:
+        if sample_id in answered:
             stats.keep()
         else:
             stats.drop("server_rejected")
-    return shard.with_stage("generate", stats, {raw_key: digest}, raw_key=raw_key, generation=report)
+    return stats
 
 
 def _write_raw(storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str], done: Checkpoints) -> str:
@@ -279,11 +285,5 @@ def _summarise_existing(storage: Storage, shard: ShardManifest, raw_key: str, id
     answered = [json.loads(line)["id"] for line in raw.decode("utf-8").splitlines()]
     if len(answered) != len(set(answered)):
         raise AssertionError(f"{raw_key}: duplicate sample ids")
-    stats = StageStats()
-    answered_set = set(answered)
-    for sample_id in ids:
-        if sample_id in answered_set:
-            stats.keep()
-        else:
-            stats.drop("server_rejected")
+    stats = _answered_stats(ids, set(answered))
     return shard.with_stage("generate", stats, {raw_key: hashlib.sha256(raw).hexdigest()}, raw_key=raw_key)
