@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -87,7 +88,7 @@ class LocalStorage:
             return self._write_atomically(key, iter(lambda: src.read(CHUNK), b""))
 
     def get_file(self, key: str, path: Path) -> None:
-        path.write_bytes(self.get_bytes(key))
+        shutil.copyfile(self._path(key), path)  # streamed: a shard's file need not fit in memory
 
     def list_keys(self, prefix: str) -> list[str]:
         base = self._path(prefix) if prefix else self.root
