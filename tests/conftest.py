@@ -6,9 +6,26 @@ from pathlib import Path
 import pytest
 
 from regen.chat import ChatRenderer, get_profile
+from regen.config import load_config
+from regen.datasets.prepare import run_prepare
+from regen.manifest import DatasetLocation, PreparedDataset
+from regen.storage import LocalStorage
 from tools.devstack import Simulator, free_port, start_simulator
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def prepare_sample(
+    root: Path, renderer: ChatRenderer, dataset: str, shard_size: int, limit: int | None = None
+) -> tuple[PreparedDataset, LocalStorage]:
+    """One of the bundled sample datasets, prepared into a local storage root as version v1."""
+    config = load_config()
+    storage = LocalStorage(root)
+    location = DatasetLocation(storage.root_uri, renderer.profile.name, dataset, "v1")
+    prepared = run_prepare(
+        config.dataset(dataset), location, storage, renderer, shard_size, limit, config.resolve, workers=1
+    )
+    return prepared, storage
 
 
 @pytest.fixture(scope="session")

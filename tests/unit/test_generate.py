@@ -6,24 +6,16 @@ import json
 from pathlib import Path
 
 from regen.chat import ChatRenderer
-from regen.config import Sampling, load_config
-from regen.datasets.prepare import run_prepare
+from regen.config import Sampling
 from regen.generate import GenerateSettings, load_checkpoints, run_generate
-from regen.manifest import DatasetLocation
-from regen.storage import LocalStorage
-from tests.conftest import Simulator
+from tests.conftest import Simulator, prepare_sample
 
 
 def test_rerun_after_a_crash_requests_only_the_missing_samples(
     tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
 ) -> None:
-    config = load_config()
-    storage = LocalStorage(tmp_path)
-    location = DatasetLocation(storage.root_uri, renderer.profile.name, "B2_opencodeinstruct", "v1")
-    prepared = run_prepare(
-        config.dataset("B2_opencodeinstruct"), location, storage, renderer, 100, None, config.resolve
-    )
-    shard = prepared.shards[0]
+    prepared, storage = prepare_sample(tmp_path, renderer, "B2_opencodeinstruct", 100)
+    location, shard = prepared.location, prepared.shards[0]
     settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=4, checkpoint_every=5)
     first = run_generate(shard, storage, settings)
     parts = storage.list_keys(location.key("raw", "shard-00000/"))
@@ -48,10 +40,7 @@ def test_rerun_after_a_crash_requests_only_the_missing_samples(
 
 
 def test_a_finished_shard_is_not_generated_again(tmp_path: Path, renderer: ChatRenderer, simulator: Simulator) -> None:
-    config = load_config()
-    storage = LocalStorage(tmp_path)
-    location = DatasetLocation(storage.root_uri, renderer.profile.name, "B1_glaive", "v1")
-    prepared = run_prepare(config.dataset("B1_glaive"), location, storage, renderer, 8, 8, config.resolve)
+    prepared, storage = prepare_sample(tmp_path, renderer, "B1_glaive", 8, limit=8)
     settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
     run_generate(prepared.shards[0], storage, settings)
     before = len(simulator.records())

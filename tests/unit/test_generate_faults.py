@@ -13,24 +13,19 @@ import pytest
 import requests
 
 from regen.chat import ChatRenderer
-from regen.config import Sampling, load_config
-from regen.datasets.prepare import run_prepare
+from regen.config import Sampling
 from regen.generate import GenerateSettings, load_checkpoints, run_generate
-from regen.manifest import DatasetLocation, ShardManifest
+from regen.manifest import ShardManifest
 from regen.sglang.fleet import FleetUnavailable
 from regen.storage import LocalStorage
-from tests.conftest import Simulator, free_port, start_simulator
+from tests.conftest import Simulator, free_port, prepare_sample, start_simulator
 
 SAMPLES = 48  # B2_opencodeinstruct keeps 48 prompts
 
 
 @pytest.fixture
 def shard(tmp_path: Path, renderer: ChatRenderer) -> tuple[LocalStorage, ShardManifest]:
-    config = load_config()
-    storage = LocalStorage(tmp_path / "root")
-    location = DatasetLocation(storage.root_uri, renderer.profile.name, "B2_opencodeinstruct", "v1")
-    dataset = config.dataset("B2_opencodeinstruct")
-    prepared = run_prepare(dataset, location, storage, renderer, 100, None, config.resolve)
+    prepared, storage = prepare_sample(tmp_path / "root", renderer, "B2_opencodeinstruct", 100)
     return storage, prepared.shards[0]
 
 

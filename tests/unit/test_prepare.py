@@ -15,16 +15,11 @@ from regen.config import DatasetConfig, HubDataset, load_config
 from regen.datasets.prepare import prepare_manifest_key, run_prepare
 from regen.manifest import DatasetLocation, PreparedDataset
 from regen.storage import LocalStorage, Storage
+from tests.conftest import prepare_sample
 
 
 def prepare(tmp_path: Path, renderer: ChatRenderer, dataset: str, shard_size: int = 10, limit: int | None = None):
-    config = load_config()
-    storage = LocalStorage(tmp_path / "root")
-    location = DatasetLocation(storage.root_uri, renderer.profile.name, dataset, "v1")
-    prepared = run_prepare(
-        config.dataset(dataset), location, storage, renderer, shard_size, limit, config.resolve, workers=1
-    )
-    return prepared, storage
+    return prepare_sample(tmp_path / "root", renderer, dataset, shard_size, limit)
 
 
 def prepare_config(

@@ -9,24 +9,19 @@ from pathlib import Path
 import pytest
 
 from regen.chat import ChatRenderer
-from regen.config import Sampling, load_config
-from regen.datasets.prepare import run_prepare
+from regen.config import Sampling
 from regen.export import run_export
 from regen.generate import GenerateSettings, run_generate
-from regen.manifest import DatasetLocation
 from regen.publish import IncompleteDataset, run_publish
-from regen.storage import LocalStorage
 from regen.validate import run_validate
-from tests.conftest import Simulator
+from tests.conftest import Simulator, prepare_sample
 
 
 def test_publish_waits_for_every_shard_then_writes_the_manifest_last(
     tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
 ) -> None:
-    config = load_config()
-    storage = LocalStorage(tmp_path)
-    location = DatasetLocation(storage.root_uri, renderer.profile.name, "B1_glaive", "v1")
-    prepared = run_prepare(config.dataset("B1_glaive"), location, storage, renderer, 20, None, config.resolve)
+    prepared, storage = prepare_sample(tmp_path, renderer, "B1_glaive", 20)
+    location = prepared.location
     settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
 
     finish = [
