@@ -5,13 +5,33 @@ Nothing about a particular model is hard-coded outside its profile: a second tar
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# The production tokenizer and template, pinned: a moved hub branch must never change prompts silently.
+KIMI_K25_REVISION = "main"
+
+
+@dataclass(frozen=True)
+class ToolCallGrammar:
+    """A tool-call section as tokens (Kimi's): `section_begin (call_begin ID argument_begin JSON call_end)+
+    section_end`, where ID follows the profile's `tool_call_id_format` and JSON is the arguments object."""
+
+    section_begin: str
+    section_end: str
+    call_begin: str
+    argument_begin: str
+    call_end: str
+
+    def tokens(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -23,10 +43,12 @@ class ModelProfile:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # Token roles, by string; resolved to ids against the loaded tokenizer.
     generation_suffix: str = ""  # what every prompt ends with (add_generation_prompt=True)
-    reasoning_end: str | None = None  # None: the model does not reason in this profile
+    reasoning_start: str | None = None  # None: the model does not reason in this profile
+    reasoning_end: str | None = None
     eos_tokens: tuple[str, ...] = ()
-    tool_calls_begin: str | None = None
-    tool_call_id_format: str = "{id}"  # how tool-call ids are rewritten before rendering
+    role_tokens: tuple[str, ...] = ()  # turn markers: one in an output means the model ran into the next turn
+    tool_call_grammar: ToolCallGrammar | None = None
+    tool_call_id_format: str = "{id}"  # how tool-call ids are rewritten before rendering: {name}, {index}, {id}
     max_prompt_tokens: int = 131_072
     served_model_names: tuple[str, ...] = ()  # what /model_info may report for this profile
 
@@ -35,6 +57,8 @@ class ModelProfile:
             raise ValueError(f"profile name {self.name!r}: use lowercase letters, digits, '.', '_' or '-'")
         if not self.generation_suffix or not self.eos_tokens:
             raise ValueError(f"profile {self.name!r}: generation_suffix and eos_tokens are required")
+        if (self.reasoning_start is None) != (self.reasoning_end is None):
+            raise ValueError(f"profile {self.name!r}: give both reasoning_start and reasoning_end, or neither")
         if self.trust_remote_code and self.tokenizer.startswith("builtin:"):
             raise ValueError(f"profile {self.name!r}: a builtin tokenizer never needs trust_remote_code")
 
@@ -46,17 +70,37 @@ class ModelProfile:
             "revision": self.revision,
             "chat_template_kwargs": self.chat_template_kwargs,
             "generation_suffix": self.generation_suffix,
+            "reasoning_start": self.reasoning_start,
             "reasoning_end": self.reasoning_end,
             "eos_tokens": list(self.eos_tokens),
+            "role_tokens": list(self.role_tokens),
+            "tool_call_grammar": self.tool_call_grammar.tokens() if self.tool_call_grammar else None,
+            "tool_call_id_format": self.tool_call_id_format,
         }
+
+    def call_id_pattern(self) -> re.Pattern[str]:
+        """The ids the format produces: `functions.{name}:{index}` -> `functions\\.(?P<name>.+):\\d+`."""
+        fields = {"name": "(?P<name>.+)", "index": r"\d+", "id": ".+"}
+        parts = re.split(r"\{(name|index|id)\}", self.tool_call_id_format)
+        return re.compile("".join(fields[p] if i % 2 else re.escape(p) for i, p in enumerate(parts)), re.DOTALL)
 
 
 _KIMI_K25_ROLES: dict[str, Any] = {
+    # Sources: the model's tokenizer_config.json (special tokens, eos), its chat template (turn markers, the
+    # generation prompt ending in <think>), SGLang's kimi_k2 tool-call detector (the section grammar and call ids).
     "chat_template_kwargs": {"thinking": True},
     "generation_suffix": "<|im_assistant|>assistant<|im_middle|><think>",
+    "reasoning_start": "<think>",
     "reasoning_end": "</think>",
     "eos_tokens": ("<|im_end|>", "[EOS]"),
-    "tool_calls_begin": "<|tool_calls_section_begin|>",
+    "role_tokens": ("<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", "[BOS]"),
+    "tool_call_grammar": ToolCallGrammar(
+        section_begin="<|tool_calls_section_begin|>",
+        section_end="<|tool_calls_section_end|>",
+        call_begin="<|tool_call_begin|>",
+        argument_begin="<|tool_call_argument_begin|>",
+        call_end="<|tool_call_end|>",
+    ),
     "tool_call_id_format": "functions.{name}:{index}",
 }
 
@@ -64,6 +108,7 @@ PROFILES: dict[str, ModelProfile] = {
     "kimi-k2.5": ModelProfile(
         name="kimi-k2.5",
         tokenizer="moonshotai/Kimi-K2.5",
+        revision=KIMI_K25_REVISION,
         trust_remote_code=True,
         max_prompt_tokens=131_072,
         served_model_names=("moonshotai/Kimi-K2.5", "Kimi-K2.5", "kimi-k2.5"),
@@ -87,20 +132,38 @@ def get_profile(name: str) -> ModelProfile:
 
 
 @dataclass(frozen=True)
+class ToolCallIds:
+    section_begin: int
+    section_end: int
+    call_begin: int
+    argument_begin: int
+    call_end: int
+    call_id: re.Pattern[str]
+
+
+@dataclass(frozen=True)
 class TokenRoles:
-    """A profile's token roles resolved to ids for one tokenizer."""
+    """A profile's token roles resolved to ids for one tokenizer: everything validation judges an output by."""
 
     generation_suffix: tuple[int, ...]
-    reasoning_end: int | None
     eos_ids: frozenset[int]
-    tool_calls_begin: int | None
+    vocab_size: int
+    reasoning_start: int | None = None
+    reasoning_end: int | None = None
+    role_ids: frozenset[int] = frozenset()
+    tool_calls: ToolCallIds | None = None
 
     def as_record(self) -> dict[str, Any]:
+        calls = self.tool_calls
         return {
             "generation_suffix_ids": list(self.generation_suffix),
-            "reasoning_end_id": self.reasoning_end,
             "eos_ids": sorted(self.eos_ids),
-            "tool_calls_begin_id": self.tool_calls_begin,
+            "vocab_size": self.vocab_size,
+            "reasoning_start_id": self.reasoning_start,
+            "reasoning_end_id": self.reasoning_end,
+            "role_ids": sorted(self.role_ids),
+            "tool_call_ids": {k: v for k, v in dataclasses.asdict(calls).items() if k != "call_id"} if calls else None,
+            "tool_call_id_pattern": calls.call_id.pattern if calls else None,
         }
 
 
@@ -113,18 +176,31 @@ class ChatRenderer:
         self.roles = self._resolve_roles()
 
     def token_id(self, token: str) -> int:
-        token_id = self.tokenizer.convert_tokens_to_ids(token)
-        if token_id is None or token_id == self.tokenizer.unk_token_id:
-            raise ValueError(f"profile {self.profile.name!r}: token {token!r} is not in the tokenizer's vocabulary")
-        return int(token_id)
+        """A role token must be ONE id: a string the tokenizer splits into pieces cannot mark anything."""
+        ids = self.tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1 or ids[0] == self.tokenizer.unk_token_id:
+            raise ValueError(
+                f"profile {self.profile.name!r}: token {token!r} is not one token of the tokenizer's vocabulary "
+                f"(it encodes to {ids[:8]})"
+            )
+        return int(ids[0])
 
     def _resolve_roles(self) -> TokenRoles:
         p = self.profile
+        grammar = p.tool_call_grammar
         return TokenRoles(
             generation_suffix=tuple(self.tokenizer.encode(p.generation_suffix, add_special_tokens=False)),
-            reasoning_end=self.token_id(p.reasoning_end) if p.reasoning_end else None,
             eos_ids=frozenset(self.token_id(t) for t in p.eos_tokens),
-            tool_calls_begin=self.token_id(p.tool_calls_begin) if p.tool_calls_begin else None,
+            vocab_size=len(self.tokenizer),
+            reasoning_start=self.token_id(p.reasoning_start) if p.reasoning_start else None,
+            reasoning_end=self.token_id(p.reasoning_end) if p.reasoning_end else None,
+            role_ids=frozenset(self.token_id(t) for t in p.role_tokens),
+            tool_calls=ToolCallIds(
+                **{role: self.token_id(token) for role, token in grammar.tokens().items()},
+                call_id=p.call_id_pattern(),
+            )
+            if grammar
+            else None,
         )
 
     def render_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -151,6 +227,44 @@ class ChatRenderer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Exactly which template and tokenizer render this run's prompts: recorded in every manifest, and compared
+        at validate so that a tokenizer or template that moved between stages is caught."""
+        import tokenizers
+        import transformers
+
+        template = self.tokenizer.chat_template
+        template_text = template if isinstance(template, str) else canonical_json(template)
+        return {
+            "chat_template_sha256": hashlib.sha256((template_text or "").encode("utf-8")).hexdigest(),
+            "tokenizer_files_sha256": tokenizer_files_digest(Path(self.tokenizer.name_or_path)),
+            "transformers_version": transformers.__version__,
+            "tokenizers_version": tokenizers.__version__,
+        }
+
+
+TOKENIZER_FILE = re.compile(
+    r"^(tokenizer.*\.json|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)|merges\.txt|"
+    r"tiktoken\.model|.*\.tiktoken|chat_template\.(jinja|json)|tokenization_.*\.py|tool_declaration.*\.py)$"
+)
+
+
+def tokenizer_files_digest(directory: Path) -> dict[str, str]:
+    """File name -> sha256 of every tokenizer file in the directory the tokenizer was loaded from (for a hub id,
+    the snapshot in the local cache)."""
+    if not directory.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            directory = Path(snapshot_download(str(directory), local_files_only=True))
+        except Exception:
+            return {}
+    return {
+        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.iterdir())
+        if path.is_file() and TOKENIZER_FILE.match(path.name)
+    }
 
 
 def load_tokenizer(profile: ModelProfile) -> Any:

@@ -1,74 +1,384 @@
-"""Stage 4: token-fidelity checks on every raw record. All checks are on ids; text is never consulted.
+"""Stage 4: every raw answer judged on its ids, against the profile's token roles; nothing here knows a model.
 
-`validate_record` is pure. A record passes only if its prompt ends with the profile's generation suffix, the output
-ends with an EOS id (so `finish_reason` length fails: truncated answers are counted, never passed as complete), and
-reasoning is closed exactly once. A missing `</think>` right before a tool-call section is reported on its own: it is
-a known Kimi behaviour, not corruption.
+`judge` is pure. It finds the output's structural tokens (EOS, turn markers, reasoning and tool-call tokens) in one
+vectorised lookup, then walks only those positions through a small state machine:
+
+    [reasoning_start at 0, if the prompt did not open reasoning]  reasoning ... reasoning_end
+    answer | section_begin (call_begin ID argument_begin {JSON} call_end)+ section_end   EOS
+
+A tool-call section right after the reasoning with no reasoning_end is valid (Kimi-K2.5 emits it; SGLang's reasoning
+parser takes the section start as the end of reasoning): it is kept with the flag `tool_call_without_reasoning_end`.
+An answer cut by `max_new_tokens` that is valid so far goes to the flagged `truncated/` split, by where the cut fell.
+The server must agree with itself: `text == decode(output_ids)` (the pipeline asks for special tokens and the stop
+token in the text) and `prompt_tokens` == the prompt sent.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+import math
+import tempfile
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import cache
+from pathlib import Path
 from typing import Any
 
-from regen.chat import TokenRoles
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from regen.chat import ChatRenderer, TokenRoles
 from regen.manifest import ShardManifest, StageStats
+from regen.reasons import TRUNCATED, Reason, RejectionWriter
+from regen.records import RawAnswer, ShardPrompts, read_raw
 from regen.storage import Storage
 
 log = logging.getLogger(__name__)
 
 OK = "ok"
+FLAG_NO_REASONING_END = "tool_call_without_reasoning_end"
+Decode = Callable[[list[int]], str]
 
 
-def validate_record(
-    prompt_ids: list[int], output_ids: list[int], finish_reason: dict[str, Any], roles: TokenRoles
-) -> str:
-    """The verdict for one record: "ok" or the first failed check's name."""
-    suffix = list(roles.generation_suffix)
-    if prompt_ids[-len(suffix) :] != suffix:
-        return "prompt_suffix_mismatch"
-    if not output_ids:
-        return "empty_output"
-    if finish_reason.get("type") == "length":
-        return "truncated"
-    if output_ids[-1] not in roles.eos_ids:
-        return "no_eos_at_end"
-    if roles.reasoning_end is None:
-        return OK
-    thinking = prompt_ids[-1] != roles.reasoning_end  # "<think></think>" prompts have reasoning turned off
-    closes = output_ids.count(roles.reasoning_end)
-    if not thinking:
-        return OK if closes == 0 else "unexpected_reasoning_end"
-    if closes == 1:
-        return OK
-    if closes == 0 and roles.tool_calls_begin is not None and roles.tool_calls_begin in output_ids:
-        return "reasoning_end_missing_before_tool_call"
-    return "reasoning_end_missing" if closes == 0 else "reasoning_end_repeated"
+class Mark(IntEnum):
+    """What a structural token is; 0 (no mark) for every ordinary token."""
+
+    EOS = 1
+    ROLE = 2
+    REASONING_START = 3
+    REASONING_END = 4
+    SECTION_BEGIN = 5
+    SECTION_END = 6
+    CALL_BEGIN = 7
+    ARGUMENT_BEGIN = 8
+    CALL_END = 9
+
+
+@cache
+def mark_table(roles: TokenRoles) -> np.ndarray:
+    """id -> Mark, over the whole vocabulary: one gather finds every structural token of an output."""
+    table = np.zeros(roles.vocab_size, dtype=np.int8)
+    table[list(roles.role_ids)] = Mark.ROLE
+    table[list(roles.eos_ids)] = Mark.EOS
+    for token, mark in ((roles.reasoning_start, Mark.REASONING_START), (roles.reasoning_end, Mark.REASONING_END)):
+        if token is not None:
+            table[token] = mark
+    if roles.tool_calls:
+        calls = roles.tool_calls
+        table[calls.section_begin] = Mark.SECTION_BEGIN
+        table[calls.section_end] = Mark.SECTION_END
+        table[calls.call_begin] = Mark.CALL_BEGIN
+        table[calls.argument_begin] = Mark.ARGUMENT_BEGIN
+        table[calls.call_end] = Mark.CALL_END
+    return table
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    verdict: str  # "ok" or a Reason value
+    detail: str = ""
+    flags: tuple[str, ...] = ()
+    reasoning_len: int = 0  # output ids up to and including the end of reasoning
+    tool_calls: int = 0
+    decoded: str | None = None  # decode(output_ids), when it was computed
+
+    @property
+    def split(self) -> str | None:
+        """Where the record goes: train/, the flagged truncated/ split, or nowhere (rejected/)."""
+        return "train" if self.verdict == OK else "truncated" if self.verdict in TRUNCATED else None
+
+
+def _reject(reason: Reason, detail: str) -> Judgement:
+    return Judgement(reason.value, detail)
+
+
+@dataclass
+class _Walk:
+    """The state machine over an output's structural tokens."""
+
+    output: list[int]
+    roles: TokenRoles
+    tools: frozenset[str] | None  # declared function names; None: the prompt declares no tools
+    decode: Decode
+    phase: str = "answer"  # reasoning | answer | off (reasoning turned off by the prompt)
+    reasoning_len: int = 0
+    flags: list[str] = field(default_factory=list)
+    in_section: bool = False
+    call: str = ""  # "" outside a call, "id" after call_begin, "args" after argument_begin
+    call_start: int = 0
+    name: str = ""
+    calls: int = 0
+
+    def step(self, pos: int, mark: int) -> Judgement | None:
+        if mark == Mark.EOS:
+            return None if pos == len(self.output) - 1 else _reject(Reason.EOS_NOT_AT_END, f"EOS at {pos}")
+        if mark == Mark.ROLE:
+            return _reject(Reason.ROLE_TOKEN_IN_OUTPUT, f"turn marker {self.output[pos]} at {pos}")
+        if mark == Mark.REASONING_START:
+            if pos == 0 and self.phase == "answer":  # a model that opens its reasoning itself (prompt did not)
+                self.phase = "reasoning"
+                return None
+            return _reject(Reason.REASONING_START_IN_OUTPUT, f"reasoning start at {pos}")
+        if mark == Mark.REASONING_END:
+            return self._reasoning_end(pos)
+        return self._tool_token(pos, mark)
+
+    def _reasoning_end(self, pos: int) -> Judgement | None:
+        if self.phase == "reasoning":
+            self.phase, self.reasoning_len = "answer", pos + 1
+            return None
+        if self.phase == "off":
+            return _reject(Reason.UNEXPECTED_REASONING_END, f"reasoning end at {pos}, but the prompt closed reasoning")
+        return _reject(Reason.REASONING_END_REPEATED, f"second reasoning end at {pos}")
+
+    def _tool_token(self, pos: int, mark: int) -> Judgement | None:
+        if mark == Mark.SECTION_BEGIN and not self.in_section and not self.call:
+            if self.phase == "reasoning":  # the section start ends reasoning implicitly
+                self.phase, self.reasoning_len = "answer", pos
+                self.flags.append(FLAG_NO_REASONING_END)
+            self.in_section = True
+            return None
+        if mark == Mark.CALL_BEGIN and self.in_section and not self.call:
+            self.call, self.call_start = "id", pos
+            return None
+        if mark == Mark.ARGUMENT_BEGIN and self.call == "id":
+            self.call = "args"
+            return self._call_id(self.output[self.call_start + 1 : pos], pos)
+        if mark == Mark.CALL_END and self.call == "args":
+            self.call = ""
+            return self._arguments(self.output[self.call_start + 1 : pos], pos)
+        if mark == Mark.SECTION_END and self.in_section and not self.call and self.calls:
+            self.in_section = False
+            return None
+        return _reject(Reason.TOOL_CALL_UNBALANCED, f"{Mark(mark).name.lower()} out of order at {pos}")
+
+    def _call_id(self, ids: list[int], pos: int) -> Judgement | None:
+        assert self.roles.tool_calls is not None
+        text = self.decode(ids)
+        match = self.roles.tool_calls.call_id.fullmatch(text)
+        if match is None:
+            return _reject(Reason.TOOL_CALL_BAD_ID, f"call id {text[:80]!r} at {pos}")
+        self.name = match.groupdict().get("name") or ""
+        self.call_start = pos
+        return None
+
+    def _arguments(self, ids: list[int], pos: int) -> Judgement | None:
+        text = self.decode(ids)
+        try:
+            arguments = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            return _reject(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of call at {pos} are not JSON: {e}")
+        if not isinstance(arguments, dict):
+            return _reject(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of call at {pos} are not a JSON object")
+        if self.tools is None:
+            return _reject(Reason.TOOL_CALL_WITHOUT_TOOLS, f"call to {self.name!r}, but the prompt declares no tools")
+        if self.name and self.name not in self.tools:
+            return _reject(Reason.TOOL_CALL_UNDECLARED, f"call to {self.name!r}; declared: {sorted(self.tools)[:10]}")
+        self.calls += 1
+        return None
+
+    def finish(self, truncated: bool) -> Judgement:
+        last = self.output[-1]
+        if truncated:
+            where = Reason.TRUNCATED_IN_REASONING if self.phase == "reasoning" else Reason.TRUNCATED_IN_ANSWER
+            return Judgement(where.value, "", tuple(self.flags), self.reasoning_len, self.calls)
+        if last not in self.roles.eos_ids:
+            return _reject(Reason.NO_EOS_AT_END, f"stopped on {last}, not an EOS id")
+        if self.in_section or self.call:
+            return _reject(Reason.TOOL_CALL_UNBALANCED, "tool-call section not closed before EOS")
+        if self.phase == "reasoning":
+            return _reject(Reason.REASONING_END_MISSING, "reasoning never ended")
+        return Judgement(OK, "", tuple(self.flags), self.reasoning_len, self.calls)
+
+
+def _opening_phase(prompt_ids: np.ndarray | list[int], roles: TokenRoles) -> str:
+    if roles.reasoning_start is None:
+        return "off"
+    if prompt_ids[-1] == roles.reasoning_start:
+        return "reasoning"
+    if prompt_ids[-1] == roles.reasoning_end:
+        return "off"  # "<think></think>": reasoning turned off by the prompt
+    return "answer"  # the model may open reasoning itself, as the first token
+
+
+def _texts_agree(text: str | None, decoded: str, truncated: bool) -> bool:
+    """SGLang's detokenizer may hold back an unfinished UTF-8 character at a length cut; nothing else may differ."""
+    if text == decoded:
+        return True
+    return truncated and text is not None and text.rstrip("\ufffd") == decoded.rstrip("\ufffd")
+
+
+def judge(
+    prompt_ids: np.ndarray | list[int],
+    answer: RawAnswer,
+    roles: TokenRoles,
+    tools: frozenset[str] | None,
+    decode: Decode,
+) -> Judgement:
+    """The verdict for one record, from its ids: "ok", a truncation split, or the first defect found."""
+    suffix = roles.generation_suffix
+    ending = tuple(int(i) for i in prompt_ids[-len(suffix) :])
+    if ending != suffix:
+        return _reject(Reason.PROMPT_SUFFIX, f"prompt ends {list(ending)}, expected {list(suffix)}")
+    output = answer.output_ids
+    if not output:
+        return _reject(Reason.EMPTY_OUTPUT, "no output ids")
+    ids = np.asarray(output, dtype=np.int64)  # int64 first: an id of 2**31 or more must be seen, not wrapped
+    if ids.min() < 0 or ids.max() >= roles.vocab_size:
+        bad = int(ids[(ids < 0) | (ids >= roles.vocab_size)][0])
+        return _reject(Reason.ID_OUT_OF_VOCAB, f"id {bad} outside the vocabulary of {roles.vocab_size}")
+    prompt_tokens = answer.meta_info.get("prompt_tokens")
+    if prompt_tokens != len(prompt_ids):
+        detail = f"sent {len(prompt_ids)} prompt ids, server counted {prompt_tokens}"
+        return _reject(Reason.PROMPT_TOKENS_MISMATCH, detail)
+    walk = _Walk(output, roles, tools, decode, phase=_opening_phase(prompt_ids, roles))
+    marks = mark_table(roles)[ids]
+    for pos in np.flatnonzero(marks).tolist():
+        rejected = walk.step(pos, int(marks[pos]))
+        if rejected is not None:
+            return rejected
+    judgement = walk.finish(answer.truncated)
+    if judgement.split is None:
+        return judgement
+    decoded = decode(output)
+    if not _texts_agree(answer.text, decoded, answer.truncated):
+        return _reject(Reason.TEXT_MISMATCH, _first_difference(answer.text, decoded))
+    return Judgement(
+        judgement.verdict, "", judgement.flags, judgement.reasoning_len, judgement.tool_calls, decoded=decoded
+    )
+
+
+def _first_difference(text: str | None, decoded: str) -> str:
+    if text is None:
+        return "the server sent no text (started with --skip-tokenizer-init?)"
+    at = next((i for i, (a, b) in enumerate(zip(text, decoded, strict=False)) if a != b), min(len(text), len(decoded)))
+    return f"text differs from decode(output_ids) at char {at}: {text[at : at + 30]!r} vs {decoded[at : at + 30]!r}"
+
+
+def declared_tools(tools_json: str) -> frozenset[str] | None:
+    """The function names a prompt declares (its stored `tools` column); None when it declares none."""
+    tools = json.loads(tools_json) if tools_json else []
+    names = frozenset(t["function"]["name"] for t in tools)
+    return names or None
+
+
+VERDICTS_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("verdict", pa.string()),
+        ("flags", pa.list_(pa.string())),
+        ("finish_reason", pa.string()),
+        ("prompt_len", pa.int32()),
+        ("output_len", pa.int32()),
+        ("reasoning_len", pa.int32()),
+        ("tool_calls", pa.int16()),
+        # encode(decode(output_ids)) != output_ids, what a text pipeline would corrupt; null where not sampled
+        ("retokenize_drift", pa.bool_()),
+    ]
+)
+
+
+class TemplateDrift(Exception):
+    """The template or tokenizer rendering prompts now is not the one that rendered this shard's prompts."""
+
+
+def check_render_drift(prompts: pa.Table, renderer: ChatRenderer, fraction: float = 0.01, minimum: int = 16) -> int:
+    """Re-render a deterministic sample of the shard's prompts from their stored messages and compare the ids.
+
+    The sample is the rows with the smallest sample ids (ids are digests, so it is an unbiased sample that every
+    retry picks again). Returns how many prompts were re-rendered."""
+    count = min(prompts.num_rows, max(minimum, math.ceil(fraction * prompts.num_rows)))
+    rows = np.argsort(np.asarray(prompts.column("id").to_pylist(), dtype=object))[:count]
+    sample = prompts.take(pa.array(rows)).select(["id", "messages", "tools", "prompt_ids"]).to_pylist()
+    for row in sample:
+        again = renderer.render_ids(json.loads(row["messages"]), json.loads(row["tools"]) or None)
+        if again != row["prompt_ids"]:
+            at = next((i for i, (a, b) in enumerate(zip(again, row["prompt_ids"], strict=False)) if a != b), None)
+            raise TemplateDrift(
+                f"prompt {row['id']} renders differently now than at prepare (first difference at id {at}): the "
+                f"chat template or tokenizer of profile {renderer.profile.name!r} changed since this version was "
+                "prepared; use the original one, or start a new version"
+            )
+    return count
+
+
+@dataclass(frozen=True)
+class ValidateSettings:
+    drift_fraction: float = 0.01  # of each shard's prompts re-rendered and compared with the stored ids
+    drift_minimum: int = 16
+    # Share of kept records whose re-tokenisation drift is measured: one encode each, the costliest check there is.
+    retokenize_fraction: float = 0.05
+
+    def retokenize(self, sample_id: str) -> bool:
+        """A deterministic sample, by a hash of the sample id: the same records on every retry."""
+        return zlib.crc32(sample_id.encode()) % 10_000 < self.retokenize_fraction * 10_000
+
+
+def run_validate(
+    shard: ShardManifest, storage: Storage, renderer: ChatRenderer, settings: ValidateSettings | None = None
+) -> ShardManifest:
+    """Judges every raw answer; writes the verdicts (reports/...-verdicts.parquet) and the rejections."""
+    from regen.datasets.prepare import read_prompts
+
+    settings = settings or ValidateSettings()
+    if shard.raw_key is None:
+        raise ValueError(f"{shard.name} has no raw answers yet: run generate first")
+    prompts = ShardPrompts(read_prompts(storage, shard))
+    check_render_drift(prompts.table, renderer, settings.drift_fraction, settings.drift_minimum)
+    stats, columns = StageStats(), _Columns()
+    with RejectionWriter(storage, shard.key("rejected", "-validate.jsonl")) as rejections:
+        with tempfile.TemporaryDirectory(prefix="regen-validate-") as tmp:
+            for answer in read_raw(storage, shard.raw_key, Path(tmp)):
+                prompt_ids = prompts.prompt_ids(answer.id)
+                tools = declared_tools(prompts.tools_json(answer.id))
+                verdict = judge(prompt_ids, answer, renderer.roles, tools, renderer.decode)
+                if verdict.split is None:
+                    stats.drop(verdict.verdict)
+                    rejections.add(answer.id, Reason(verdict.verdict), verdict.detail, finish=answer.finish_reason)
+                else:
+                    stats.keep()
+                drift = None
+                if verdict.decoded is not None and settings.retokenize(answer.id):
+                    drift = renderer.tokenizer.encode(verdict.decoded, add_special_tokens=False) != answer.output_ids
+                columns.append(answer, verdict, len(prompt_ids), drift)
+        files = rejections.upload()
+    key = verdicts_key(shard)
+    with tempfile.TemporaryDirectory(prefix="regen-validate-") as tmp:
+        path = Path(tmp) / "verdicts.parquet"
+        pq.write_table(columns.table(), path, compression="zstd")
+        files[key] = storage.put_file(key, path)
+    log.info("%s %s validated: %s", shard.location.dataset, shard.name, stats.to_dict())
+    return shard.with_stage("validate", stats, files)
+
+
+class _Columns:
+    """The verdicts file's columns, filled a record at a time."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, list[Any]] = {name: [] for name in VERDICTS_SCHEMA.names}
+
+    def append(self, answer: RawAnswer, verdict: Judgement, prompt_len: int, drift: bool | None) -> None:
+        row = {
+            "id": answer.id,
+            "verdict": verdict.verdict,
+            "flags": list(verdict.flags),
+            "finish_reason": answer.finish_reason.get("type", ""),
+            "prompt_len": prompt_len,
+            "output_len": len(answer.output_ids),
+            "reasoning_len": verdict.reasoning_len,
+            "tool_calls": verdict.tool_calls,
+            "retokenize_drift": drift,
+        }
+        for name, value in row.items():
+            self.data[name].append(value)
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_pydict(self.data, schema=VERDICTS_SCHEMA)
 
 
 def verdicts_key(shard: ShardManifest) -> str:
-    return shard.key("reports", "-verdicts.json")
-
-
-def run_validate(shard: ShardManifest, storage: Storage, roles: TokenRoles) -> ShardManifest:
-    if shard.raw_key is None:
-        raise ValueError(f"{shard.name} has no raw answers yet: run generate first")
-    stats = StageStats()
-    verdicts: dict[str, str] = {}
-    for line in storage.get_bytes(shard.raw_key).decode("utf-8").splitlines():
-        record = json.loads(line)
-        verdict = validate_record(
-            record["prompt_ids"], record["output_ids"], record["meta_info"]["finish_reason"], roles
-        )
-        verdicts[record["id"]] = verdict
-        if verdict == OK:
-            stats.keep()
-        else:
-            stats.drop(verdict)
-    body = json.dumps({"shard": shard.name, "stats": stats.to_dict(), "verdicts": verdicts}).encode()
-    key = verdicts_key(shard)
-    storage.put_bytes(key, body)
-    log.info("%s %s validated: %s", shard.location.dataset, shard.name, stats.to_dict())
-    return shard.with_stage("validate", stats, {key: hashlib.sha256(body).hexdigest()})
+    return shard.key("reports", "-verdicts.parquet")

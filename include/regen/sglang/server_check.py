@@ -2,7 +2,9 @@
 
 Each endpoint must answer /health (within a deadline), report a model that the profile accepts in /model_info, and
 answer one probe prompt whose ids pass the same checks as a real record (a probe cut by its small token budget may
-end with finish_reason length). A mismatch fails the run with a message that says what differs.
+end with finish_reason length). The probe's `text` must be this pipeline's own decode of its `output_ids`: a server
+that detokenises differently runs another tokenizer, and every prompt it is sent would mean something else to it. A
+mismatch fails the run with a message that says what differs.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from typing import Any
 import aiohttp
 
 from regen.chat import ChatRenderer
+from regen.reasons import Reason
+from regen.records import RawAnswer
 from regen.sglang.client import SGLangClient, get_json, wait_healthy
 from regen.sglang.fleet import EndpointPool
-from regen.validate import OK, validate_record
+from regen.validate import judge
 
 PROBE_MESSAGES = [{"role": "user", "content": "Reply with one short sentence: what is 2 + 2?"}]
 PROBE_MAX_NEW_TOKENS = 64
@@ -60,9 +64,20 @@ async def _check_one(
     client = SGLangClient(EndpointPool([url], session), session, request_timeout_s=600, max_attempts=3)
     probe_sampling = {**sampling, "max_new_tokens": min(int(sampling["max_new_tokens"]), PROBE_MAX_NEW_TOKENS)}
     generation = await client.generate(prompt_ids, probe_sampling, "regen-probe")
-    verdict = validate_record(prompt_ids, generation.output_ids, generation.finish_reason, renderer.roles)
-    if verdict not in (OK, "truncated"):
-        raise ServerMismatch(f"{url}: the probe answer failed validation ({verdict}): {generation.output_ids[:32]}...")
+    answer = RawAnswer("regen-probe", generation.output_ids, generation.meta_info, generation.text)
+    verdict = judge(prompt_ids, answer, renderer.roles, None, renderer.decode)
+    if verdict.verdict == Reason.TEXT_MISMATCH:
+        raise ServerMismatch(
+            f"{url}: tokenizer mismatch: the server's text for the probe is not this pipeline's decode of the same "
+            f"output_ids ({verdict.detail}). The server runs another tokenizer than profile "
+            f"{renderer.profile.name!r} ({renderer.profile.tokenizer}): point the run at the right fleet, or start "
+            "the servers with the profile's tokenizer"
+        )
+    if verdict.split is None:
+        raise ServerMismatch(
+            f"{url}: the probe answer failed validation ({verdict.verdict}: {verdict.detail}): "
+            f"{generation.output_ids[:32]}..."
+        )
     return EndpointInfo(
         url=url,
         model_path=model_path,

@@ -1,0 +1,246 @@
+"""Validation judges ids by the profile's token roles: one crafted record per reason, and valid records untouched.
+
+Records are written as text with the profile's special tokens and encoded by the mini tokenizer, so a case reads like
+what Kimi-K2.5 emits; the ids of its special tokens (KIMI_K25.md) are what the verdicts hinge on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from regen.chat import ChatRenderer
+from regen.reasons import Reason
+from regen.records import RawAnswer
+from regen.validate import FLAG_NO_REASONING_END, OK, judge
+
+TOOLS = frozenset({"get_weather"})
+CALL = (
+    "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+    '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'
+)
+STOP = {"type": "stop", "matched": 163586}
+
+
+@pytest.fixture(scope="module")
+def prompt(renderer: ChatRenderer) -> list[int]:
+    return renderer.render_ids([{"role": "user", "content": "Weather in Paris?"}], None)
+
+
+def answer(
+    renderer: ChatRenderer,
+    prompt: list[int],
+    text: str,
+    finish: dict[str, Any] | None = None,
+    *,
+    extra_ids: list[int] | None = None,
+    meta: dict[str, Any] | None = None,
+    server_text: str | None = None,
+) -> RawAnswer:
+    output = renderer.tokenizer.encode(text, add_special_tokens=False) + (extra_ids or [])
+    meta_info = {"finish_reason": finish or STOP, "prompt_tokens": len(prompt), "completion_tokens": len(output)}
+    decoded = renderer.decode(output) if all(0 <= i < renderer.roles.vocab_size for i in output) else ""
+    return RawAnswer("s1", output, {**meta_info, **(meta or {})}, decoded if server_text is None else server_text)
+
+
+def verdict_of(
+    renderer: ChatRenderer, prompt: list[int], record: RawAnswer, tools: frozenset[str] | None = TOOLS
+) -> str:
+    return judge(prompt, record, renderer.roles, tools, renderer.decode).verdict
+
+
+VALID = [
+    pytest.param("Let me think.</think>It is 4.<|im_end|>", OK, (), id="reasoning-then-answer"),
+    pytest.param(f"Need the tool.</think>{CALL}<|im_end|>", OK, (), id="reasoning-then-tool-call"),
+    pytest.param(f"Need the tool.{CALL}<|im_end|>", OK, (FLAG_NO_REASONING_END,), id="tool-call-without-think-end"),
+    pytest.param("Thinking.</think>Done.[EOS]", OK, (), id="tokenizer-eos"),
+    pytest.param(
+        "Need two.</think><|tool_calls_section_begin|>"
+        '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+        '<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{"city": "Oslo"}<|tool_call_end|>'
+        "<|tool_calls_section_end|><|im_end|>",
+        OK,
+        (),
+        id="parallel-calls",
+    ),
+]
+
+
+@pytest.mark.parametrize("text,verdict,flags", VALID)
+def test_valid_records_pass_with_their_flags(
+    renderer: ChatRenderer, prompt: list[int], text: str, verdict: str, flags: tuple[str, ...]
+) -> None:
+    record = answer(renderer, prompt, text)
+    judgement = judge(prompt, record, renderer.roles, TOOLS, renderer.decode)
+    assert (judgement.verdict, judgement.flags) == (verdict, flags)
+    assert judgement.decoded == renderer.decode(record.output_ids)
+
+
+def test_reasoning_and_tool_counts(renderer: ChatRenderer, prompt: list[int]) -> None:
+    record = answer(renderer, prompt, f"Need the tool.</think>{CALL}<|im_end|>")
+    judgement = judge(prompt, record, renderer.roles, TOOLS, renderer.decode)
+    think_end = record.output_ids.index(163607)
+    assert judgement.reasoning_len == think_end + 1
+    assert judgement.tool_calls == 1
+    implicit = answer(renderer, prompt, f"Need the tool.{CALL}<|im_end|>")
+    judged = judge(prompt, implicit, renderer.roles, TOOLS, renderer.decode)
+    assert judged.reasoning_len == implicit.output_ids.index(163595)  # the section start ends reasoning
+
+
+LENGTH = {"type": "length", "length": 64}
+DEFECTS = [
+    pytest.param("Fine.</think>Hi<|im_end|>", {"extra_ids": [163840]}, Reason.ID_OUT_OF_VOCAB, id="id-at-vocab-size"),
+    pytest.param("Fine.</think>Hi", {"extra_ids": [2**31 + 1]}, Reason.ID_OUT_OF_VOCAB, id="id-over-int32"),
+    pytest.param("Fine.</think>Hi<|im_end|>", {"extra_ids": [-1]}, Reason.ID_OUT_OF_VOCAB, id="negative-id"),
+    pytest.param("Hm.</think>A<|im_end|>B<|im_end|>", {}, Reason.EOS_NOT_AT_END, id="eos-in-middle"),
+    pytest.param("Hm.</think>Answer.", {}, Reason.NO_EOS_AT_END, id="no-eos-at-end"),
+    pytest.param(
+        "Hm.</think>Done.<|im_user|>user<|im_middle|>more<|im_end|>", {}, Reason.ROLE_TOKEN_IN_OUTPUT, id="runaway"
+    ),
+    pytest.param("Hm<think>more.</think>Done.<|im_end|>", {}, Reason.REASONING_START_IN_OUTPUT, id="think-in-output"),
+    pytest.param("Hm.</think>Done.</think><|im_end|>", {}, Reason.REASONING_END_REPEATED, id="think-end-repeated"),
+    pytest.param("Never closes the reasoning.<|im_end|>", {}, Reason.REASONING_END_MISSING, id="think-end-missing"),
+    pytest.param(
+        "Hm.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|im_end|>',
+        {},
+        Reason.TOOL_CALL_UNBALANCED,
+        id="section-not-closed",
+    ),
+    pytest.param(
+        "Hm.</think><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{}<|tool_call_end|><|im_end|>",
+        {},
+        Reason.TOOL_CALL_UNBALANCED,
+        id="call-outside-section",
+    ),
+    pytest.param(
+        "Hm.</think><|tool_calls_section_begin|><|tool_calls_section_end|><|im_end|>",
+        {},
+        Reason.TOOL_CALL_UNBALANCED,
+        id="empty-section",
+    ),
+    pytest.param(
+        "Hm.</think>" + CALL.replace("functions.get_weather:0", "call_abc123") + "<|im_end|>",
+        {},
+        Reason.TOOL_CALL_BAD_ID,
+        id="call-id-format",
+    ),
+    pytest.param(
+        "Hm.</think>" + CALL.replace('{"city": "Paris"}', '{"city": "Par') + "<|im_end|>",
+        {},
+        Reason.TOOL_CALL_BAD_ARGUMENTS,
+        id="arguments-not-json",
+    ),
+    pytest.param(
+        "Hm.</think>" + CALL.replace('{"city": "Paris"}', "[1, 2]") + "<|im_end|>",
+        {},
+        Reason.TOOL_CALL_BAD_ARGUMENTS,
+        id="arguments-not-an-object",
+    ),
+    pytest.param(
+        "Hm.</think>" + CALL.replace("get_weather", "delete_files") + "<|im_end|>",
+        {},
+        Reason.TOOL_CALL_UNDECLARED,
+        id="undeclared-tool",
+    ),
+    pytest.param("Hm.</think>Hi<|im_end|>", {"meta": {"prompt_tokens": 3}}, Reason.PROMPT_TOKENS_MISMATCH, id="pt"),
+    pytest.param(
+        "Hm.</think>Hi<|im_end|>", {"meta": {"prompt_tokens": None}}, Reason.PROMPT_TOKENS_MISMATCH, id="pt-missing"
+    ),
+    pytest.param(
+        "Hm.</think>Hi there<|im_end|>",
+        {"server_text": "Hm.</think>Hi where<|im_end|>"},
+        Reason.TEXT_MISMATCH,
+        id="text",
+    ),
+    pytest.param("Hm.</think>Hi<|im_end|>", {"server_text": "Hm.</think>Hi"}, Reason.TEXT_MISMATCH, id="text-trimmed"),
+    pytest.param("Still thinking about", {"finish": LENGTH}, Reason.TRUNCATED_IN_REASONING, id="cut-in-reasoning"),
+    pytest.param("Hm.</think>The answer is", {"finish": LENGTH}, Reason.TRUNCATED_IN_ANSWER, id="cut-in-answer"),
+    pytest.param(
+        "Hm.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{",
+        {"finish": LENGTH},
+        Reason.TRUNCATED_IN_ANSWER,
+        id="cut-in-tool-call",
+    ),
+    pytest.param(
+        "Hm<think>", {"finish": LENGTH}, Reason.REASONING_START_IN_OUTPUT, id="cut-but-defective-before-the-cut"
+    ),
+]
+
+
+@pytest.mark.parametrize("text,options,reason", DEFECTS)
+def test_each_defect_has_its_reason(
+    renderer: ChatRenderer, prompt: list[int], text: str, options: dict[str, Any], reason: Reason
+) -> None:
+    record = answer(renderer, prompt, text, options.pop("finish", None), **options)
+    assert verdict_of(renderer, prompt, record) == reason.value
+
+
+def test_tool_calls_when_the_prompt_declares_none(renderer: ChatRenderer, prompt: list[int]) -> None:
+    record = answer(renderer, prompt, f"Hm.</think>{CALL}<|im_end|>")
+    assert verdict_of(renderer, prompt, record, tools=None) == Reason.TOOL_CALL_WITHOUT_TOOLS
+
+
+def test_prompt_without_the_generation_suffix(renderer: ChatRenderer, prompt: list[int]) -> None:
+    shorter = prompt[:-1]
+    record = answer(renderer, shorter, "Hm.</think>Hi<|im_end|>")
+    assert verdict_of(renderer, shorter, record) == Reason.PROMPT_SUFFIX
+
+
+def test_empty_output(renderer: ChatRenderer, prompt: list[int]) -> None:
+    record = RawAnswer("s1", [], {"finish_reason": STOP, "prompt_tokens": len(prompt)}, "")
+    assert verdict_of(renderer, prompt, record) == Reason.EMPTY_OUTPUT
+
+
+def test_thinking_off_prompt_expects_no_reasoning(renderer: ChatRenderer) -> None:
+    roles = renderer.roles
+    prompt = [*renderer.render_ids([{"role": "user", "content": "Hi"}], None), roles.reasoning_end]
+    off_roles = type(roles)(**{**roles.__dict__, "generation_suffix": (*roles.generation_suffix, roles.reasoning_end)})
+    plain = answer(renderer, prompt, "Hello.<|im_end|>")
+    assert judge(prompt, plain, off_roles, None, renderer.decode).verdict == OK
+    closing = answer(renderer, prompt, "Hello.</think>Hi<|im_end|>")
+    assert judge(prompt, closing, off_roles, None, renderer.decode).verdict == Reason.UNEXPECTED_REASONING_END
+
+
+def test_a_model_that_opens_its_own_reasoning(renderer: ChatRenderer) -> None:
+    """Kimi-K2-Thinking's prompt ends at `<|im_middle|>` and the model writes `<think>` itself (KIMI_K25.md)."""
+    roles = renderer.roles
+    prompt = renderer.render_ids([{"role": "user", "content": "Hi"}], None)[:-1]
+    k2_roles = type(roles)(**{**roles.__dict__, "generation_suffix": roles.generation_suffix[:-1]})
+    opened = answer(renderer, prompt, "<think>Hm.</think>Hi<|im_end|>")
+    assert judge(prompt, opened, k2_roles, None, renderer.decode).verdict == OK
+    late = answer(renderer, prompt, "Hi<think>Hm.</think><|im_end|>")
+    assert judge(prompt, late, k2_roles, None, renderer.decode).verdict == Reason.REASONING_START_IN_OUTPUT
+
+
+def test_a_length_cut_inside_a_utf8_character_is_tolerated(renderer: ChatRenderer, prompt: list[int]) -> None:
+    """At a length cut SGLang's detokenizer emits the unfinished character as U+FFFD, as decode does; a server that
+    held it back instead is tolerated there, and only there."""
+    ids = renderer.tokenizer.encode("Hm.</think>café ☕", add_special_tokens=False)
+    cut = ids[:-1]
+    decoded = renderer.decode(cut)
+    meta = {"finish_reason": LENGTH, "prompt_tokens": len(prompt), "completion_tokens": len(cut)}
+    assert decoded.endswith("\ufffd")  # the cut falls inside the 3 bytes of U+2615
+    assert verdict_of(renderer, prompt, RawAnswer("s1", cut, meta, decoded)) == Reason.TRUNCATED_IN_ANSWER
+    held_back = RawAnswer("s1", cut, meta, decoded.rstrip("\ufffd"))
+    assert verdict_of(renderer, prompt, held_back) == Reason.TRUNCATED_IN_ANSWER
+    stopped = RawAnswer("s1", cut, {**meta, "finish_reason": STOP}, decoded.rstrip("\ufffd") + "x")
+    assert verdict_of(renderer, prompt, stopped) in (Reason.TEXT_MISMATCH, Reason.NO_EOS_AT_END)
+
+
+def test_every_reason_code_is_exercised() -> None:
+    covered = {p.values[2] for p in DEFECTS} | {
+        Reason.TOOL_CALL_WITHOUT_TOOLS,
+        Reason.PROMPT_SUFFIX,
+        Reason.EMPTY_OUTPUT,
+        Reason.UNEXPECTED_REASONING_END,
+    }
+    validate_reasons = {r for r in Reason if r.stage == "validate"}
+    assert validate_reasons == covered, sorted(validate_reasons - covered)
+
+
+def test_arguments_nested_too_deep_are_rejected_not_crashing(renderer: ChatRenderer, prompt: list[int]) -> None:
+    deep = "[" * 5000 + "]" * 5000
+    record = answer(renderer, prompt, "Hm.</think>" + CALL.replace('{"city": "Paris"}', deep) + "<|im_end|>")
+    assert verdict_of(renderer, prompt, record) == Reason.TOOL_CALL_BAD_ARGUMENTS
