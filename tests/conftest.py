@@ -1,18 +1,34 @@
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 from regen.chat import ChatRenderer, get_profile
 from regen.config import load_config
-from regen.datasets.prepare import run_prepare
-from regen.manifest import DatasetLocation, PreparedDataset
-from regen.storage import LocalStorage
+from regen.datasets.prepare import read_prompts, run_prepare
+from regen.manifest import DatasetLocation, PreparedDataset, ShardManifest
+from regen.records import ShardPrompts, read_raw
+from regen.storage import LocalStorage, Storage
 from tools.devstack import Simulator, free_port, start_simulator
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def raw_answers(storage: Storage, key: str | None) -> list[dict[str, Any]]:
+    """A shard's raw answers as dicts, read back through the project's own reader."""
+    assert key is not None
+    with tempfile.TemporaryDirectory() as tmp:
+        return [msgspec.structs.asdict(a) for a in read_raw(storage, key, Path(tmp))]
+
+
+def shard_prompt_ids(storage: Storage, shard: ShardManifest) -> dict[str, list[int]]:
+    prompts = ShardPrompts(read_prompts(storage, shard))
+    return {sample_id: prompts.prompt_ids(sample_id).tolist() for sample_id in prompts.ids}
 
 
 def prepare_sample(

@@ -1,22 +1,38 @@
-"""Stage 5: validated raw answers -> training records (input_ids, loss_mask) as Parquet.
+"""Stage 5: validated raw answers -> training records, for the train/ split and the flagged truncated/ split.
 
-`build_training_record` is pure: the sequence is prompt_ids + output_ids, untouched, and the mask is the generation
-boundary. Records that failed validation go to rejected/ with their verdict; nothing is dropped silently.
+Only records that passed validation are read here (validate wrote the rest to rejected/). A training record is the
+prompt ids then the output ids, untouched, with a loss mask that is the generation boundary. Records are built as
+whole columns (numpy buffers handed to Arrow), not as Python lists of ints: export runs at the speed of the file I/O.
+
+Formats: Parquet (the default) and JSON Lines with `input_ids` and `loss_mask`, the shape the EAGLE-3 trainers'
+data loaders read (see the README for which loaders and why); an optional decoded `text` column for review.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
+import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.manifest import ShardManifest, StageStats
+from regen.records import ShardPrompts, read_raw
 from regen.storage import Storage
-from regen.validate import OK, verdicts_key
+from regen.validate import verdicts_key
 
+log = logging.getLogger(__name__)
+
+ExportFormat = Literal["parquet", "jsonl"]
+SPLITS = ("train", "truncated")
 TRAIN_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -24,51 +40,146 @@ TRAIN_SCHEMA = pa.schema(
         ("loss_mask", pa.list_(pa.int8())),
         ("prompt_len", pa.int32()),
         ("verdict", pa.string()),
+        ("flags", pa.list_(pa.string())),
         ("finish_reason", pa.string()),
+        ("dataset", pa.string()),
+        ("profile", pa.string()),
     ]
 )
+REVIEW_FIELD = pa.field("text", pa.string())  # decode(output_ids): for people reading samples, never for training
 
 
-def build_training_record(prompt_ids: list[int], output_ids: list[int]) -> tuple[list[int], list[int]]:
-    return [*prompt_ids, *output_ids], [0] * len(prompt_ids) + [1] * len(output_ids)
+@dataclass(frozen=True)
+class ExportSettings:
+    jsonl: bool = False  # also write each split as JSON Lines, beside the Parquet file
+    review_text: bool = False
+
+    @property
+    def formats(self) -> tuple[ExportFormat, ...]:
+        return ("parquet", "jsonl") if self.jsonl else ("parquet",)
 
 
-def run_export(shard: ShardManifest, storage: Storage) -> ShardManifest:
+def build_training_columns(prompts: list[np.ndarray], outputs: list[np.ndarray]) -> tuple[pa.Array, pa.Array]:
+    """input_ids = prompt + output per record and the loss mask (0 over the prompt, 1 over the output), as Arrow
+    list columns built from one buffer each."""
+    parts = [part for pair in zip(prompts, outputs, strict=True) for part in pair]
+    values = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
+    lengths = np.fromiter((len(p) + len(o) for p, o in zip(prompts, outputs, strict=True)), np.int64, len(prompts))
+    offsets = np.zeros(len(prompts) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    mask = np.ones(len(values), dtype=np.int8)
+    for start, prompt in zip(offsets[:-1].tolist(), prompts, strict=True):
+        mask[start : start + len(prompt)] = 0
+    arrow_offsets = pa.array(offsets)
+    return pa.ListArray.from_arrays(arrow_offsets, pa.array(values)), pa.ListArray.from_arrays(
+        arrow_offsets, pa.array(mask)
+    )
+
+
+@dataclass
+class _Split:
+    """The records of one split, gathered column by column."""
+
+    prompts: list[np.ndarray] = field(default_factory=list)
+    outputs: list[np.ndarray] = field(default_factory=list)
+    rows: dict[str, list[Any]] = field(
+        default_factory=lambda: {k: [] for k in ("id", "verdict", "flags", "finish_reason", "text")}
+    )
+
+    def add(self, prompt: np.ndarray, output: list[int], verdict: dict[str, Any], text: str | None) -> None:
+        self.prompts.append(prompt)
+        self.outputs.append(np.asarray(output, dtype=np.int32))
+        for name in ("id", "verdict", "flags", "finish_reason"):
+            self.rows[name].append(verdict[name])
+        self.rows["text"].append(text)
+
+    def table(self, dataset: str, profile: str, review_text: bool) -> pa.Table:
+        input_ids, loss_mask = build_training_columns(self.prompts, self.outputs)
+        n = len(self.prompts)
+        columns = {
+            "id": pa.array(self.rows["id"], pa.string()),
+            "input_ids": input_ids,
+            "loss_mask": loss_mask,
+            "prompt_len": pa.array([len(p) for p in self.prompts], pa.int32()),
+            "verdict": pa.array(self.rows["verdict"], pa.string()),
+            "flags": pa.array(self.rows["flags"], pa.list_(pa.string())),
+            "finish_reason": pa.array(self.rows["finish_reason"], pa.string()),
+            "dataset": pa.repeat(pa.scalar(dataset), n),
+            "profile": pa.repeat(pa.scalar(profile), n),
+        }
+        schema = TRAIN_SCHEMA
+        if review_text:
+            columns["text"] = pa.array(self.rows["text"], pa.string())
+            schema = schema.append(REVIEW_FIELD)
+        return pa.table(columns, schema=schema)
+
+
+def _write_jsonl(table: pa.Table, path: Path) -> None:
+    """One JSON object per line: id, input_ids, loss_mask (and text when reviewed)."""
+    encoder = msgspec.json.Encoder()
+    names = [n for n in ("id", "input_ids", "loss_mask", "text") if n in table.column_names]
+    with path.open("wb") as f:
+        for batch in table.select(names).to_batches(max_chunksize=256):
+            for row in batch.to_pylist():
+                f.write(encoder.encode(row))
+                f.write(b"\n")
+
+
+def _upload(storage: Storage, shard: ShardManifest, split: str, table: pa.Table, fmt: ExportFormat) -> dict[str, str]:
+    key = shard.key(split, ".parquet" if fmt == "parquet" else ".jsonl")
+    with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
+        path = Path(tmp) / "out"
+        if fmt == "parquet":
+            pq.write_table(table, path, compression="zstd")
+        else:
+            _write_jsonl(table, path)
+        return {key: storage.put_file(key, path)}
+
+
+def read_verdicts(storage: Storage, shard: ShardManifest) -> pa.Table:
+    with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
+        path = Path(tmp) / "verdicts.parquet"
+        storage.get_file(verdicts_key(shard), path)
+        return pq.read_table(path)
+
+
+def run_export(
+    shard: ShardManifest,
+    storage: Storage,
+    settings: ExportSettings | None = None,
+    decode: Callable[[list[int]], str] | None = None,
+) -> ShardManifest:
+    from regen.datasets.prepare import read_prompts
+
+    settings = settings or ExportSettings()
     if shard.raw_key is None:
         raise ValueError(f"{shard.name} has no raw answers yet: run generate first")
-    verdicts = json.loads(storage.get_bytes(verdicts_key(shard)))["verdicts"]
-    rows, rejected, stats = [], [], StageStats()
-    for line in storage.get_bytes(shard.raw_key).decode("utf-8").splitlines():
-        record = json.loads(line)
-        verdict = verdicts[record["id"]]
-        finish_reason = json.dumps(record["meta_info"]["finish_reason"])
-        if verdict != OK:
-            stats.drop(verdict)
-            rejected.append({"id": record["id"], "stage": "validate", "reason": verdict, "detail": finish_reason})
-            continue
-        input_ids, loss_mask = build_training_record(record["prompt_ids"], record["output_ids"])
-        rows.append(
-            {
-                "id": record["id"],
-                "input_ids": input_ids,
-                "loss_mask": loss_mask,
-                "prompt_len": len(record["prompt_ids"]),
-                "verdict": verdict,
-                "finish_reason": finish_reason,
-            }
-        )
-        stats.keep()
-    train_key = shard.key("train", ".parquet")
-    files = {}
+    if settings.review_text and decode is None:
+        raise ValueError("review_text needs the profile's tokenizer to decode outputs")
+    verdicts = read_verdicts(storage, shard).select(["id", "verdict", "flags", "finish_reason"]).to_pylist()
+    kept = {v["id"]: v for v in verdicts if v["verdict"] == "ok" or v["verdict"].startswith("truncated_")}
+    prompts = ShardPrompts(read_prompts(storage, shard))
+    splits = {name: _Split() for name in SPLITS}
     with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
-        path = Path(tmp) / "train.parquet"
-        pq.write_table(pa.Table.from_pylist(rows, schema=TRAIN_SCHEMA), path, compression="zstd")
-        files[train_key] = storage.put_file(train_key, path)
-    if rejected:
-        key = shard.key("rejected", "-validate.jsonl")
-        files[key] = storage.put_bytes(key, "".join(json.dumps(r) + "\n" for r in rejected).encode())
-    exported = shard.with_stage("export", stats, files, train_key=train_key)
+        for answer in read_raw(storage, shard.raw_key, Path(tmp)):
+            verdict = kept.get(answer.id)
+            if verdict is not None:
+                text = decode(answer.output_ids) if settings.review_text and decode else None
+                split = "train" if verdict["verdict"] == "ok" else "truncated"
+                splits[split].add(prompts.prompt_ids(answer.id), answer.output_ids, verdict, text)
+    stats = StageStats()
+    for record in kept.values():
+        stats.keep() if record["verdict"] == "ok" else stats.drop(record["verdict"])
+    files: dict[str, str] = {}
+    dataset, profile = shard.location.dataset, shard.location.profile
+    for split_name, records in splits.items():
+        if split_name == "train" or records.prompts:  # train/ always exists, so a reader finds every shard
+            table = records.table(dataset, profile, settings.review_text)
+            for fmt in settings.formats:
+                files |= _upload(storage, shard, split_name, table, fmt)
+    exported = shard.with_stage("export", stats, files, train_key=shard.key("train", ".parquet"))
     storage.put_bytes(shard_report_key(shard), json.dumps(exported.to_dict(), indent=1).encode())
+    log.info("%s %s exported: %s", dataset, shard.name, dict(Counter(v["verdict"] for v in kept.values())))
     return exported
 
 

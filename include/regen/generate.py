@@ -13,18 +13,21 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from regen.datasets.prepare import read_prompts
 from regen.manifest import GenerationReport, ShardManifest, StageStats
-from regen.sglang.client import Generation, PermanentError, SGLangClient, TransientError
+from regen.reasons import Reason, RejectionWriter
+from regen.records import RawAnswer, ShardPrompts, encode_answer, iter_raw_file, write_raw
+from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLangClient, TransientError
 from regen.sglang.fleet import EndpointPool, FleetUnavailable
-from regen.storage import Storage
+from regen.storage import Storage, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ class Checkpoints:
     """What earlier attempts finished for a shard. Answers stay JSON lines: a shard's worth of parsed token lists
     would cost several times the memory."""
 
-    answers: dict[str, str] = field(default_factory=dict)  # sample id -> raw record line
+    answers: dict[str, bytes] = field(default_factory=dict)  # sample id -> raw answer line
     rejected: dict[str, dict[str, Any]] = field(default_factory=dict)  # sample id -> rejection
     next_part: int = 0
 
@@ -67,14 +70,14 @@ def load_checkpoints(storage: Storage, shard: ShardManifest) -> Checkpoints:
     found = Checkpoints()
     keys = [k for k in storage.list_keys(_parts_prefix(shard)) if k.endswith(".jsonl")]
     for key in keys:
-        for line in storage.get_bytes(key).decode("utf-8").splitlines():
-            record = json.loads(line)
+        for line in storage.get_bytes(key).splitlines():
+            record = msgspec.json.decode(line)
             if record["id"] in found:
                 continue  # first one wins; a part is never rewritten, so this only guards a double flush
             if "rejected" in record:
                 found.rejected[record["id"]] = record["rejected"]
             else:
-                found.answers[record["id"]] = line
+                found.answers[record["id"]] = bytes(line)
     found.next_part = 1 + max((int(k.rsplit("part-", 1)[1].split(".")[0]) for k in keys), default=-1)
     return found
 
@@ -86,10 +89,10 @@ class _Checkpointer:
     def __init__(self, storage: Storage, shard: ShardManifest, next_part: int, every: int, seconds: float) -> None:
         self.storage, self.shard, self.part = storage, shard, next_part
         self.every, self.seconds = every, seconds
-        self.pending: list[dict[str, Any]] = []
+        self.pending: list[bytes] = []
         self.last_flush = time.monotonic()
 
-    async def add(self, record: dict[str, Any]) -> None:
+    async def add(self, record: bytes) -> None:
         self.pending.append(record)
         if len(self.pending) >= self.every or time.monotonic() - self.last_flush >= self.seconds:
             await self.flush()
@@ -100,9 +103,9 @@ class _Checkpointer:
             part, self.part = self.part, self.part + 1  # numbered before the write: concurrent flushes never collide
             await asyncio.to_thread(self._write, part, batch)
 
-    def _write(self, part: int, batch: list[dict[str, Any]]) -> None:
-        body = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in batch)
-        self.storage.put_bytes(f"{_parts_prefix(self.shard)}part-{part:05d}.jsonl", body.encode())
+    def _write(self, part: int, batch: list[bytes]) -> None:
+        body = b"".join(line + b"\n" for line in batch)
+        self.storage.put_bytes(f"{_parts_prefix(self.shard)}part-{part:05d}.jsonl", body)
 
 
 class _Progress:
@@ -148,40 +151,46 @@ class _Progress:
         )
 
 
-def raw_record(
-    sample_id: str, prompt_ids: list[int], sampling: dict[str, Any], generation: Generation
-) -> dict[str, Any]:
-    return {
-        "id": sample_id,
-        "rid": generation.rid,
-        "prompt_ids": prompt_ids,
-        "output_ids": generation.output_ids,
-        "meta_info": generation.meta_info,
-        "text": generation.text,
-        "sampling_params": sampling,
-        "endpoint": generation.endpoint,
-        "attempts": generation.attempts,
-    }
+def raw_answer(sample_id: str, generation: Generation) -> RawAnswer:
+    return RawAnswer(
+        id=sample_id,
+        output_ids=generation.output_ids,
+        meta_info=generation.meta_info,
+        text=generation.text,
+        rid=generation.rid,
+        endpoint=generation.endpoint,
+        attempts=generation.attempts,
+    )
+
+
+def rejection_line(sample_id: str, reason: Reason, detail: str) -> bytes:
+    return msgspec.json.encode({"id": sample_id, "rejected": {"reason": reason.value, "detail": detail}})
 
 
 async def _worker(
     client: SGLangClient,
-    queue: Iterator[tuple[str, int]],
-    prompt_column: Any,
+    queue: Iterator[str],
+    prompts: Any,
     settings: GenerateSettings,
     checkpointer: _Checkpointer,
     progress: _Progress,
 ) -> None:
-    for sample_id, row in queue:
-        prompt_ids = prompt_column[row].as_py()
+    for sample_id in queue:
+        prompt_ids = prompts.prompt_ids(sample_id).tolist()
         try:
             generation = await client.generate(prompt_ids, settings.sampling_params, sample_id)
         except PermanentError as e:
-            rejected = {"stage": "generate", "reason": "server_rejected", "detail": str(e)}
-            await checkpointer.add({"id": sample_id, "rejected": rejected})
+            await checkpointer.add(rejection_line(sample_id, Reason.SERVER_REJECTED, str(e)))
             progress.done += 1
             continue
-        await checkpointer.add(raw_record(sample_id, prompt_ids, settings.sampling_params, generation))
+        except TransientError as e:
+            if e.cause not in RECORD_FAULTS:
+                raise  # the fleet, not this sample: the task fails and Airflow retries it
+            reason = Reason.SERVER_ABORTED if e.cause == "abort" else Reason.COUNT_MISMATCH
+            await checkpointer.add(rejection_line(sample_id, reason, f"{settings.max_attempts} attempts: {e}"))
+            progress.done += 1
+            continue
+        await checkpointer.add(encode_answer(raw_answer(sample_id, generation)))
         progress.answer(generation)
 
 
@@ -193,8 +202,8 @@ async def _ticker(progress: _Progress, client: SGLangClient, every_s: float) -> 
 
 async def _generate_missing(
     settings: GenerateSettings,
-    prompt_column: Any,
-    todo: list[tuple[str, int]],
+    prompts: Any,
+    todo: list[str],
     checkpointer: _Checkpointer,
     progress: _Progress,
 ) -> GenerationReport:
@@ -204,7 +213,7 @@ async def _generate_missing(
         client = SGLangClient(pool, session, settings.request_timeout_s, settings.max_attempts, settings.backoff_max_s)
         queue = iter(todo)  # shared by the workers: each sample is taken exactly once
         workers = [
-            asyncio.create_task(_worker(client, queue, prompt_column, settings, checkpointer, progress))
+            asyncio.create_task(_worker(client, queue, prompts, settings, checkpointer, progress))
             for _ in range(min(settings.concurrency, len(todo)))
         ]
         ticker = asyncio.create_task(_ticker(progress, client, settings.progress_s))
@@ -226,15 +235,13 @@ async def _generate_missing(
 
 
 def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSettings) -> ShardManifest:
-    raw_key = shard.key("raw", ".jsonl")
-    prompts = read_prompts(storage, shard)
-    ids = prompts.column("id").to_pylist()
+    raw_key = shard.key("raw", ".jsonl.zst")
+    prompts = ShardPrompts(read_prompts(storage, shard))
+    ids = prompts.ids
     if storage.exists(raw_key):  # an earlier attempt finished this shard
         return _summarise_existing(storage, shard, raw_key, ids)
     done = load_checkpoints(storage, shard)
-    # Prompt ids become Python lists one request at a time: the shard's column stays in Arrow memory.
-    prompt_column = prompts.column("prompt_ids")
-    todo = [(sample_id, row) for row, sample_id in enumerate(ids) if sample_id not in done]
+    todo = [sample_id for sample_id in ids if sample_id not in done]
     log.info(
         "%s %s: %d prompts, %d checkpointed, %d to generate",
         shard.location.dataset,
@@ -247,43 +254,56 @@ def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSetti
     if todo:
         checkpointer = _Checkpointer(storage, shard, done.next_part, settings.checkpoint_every, settings.checkpoint_s)
         progress = _Progress(shard, len(ids), len(done))
-        report = asyncio.run(_generate_missing(settings, prompt_column, todo, checkpointer, progress))
+        report = asyncio.run(_generate_missing(settings, prompts, todo, checkpointer, progress))
         done = load_checkpoints(storage, shard)
-    digest = _write_raw(storage, shard, raw_key, ids, done)
-    stats = _answered_stats(ids, done.answers.keys())
-    return shard.with_stage("generate", stats, {raw_key: digest}, raw_key=raw_key, generation=report)
+    files = _write_raw(storage, shard, raw_key, ids, done)
+    for key in storage.list_keys(_parts_prefix(shard)):  # the raw file holds every part's answers now
+        storage.delete(key)
+    stats = _stats(ids, done.answers.keys(), {i: r["reason"] for i, r in done.rejected.items()})
+    return shard.with_stage("generate", stats, files, raw_key=raw_key, generation=report)
 
 
-def _answered_stats(ids: list[str], answered: Collection[str]) -> StageStats:
-    """Every prompt is answered or was refused by the server (a 400): nothing else leaves generate."""
+def _stats(ids: list[str], answered: Any, rejected: dict[str, str]) -> StageStats:
+    """Every prompt is answered or rejected with its reason: nothing else leaves generate."""
     stats = StageStats()
     for sample_id in ids:
         if sample_id in answered:
             stats.keep()
         else:
-            stats.drop("server_rejected")
+            stats.drop(rejected.get(sample_id, Reason.SERVER_REJECTED.value))
     return stats
 
 
-def _write_raw(storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str], done: Checkpoints) -> str:
-    """Answers in prompt order into raw/, permanent rejections into rejected/; the raw file marks the shard done."""
+def _write_raw(
+    storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str], done: Checkpoints
+) -> dict[str, str]:
+    """Rejections into rejected/, then the answers in prompt order into raw/: the raw file marks the shard done."""
     missing = [i for i in ids if i not in done]
     if missing:
         raise AssertionError(f"{shard.name}: {len(missing)} samples neither answered nor rejected, e.g. {missing[:3]}")
-    if done.rejected:
-        body = "".join(json.dumps({"id": i, **r}, ensure_ascii=False) + "\n" for i, r in done.rejected.items())
-        storage.put_bytes(shard.key("rejected", "-generate.jsonl"), body.encode())
+    with RejectionWriter(storage, shard.key("rejected", "-generate.jsonl")) as rejections:
+        for sample_id, rejected in done.rejected.items():
+            rejections.add(sample_id, Reason(rejected["reason"]), rejected["detail"])
+        files = rejections.upload()
     with tempfile.TemporaryDirectory(prefix="regen-raw-") as tmp:  # streamed: a shard's raw file can be large
-        path = Path(tmp) / "raw.jsonl"
-        with path.open("w", encoding="utf-8") as f:
-            f.writelines(done.answers[i] + "\n" for i in ids if i in done.answers)
-        return storage.put_file(raw_key, path)
+        path = Path(tmp) / "raw.jsonl.zst"
+        write_raw(path, (done.answers[i] for i in ids if i in done.answers))
+        files[raw_key] = storage.put_file(raw_key, path)
+    return files
 
 
 def _summarise_existing(storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str]) -> ShardManifest:
-    raw = storage.get_bytes(raw_key)
-    answered = [json.loads(line)["id"] for line in raw.decode("utf-8").splitlines()]
+    with tempfile.TemporaryDirectory(prefix="regen-raw-") as tmp:
+        path = Path(tmp) / "raw.jsonl.zst"
+        storage.get_file(raw_key, path)
+        answered = [answer.id for answer in iter_raw_file(path)]
+        files = {raw_key: sha256_file(path)}
     if len(answered) != len(set(answered)):
         raise AssertionError(f"{raw_key}: duplicate sample ids")
-    stats = _answered_stats(ids, set(answered))
-    return shard.with_stage("generate", stats, {raw_key: hashlib.sha256(raw).hexdigest()}, raw_key=raw_key)
+    rejected: dict[str, str] = {}
+    rejected_key = shard.key("rejected", "-generate.jsonl")
+    if storage.exists(rejected_key):
+        body = storage.get_bytes(rejected_key)
+        rejected = {r["id"]: r["reason"] for r in map(json.loads, body.decode("utf-8").splitlines())}
+        files[rejected_key] = hashlib.sha256(body).hexdigest()
+    return shard.with_stage("generate", _stats(ids, set(answered), rejected), files, raw_key=raw_key)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -18,6 +19,7 @@ from regen.sglang.client import (
 from regen.sglang.fleet import EndpointPool
 from tests.conftest import Simulator, free_port
 
+STOP = {"type": "stop", "matched": 1}
 SAMPLING = {"max_new_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
 
 
@@ -71,7 +73,7 @@ def test_error_message_reads_both_sglang_shapes() -> None:
     [
         pytest.param(
             {"output_ids": [1], "meta_info": {"completion_tokens": 2, "finish_reason": {"type": "stop"}}},
-            "bad_response",
+            "count_mismatch",
             id="length-mismatch",
         ),
         pytest.param(
@@ -81,20 +83,29 @@ def test_error_message_reads_both_sglang_shapes() -> None:
         ),
         pytest.param({"meta_info": {"finish_reason": {"type": "abort", "message": "retracted"}}}, "abort", id="abort"),
         pytest.param(
-            {
-                "output_ids": [5, 1],
-                "meta_info": {
-                    "completion_tokens": 2,
-                    "prompt_tokens": 9,
-                    "finish_reason": {"type": "stop", "matched": 1},
-                },
-            },
+            {"output_ids": [5, "6"], "meta_info": {"completion_tokens": 2, "finish_reason": {"type": "stop"}}},
             "bad_response",
-            id="prompt-count",
+            id="id-not-an-int",
         ),
+        pytest.param(
+            {"output_ids": [5, True], "meta_info": {"completion_tokens": 2, "finish_reason": {"type": "stop"}}},
+            "bad_response",
+            id="id-a-bool",
+        ),
+        pytest.param(
+            {"output_ids": [5, 1], "meta_info": {"completion_tokens": 2, "finish_reason": None}},
+            "bad_response",
+            id="no-finish-reason",
+        ),
+        pytest.param([{"output_ids": [5]}], "bad_response", id="not-an-object"),
     ],
 )
-def test_responses_that_do_not_add_up_are_transient(body: dict, cause: str) -> None:
+def test_responses_that_do_not_add_up_are_transient(body: Any, cause: str) -> None:
     with pytest.raises(TransientError) as info:
-        check_response(body, prompt_len=3)
+        check_response(json.dumps(body).encode())
     assert info.value.cause == cause
+
+
+def test_a_server_disagreeing_on_the_prompt_length_is_judged_at_validate_not_retried() -> None:
+    body = {"output_ids": [5, 1], "meta_info": {"completion_tokens": 2, "prompt_tokens": 9, "finish_reason": STOP}}
+    assert check_response(json.dumps(body).encode()).meta_info["prompt_tokens"] == 9

@@ -18,7 +18,7 @@ from regen.generate import GenerateSettings, load_checkpoints, run_generate
 from regen.manifest import ShardManifest
 from regen.sglang.fleet import FleetUnavailable
 from regen.storage import LocalStorage
-from tests.conftest import Simulator, free_port, prepare_sample, start_simulator
+from tests.conftest import Simulator, free_port, prepare_sample, raw_answers, shard_prompt_ids, start_simulator
 
 SAMPLES = 48  # B2_opencodeinstruct keeps 48 prompts
 
@@ -43,8 +43,7 @@ def settings(*endpoints: str, **overrides: float) -> GenerateSettings:
 
 
 def raw_records(storage: LocalStorage, manifest: ShardManifest) -> list[dict]:
-    assert manifest.raw_key
-    return [json.loads(line) for line in storage.get_bytes(manifest.raw_key).decode().splitlines()]
+    return raw_answers(storage, manifest.raw_key)
 
 
 def stop(sim: Simulator) -> None:
@@ -84,9 +83,10 @@ def test_every_fault_on_every_sample_answered_once_as_the_server_sent_it(
     records = raw_records(storage, manifest)
     assert len(records) == len({r["id"] for r in records}) == SAMPLES
     sent = {r["rid"]: r for r in sim.records()}
+    prompt_ids = shard_prompt_ids(storage, prompts)
     for record in records:  # identical to the answer of the final, successful attempt
         assert record["output_ids"] == sent[record["rid"]]["output_ids"]
-        assert record["prompt_ids"] == sent[record["rid"]]["input_ids"]
+        assert prompt_ids[record["id"]] == sent[record["rid"]]["input_ids"]
     assert sum(r["attempts"] > 1 for r in records) > 0
     assert manifest.generation is not None and sum(manifest.generation.retries_by_cause.values()) > 0
 

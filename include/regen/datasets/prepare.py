@@ -32,6 +32,7 @@ from regen.datasets.normalise import Conversation, Rejection
 from regen.datasets.sources import BadRow, S3ClientFactory, SourceRow, iter_rows
 from regen.datasets.tokenise import Rendered, available_cores, render_ordered
 from regen.manifest import DatasetLocation, PreparedDataset, ShardManifest, StageStats
+from regen.reasons import Reason, RejectionWriter
 from regen.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -59,28 +60,6 @@ class Origin:
     index: int  # the row's position in the dataset stream
     source: str
     sample_id: str | None  # None when the row gave no conversation
-
-
-class _Rejections:
-    """Rejected rows streamed to a local file, uploaded once: nothing dropped silently, memory stays flat."""
-
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / "rejected.jsonl"
-        self._file = self.path.open("w", encoding="utf-8")
-
-    def add(self, origin: Origin, rejection: Rejection) -> None:
-        record = {
-            "id": origin.sample_id,
-            "source_index": origin.index,
-            "source": origin.source,
-            "stage": "prepare",
-            "reason": rejection.reason,
-            "detail": rejection.detail,
-        }
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-    def close(self) -> None:
-        self._file.close()
 
 
 class _SeenIds:
@@ -197,7 +176,7 @@ def _consume(
     rendered: Iterable[tuple[Origin, Rendered | Rejection]],
     tally: _Tally,
     shards: _ShardWriter,
-    rejections: _Rejections,
+    rejections: RejectionWriter,
     limit: int | None,
 ) -> None:
     for origin, result in rendered:
@@ -205,7 +184,8 @@ def _consume(
         if isinstance(result, Rendered):
             shards.add(origin, result)
         else:
-            rejections.add(origin, result)
+            reason = Reason(result.reason)
+            rejections.add(origin.sample_id, reason, result.detail, source_index=origin.index, source=origin.source)
         if limit is not None and tally.stats.kept >= limit:
             return
 
@@ -230,19 +210,17 @@ def run_prepare(
         return PreparedDataset.from_dict(json.loads(storage.get_bytes(existing)))
 
     tally = _Tally(location.dataset)
-    with tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp:
+    rejections = RejectionWriter(storage, location.key("rejected", "prepare.jsonl"))
+    with tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp, rejections:
         workdir = Path(tmp)
-        shards, rejections = _ShardWriter(location, storage, shard_size, workdir), _Rejections(workdir)
-        with closing(_SeenIds(workdir)) as seen, closing(rejections):
+        shards = _ShardWriter(location, storage, shard_size, workdir)
+        with closing(_SeenIds(workdir)) as seen:
             rows = iter_rows(config, resolve_path, s3_client)
             candidates = _candidates(rows, config, renderer.profile.tool_call_id_format, seen)
             with closing(render_ordered(candidates, renderer, workers or available_cores())) as rendered:
                 _consume(rendered, tally, shards, rejections, limit)
         shards.flush()
-        files = {}
-        if tally.stats.dropped:
-            rejected_key = location.key("rejected", "prepare.jsonl")
-            files[rejected_key] = storage.put_file(rejected_key, rejections.path)
+        files = rejections.upload()
 
     tally.stats.check()
     prepared = PreparedDataset(
@@ -250,7 +228,7 @@ def run_prepare(
         shards=shards.shards,
         stats=tally.stats,
         duplicates=tally.duplicates,
-        profile=renderer.profile.as_record(),
+        profile={**renderer.profile.as_record(), **renderer.fingerprint()},
         token_roles=renderer.roles.as_record(),
         files=files,
         rows_read=tally.rows_read,

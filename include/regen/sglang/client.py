@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import msgspec
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from regen.sglang.fleet import EndpointPool, FleetUnavailable, health_problem
@@ -25,6 +26,8 @@ from regen.sglang.fleet import EndpointPool, FleetUnavailable, health_problem
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+JSON_HEADERS = {"Content-Type": "application/json"}
+_encoder = msgspec.json.Encoder()
 
 
 class TransientError(Exception):
@@ -38,6 +41,22 @@ class TransientError(Exception):
 
 class PermanentError(Exception):
     """The server refused the request itself (400); retrying cannot help."""
+
+
+# Faults of one sample's answer, not of the fleet: when every attempt ends in one, the sample is rejected with that
+# cause as its reason and the shard goes on.
+RECORD_FAULTS = frozenset({"abort", "count_mismatch"})
+
+
+class _Response(msgspec.Struct):
+    """/generate's answer, typed: an id that is not an integer fails the decode instead of reaching a record."""
+
+    meta_info: dict[str, Any]
+    output_ids: list[int] | None = None
+    text: str | None = None
+
+
+_response = msgspec.json.Decoder(_Response)
 
 
 @dataclass(frozen=True)
@@ -68,29 +87,26 @@ def error_message(body: str) -> str:
     return body[:500]
 
 
-def check_response(data: Any, prompt_len: int) -> tuple[list[int], dict[str, Any]]:
-    """Token ids are taken strictly: anything that does not add up is a transient fault, never a record."""
-    if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
-        raise TransientError("bad_response", f"no meta_info in response: {str(data)[:200]}")
-    meta = data["meta_info"]
-    finish = meta.get("finish_reason")
+def check_response(body: bytes) -> _Response:
+    """Token ids are taken strictly: anything that does not add up is a transient fault, never a record. (Whether
+    prompt_tokens matches the prompt is judged at validate, as a disagreement of the server with itself.)"""
+    try:
+        data = _response.decode(body)
+    except msgspec.DecodeError as e:
+        raise TransientError("bad_response", f"not a /generate answer ({e}): {body[:200]!r}") from e
+    finish = data.meta_info.get("finish_reason")
     if isinstance(finish, dict) and finish.get("type") == "abort":
         raise TransientError("abort", str(finish.get("message")))
-    output_ids = data.get("output_ids")
-    if not isinstance(output_ids, list) or not output_ids:
+    if not data.output_ids:
         raise TransientError("bad_response", f"output_ids missing or empty (finish_reason {finish})")
-    if meta.get("completion_tokens") != len(output_ids):
+    if data.meta_info.get("completion_tokens") != len(data.output_ids):
         raise TransientError(
-            "bad_response", f"{len(output_ids)} output_ids but completion_tokens={meta.get('completion_tokens')}"
+            "count_mismatch",
+            f"{len(data.output_ids)} output_ids but completion_tokens={data.meta_info.get('completion_tokens')}",
         )
-    if meta.get("prompt_tokens") is not None and meta["prompt_tokens"] != prompt_len:
-        raise TransientError("bad_response", f"sent {prompt_len} prompt ids, server counted {meta['prompt_tokens']}")
     if not isinstance(finish, dict) or finish.get("type") not in ("stop", "length"):
         raise TransientError("bad_response", f"unexpected finish_reason {finish}")
-    # JSON gives ints; a per-id conversion would cost as much as decoding the body, so the ends are checked instead.
-    if type(output_ids[0]) is not int or type(output_ids[-1]) is not int:
-        raise TransientError("bad_response", f"output_ids are not token ids: {output_ids[:3]}...")
-    return output_ids, meta
+    return data
 
 
 @dataclass
@@ -101,7 +117,9 @@ class ClientStats:
 
 
 # Faults that say something about the endpoint itself; load signals (429, 503, abort) do not evict it.
-ENDPOINT_FAULTS = frozenset({"connection", "timeout", "http_500", "http_502", "http_504", "bad_response"})
+ENDPOINT_FAULTS = frozenset(
+    {"connection", "timeout", "http_500", "http_502", "http_504", "bad_response", "count_mismatch"}
+)
 
 
 class SGLangClient:
@@ -120,24 +138,27 @@ class SGLangClient:
         self.backoff_max_s = backoff_max_s
         self.stats = ClientStats()
 
-    async def _attempt(self, payload: dict[str, Any], prompt_len: int, avoid: str | None) -> Generation:
+    async def _attempt(self, payload: bytes, rid: str, avoid: str | None) -> Generation:
         endpoint = await self.pool.acquire(avoid)
         self.stats.requests += 1
         ok, cause, sent = False, "", time.monotonic()
         try:
-            async with self.session.post(f"{endpoint.url}/generate", json=payload, timeout=self.timeout) as resp:
-                body = await resp.text()
+            async with self.session.post(
+                f"{endpoint.url}/generate", data=payload, headers=JSON_HEADERS, timeout=self.timeout
+            ) as resp:
+                body = await resp.read()
             if resp.status == 400:
                 ok = True  # the endpoint works; the request is wrong
-                raise PermanentError(error_message(body))
+                raise PermanentError(error_message(body.decode("utf-8", "replace")))
             if resp.status in RETRYABLE_STATUS:
-                raise TransientError(f"http_{resp.status}", f"{endpoint.url}: {error_message(body)}", endpoint.url)
+                message = error_message(body.decode("utf-8", "replace"))
+                raise TransientError(f"http_{resp.status}", f"{endpoint.url}: {message}", endpoint.url)
             if resp.status != 200:
-                raise PermanentError(f"HTTP {resp.status} from {endpoint.url}: {error_message(body)}")
-            data = json.loads(body)
-            output_ids, meta = check_response(data, prompt_len)
+                message = error_message(body.decode("utf-8", "replace"))
+                raise PermanentError(f"HTTP {resp.status} from {endpoint.url}: {message}")
+            data = check_response(body)
             ok = True
-        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as e:
+        except (aiohttp.ClientError, TimeoutError) as e:
             cause = "timeout" if isinstance(e, TimeoutError) else "connection"
             raise TransientError(cause, f"{endpoint.url}: {e!r}", endpoint.url) from e
         except TransientError as e:
@@ -146,11 +167,16 @@ class SGLangClient:
         finally:
             self.stats.request_seconds += time.monotonic() - sent
             self.pool.release(endpoint, ok, counts_against_endpoint=cause in ENDPOINT_FAULTS)
-        return Generation(output_ids, meta, data.get("text"), endpoint.url, payload["rid"], 0)
+        assert data.output_ids is not None
+        return Generation(data.output_ids, data.meta_info, data.text, endpoint.url, rid, 0)
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], rid: str) -> Generation:
-        """One sample: transient faults retried with exponential backoff and jitter, on another endpoint if any."""
+        """One sample: transient faults retried with exponential backoff and jitter, on another endpoint if any.
+
+        The request body is encoded once per sample; only the rid changes between attempts."""
         nonce = uuid.uuid4().hex[:8]  # a rid never repeats, even across task retries
+        body = _encoder.encode({"input_ids": prompt_ids, "sampling_params": sampling_params, "rid": ""})
+        head, tail = body[: -len(b'""}')], b'"}'  # the body ends with the empty rid
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientError),
             stop=stop_after_attempt(self.max_attempts),
@@ -162,13 +188,10 @@ class SGLangClient:
         async for trial in retrying:
             with trial:
                 attempt = trial.retry_state.attempt_number
-                payload = {
-                    "input_ids": prompt_ids,
-                    "sampling_params": sampling_params,
-                    "rid": f"{rid}-{nonce}-{attempt}",
-                }
+                attempt_rid = f"{rid}-{nonce}-{attempt}"
+                payload = b"".join((head, b'"', attempt_rid.encode(), tail))
                 try:
-                    result = await self._attempt(payload, len(prompt_ids), avoid)
+                    result = await self._attempt(payload, attempt_rid, avoid)
                 except TransientError as e:
                     avoid = e.endpoint
                     raise
