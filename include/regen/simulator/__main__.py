@@ -9,6 +9,7 @@ from pathlib import Path
 from aiohttp import web
 
 from regen.chat import get_profile
+from regen.simulator.defects import DEFECTS, DefectModel
 from regen.simulator.faults import FaultModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel
 from regen.simulator.server import LatencyModel, SimulatorState, build_app
@@ -42,13 +43,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     faults.add_argument("--slow-s", type=float, default=2.0)
     faults.add_argument("--hang-s", type=float, default=3600.0)
     faults.add_argument("--fault-seed", type=int, default=0)
-    parser.add_argument("--record", type=Path, help="append every answer (rid, input_ids, output_ids) to this JSONL")
+    _add_defect_flags(parser)
+    parser.add_argument(
+        "--record", type=Path, help="append every answer (rid, input_ids, output_ids, defect) to this JSONL"
+    )
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _add_defect_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "output defects (rates per answer, drawn from the prompt and seed: a retry carries the same defect)"
+    )
+    for kind in DEFECTS:
+        group.add_argument(
+            kind.flag, type=float, default=None, metavar="RATE", help=f"{kind.help} (reported as {kind.reason.value})"
+        )
+    group.add_argument(
+        "--defect-rate",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="shared evenly by every defect kind not given a rate of its own",
+    )
+    group.add_argument(
+        "--text-tokenizer-mismatch",
+        action="store_true",
+        help="decode `text` as if with another tokenizer, on every answer (probes included)",
+    )
+
+
+def defect_model(args: argparse.Namespace) -> DefectModel:
+    rates = {kind.name: getattr(args, f"defect_{kind.name}_rate") for kind in DEFECTS}
+    return DefectModel.spread(rates, args.defect_rate, args.text_tokenizer_mismatch)
+
+
+def build_state(args: argparse.Namespace) -> SimulatorState:
     profile = get_profile(args.profile)
     behaviour = ModelBehaviour(
         seed=args.seed,
@@ -56,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         max_tokens=args.max_tokens,
         tool_call_rate=args.tool_call_rate,
         omit_think_end_rate=args.omit_think_end_rate,
+        defects=defect_model(args),
     )
     latency = LatencyModel(
         prefill_s_per_token=args.prefill_us_per_token / 1e6,
@@ -74,7 +104,16 @@ def main(argv: list[str] | None = None) -> None:
         hang_s=args.hang_s,
     )
     model = SimulatedModel(profile, behaviour)
-    state = SimulatorState(model, profile, latency, args.context_length, args.record, fault_model, args.fault_seed)
+    return SimulatorState(model, profile, latency, args.context_length, args.record, fault_model, args.fault_seed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        state = build_state(args)
+    except ValueError as e:  # rates out of range, a defect the profile cannot plant: say what to fix, no traceback
+        raise SystemExit(f"python -m regen.simulator: {e}") from e
     # handler_cancellation: a request whose client went away is dropped, as SGLang aborts it.
     web.run_app(
         build_app(state), host=args.host, port=args.port, access_log=None, print=None, handler_cancellation=True

@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from regen.chat import ModelProfile
+from regen.simulator.defects import BY_NAME, defect_sent, plant_in_response
 from regen.simulator.faults import FaultModel, abort_answer, server_error
 from regen.simulator.model import SimulatedModel
 
@@ -39,6 +40,7 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     "stop_token_ids": None,
     "ignore_eos": False,
     "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
     "no_stop_trim": False,
     "sampling_seed": None,
 }
@@ -106,6 +108,7 @@ class Counters:
     first_start: float | None = None  # unix time: comparable with the client's own timestamps
     last_end: float | None = None
     faults: dict[str, int] = field(default_factory=dict)
+    defects: dict[str, int] = field(default_factory=dict)  # planted and still in the answer sent, by kind
 
     def _advance(self, now: float) -> None:
         self.busy_slot_seconds += self.running * (now - self.changed_at)
@@ -162,6 +165,9 @@ class SimulatorState:
         return time.monotonic() - self.started >= self.latency.warmup_s
 
 
+STATE = web.AppKey("state", SimulatorState)
+
+
 def _split_batch(body: dict[str, Any]) -> tuple[list[list[int]], list[dict[str, Any]], list[str | None], bool]:
     given = [key for key in ("text", "input_ids", "input_embeds") if body.get(key) is not None]
     if len(given) != 1:
@@ -209,18 +215,15 @@ async def _one(
 ) -> dict[str, Any]:
     started = time.monotonic()
     seed = params["sampling_seed"]
-    full = state.model.complete(prompt_ids, None if seed is None else seed + index)
-    output_ids, finish_reason = _finish(full, params)
+    answer = state.model.answer(prompt_ids, None if seed is None else seed + index)
+    output_ids, finish_reason = _finish(answer.ids, params)
     async with state.running:
         state.counters.slot_taken()
         try:
             await asyncio.sleep(state.latency.seconds(len(prompt_ids), len(output_ids)) + extra_s)
         finally:
             state.counters.slot_released()
-    text_ids = output_ids
-    if finish_reason["type"] == "stop" and not params["no_stop_trim"]:
-        text_ids = output_ids[:-1]
-    text = state.model.tokenizer.decode(text_ids, skip_special_tokens=params["skip_special_tokens"])
+    output_ids, defect = defect_sent(answer.defect, answer.defect_at, output_ids, finish_reason, state.model.roles)
     meta_info = {
         "id": rid,
         "finish_reason": finish_reason,
@@ -229,16 +232,36 @@ async def _one(
         "cached_tokens": 0,
         "e2e_latency": round(time.monotonic() - started, 6),
     }
+    text = _text(state, output_ids, finish_reason, params)
+    if defect is not None and BY_NAME[defect].in_response:
+        text, meta_info = plant_in_response(defect, text, meta_info, len(output_ids), random.Random(answer.variant))
+    if defect is not None:
+        state.counters.defects[defect] = state.counters.defects.get(defect, 0) + 1
     if state.record_file:
-        record = {"rid": rid, "input_ids": prompt_ids, "output_ids": output_ids, "finish_reason": finish_reason}
+        record = {
+            "rid": rid,
+            "input_ids": prompt_ids,
+            "output_ids": output_ids,
+            "finish_reason": finish_reason,
+            "defect": defect,
+        }
         state.record_file.write(json.dumps(record) + "\n")
         state.record_file.flush()
     state.counters.answered += 1
     return {"text": text, "output_ids": output_ids, "meta_info": meta_info}
 
 
+def _text(state: SimulatorState, output_ids: list[int], finish_reason: dict[str, Any], params: dict[str, Any]) -> str:
+    """What SGLang's detokenizer sends: the decode of output_ids, minus the matched stop id unless no_stop_trim."""
+    text_ids = output_ids
+    matched = finish_reason.get("matched")
+    if finish_reason["type"] == "stop" and not params["no_stop_trim"] and output_ids and output_ids[-1] == matched:
+        text_ids = output_ids[:-1]
+    return state.model.decode_text(text_ids, params["skip_special_tokens"], params["spaces_between_special_tokens"])
+
+
 async def generate(request: web.Request) -> web.Response:
-    state: SimulatorState = request.app["state"]
+    state: SimulatorState = request.app[STATE]
     state.counters.requests += 1
     try:
         body = await request.json()
@@ -302,12 +325,12 @@ async def _answer(request: web.Request, state: SimulatorState, items: list[Item]
 
 
 async def health(request: web.Request) -> web.Response:
-    state: SimulatorState = request.app["state"]
+    state: SimulatorState = request.app[STATE]
     return web.Response(status=200 if state.ready() else 503)
 
 
 async def model_info(request: web.Request) -> web.Response:
-    state: SimulatorState = request.app["state"]
+    state: SimulatorState = request.app[STATE]
     return web.json_response(
         {
             "model_path": state.profile.served_model_names[0],
@@ -322,7 +345,7 @@ async def model_info(request: web.Request) -> web.Response:
 
 
 async def server_info(request: web.Request) -> web.Response:
-    state: SimulatorState = request.app["state"]
+    state: SimulatorState = request.app[STATE]
     return web.json_response(
         {
             "version": SERVER_VERSION,
@@ -345,7 +368,7 @@ async def server_info(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    state: SimulatorState = request.app["state"]
+    state: SimulatorState = request.app[STATE]
     name = state.profile.served_model_names[0]
     return web.json_response(
         {
@@ -365,14 +388,14 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def flush_cache(request: web.Request) -> web.Response:
-    state: SimulatorState = request.app["state"]
+    state: SimulatorState = request.app[STATE]
     if state.active_rids:
         return web.Response(status=400, text="Cache not flushed: requests are running.")
     return web.Response(text="Cache flushed.")
 
 
 async def stats(request: web.Request) -> web.Response:
-    state: SimulatorState = request.app["state"]
+    state: SimulatorState = request.app[STATE]
     return web.json_response(state.counters.as_dict())
 
 
@@ -382,7 +405,7 @@ async def abort_request(request: web.Request) -> web.Response:
 
 def build_app(state: SimulatorState) -> web.Application:
     app = web.Application(client_max_size=1024**3)
-    app["state"] = state
+    app[STATE] = state
     app.router.add_route("POST", "/generate", generate)
     app.router.add_route("PUT", "/generate", generate)
     for path in ("/health", "/health_generate"):
