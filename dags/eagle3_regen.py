@@ -80,6 +80,15 @@ def _run(run: dict[str, Any]) -> Any:
             title="Sampling",
             description="max_new_tokens, temperature, top_p, top_k, min_p; every value is sent explicitly.",
         ),
+        "export": Param(
+            CONFIG.defaults.export.model_dump(),
+            type="object",
+            properties={"jsonl": {"type": "boolean"}, "review_text": {"type": "boolean"}},
+            additionalProperties=False,
+            title="Export",
+            description="jsonl: also write JSON Lines (input_ids, loss_mask) for SpecForge / speculators loaders; "
+            "review_text: add a decoded text column for reviewers.",
+        ),
         "version": Param(
             None,
             type=["null", "string"],
@@ -109,9 +118,15 @@ def eagle3_regen() -> None:
 
     @task
     def check_server(run: dict[str, Any]) -> list[dict[str, Any]]:
-        from regen import pipeline
+        from airflow.sdk.exceptions import AirflowFailException
 
-        return pipeline.check_server(_run(run))
+        from regen import pipeline
+        from regen.sglang.server_check import ServerMismatch
+
+        try:
+            return pipeline.check_server(_run(run))
+        except ServerMismatch as e:  # the wrong fleet stays wrong: fail now, no retries
+            raise AirflowFailException(str(e)) from e
 
     @task
     def list_shards(prepared: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -151,18 +166,29 @@ def eagle3_regen() -> None:
     # Publish and report run even when some shards failed: complete datasets are published, the rest say why.
     @task(outlets=[TRAINING_DATA], trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
     def publish_dataset(run: dict[str, Any], prepared: dict[str, Any], fleet: list[dict[str, Any]]) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
         from regen import pipeline
+        from regen.publish import IncompleteDataset
 
         get_current_context()["label"] = prepared["location"]["dataset"]  # type: ignore[typeddict-unknown-key]
-        published = pipeline.publish_dataset(_run(run), prepared, fleet, _s3_client)
+        try:
+            published = pipeline.publish_dataset(_run(run), prepared, fleet or [], _s3_client)
+        except IncompleteDataset as e:  # cannot succeed until the failed shards are cleared: no retries
+            raise AirflowFailException(str(e)) from e
         get_current_context()["outlet_events"][TRAINING_DATA].extra = published
         return published
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
     def report(run: dict[str, Any], published: list[dict[str, Any]], fleet: list[dict[str, Any]]) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
         from regen import pipeline
 
-        return pipeline.report(_run(run), [p for p in published if p], fleet or [], _s3_client)
+        try:
+            return pipeline.report(_run(run), [p for p in published if p], fleet or [], _s3_client)
+        except pipeline.IncompleteRun as e:  # the report is written; the run is red
+            raise AirflowFailException(str(e)) from e
 
     run = plan()
     prepared = prepare_dataset.partial(run=run).expand(dataset=dataset_names(run))

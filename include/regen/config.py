@@ -93,6 +93,20 @@ class DatasetConfig(BaseModel):
         return self
 
 
+class ExportConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    jsonl: bool = Field(False, description="also write each split as JSON Lines (input_ids, loss_mask)")
+    review_text: bool = Field(False, description="add a decoded `text` column for people reviewing samples")
+
+
+class ValidationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    render_check_fraction: float = Field(0.01, gt=0.0, le=1.0, description="prompts per shard re-rendered at validate")
+    render_check_minimum: int = Field(16, ge=1)
+    retokenize_fraction: float = Field(0.05, ge=0.0, le=1.0, description="records whose re-tokenisation is measured")
+    retokenize_minimum: int = Field(16, ge=0, description="and at least this many per shard")
+
+
 class Defaults(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     profile: str = "kimi-k2.5-mini"
@@ -107,6 +121,8 @@ class Defaults(BaseModel):
     max_attempts: int = Field(5, ge=1)
     tokenize_workers: int | None = Field(None, ge=1, description="prepare's tokeniser processes; null: all cores")
     sampling: Sampling = Sampling()
+    export: ExportConfig = ExportConfig()
+    validation: ValidationConfig = ValidationConfig()
     schedule: str | None = None
 
     @field_validator("profile")

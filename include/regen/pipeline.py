@@ -14,20 +14,24 @@ from functools import cache
 from typing import Any
 
 from regen.chat import ChatRenderer, get_profile
-from regen.config import ConfigError, RegenConfig, Sampling, load_config
+from regen.config import ConfigError, ExportConfig, RegenConfig, Sampling, load_config
 from regen.datasets.prepare import run_prepare
-from regen.export import run_export
+from regen.export import ExportSettings, run_export
 from regen.generate import GenerateSettings, run_generate
 from regen.manifest import DatasetLocation, GenerationReport, PreparedDataset, ShardManifest, version_from_run_id
 from regen.publish import run_publish
 from regen.report import fleet_utilisation, log_summary
 from regen.sglang.server_check import check_fleet
 from regen.storage import Storage, open_storage
-from regen.validate import run_validate
+from regen.validate import ValidateSettings, run_validate
 
 log = logging.getLogger(__name__)
 
 S3ClientFactory = Callable[[], Any]
+
+
+class IncompleteRun(Exception):
+    """Some selected dataset was not published: the run failed, though complete datasets were published."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class RunSpec:
     concurrency: int
     request_timeout_s: float
     max_attempts: int
+    export: dict[str, bool]
+    validation: dict[str, Any]
 
     @classmethod
     def from_params(cls, params: dict[str, Any], run_id: str, config: RegenConfig | None = None) -> RunSpec:
@@ -74,6 +80,8 @@ class RunSpec:
             concurrency=d.shard_concurrency,
             request_timeout_s=d.request_timeout_s,
             max_attempts=d.max_attempts,
+            export=ExportConfig(**{**d.export.model_dump(), **(params.get("export") or {})}).model_dump(),
+            validation=d.validation.model_dump(),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,12 +138,15 @@ def generate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFacto
 
 
 def validate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
-    roles = renderer_for(run.profile).roles
-    return run_validate(ShardManifest.from_dict(shard), _storage(run, s3_client), roles).to_dict()
+    renderer = renderer_for(run.profile)
+    settings = ValidateSettings(**run.validation)
+    return run_validate(ShardManifest.from_dict(shard), _storage(run, s3_client), renderer, settings).to_dict()
 
 
 def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
-    return run_export(ShardManifest.from_dict(shard), _storage(run, s3_client)).to_dict()
+    settings = ExportSettings(**run.export)
+    decode = renderer_for(run.profile).decode if settings.review_text else None
+    return run_export(ShardManifest.from_dict(shard), _storage(run, s3_client), settings, decode).to_dict()
 
 
 def publish_dataset(
@@ -167,4 +178,8 @@ def report(
     log_summary(published, missing, fleet_usage)
     log.info("run report: %s", storage.uri(key))
     summary["report"] = storage.uri(key)
+    if missing:  # a run that did not deliver is red, whatever else it did
+        raise IncompleteRun(
+            f"not published: {', '.join(missing)}; see their failed tasks. Run report: {storage.uri(key)}"
+        )
     return summary

@@ -1,4 +1,9 @@
-"""Stage 6: a dataset version becomes visible. `manifest.json` is written last, only when every shard is finished."""
+"""Stage 6: a dataset version becomes visible. `manifest.json` is written last, only when every shard is finished.
+
+Before it: the dataset's report (report.json, report.html and its plots) beside where the manifest goes. The manifest
+names every file of the version with its sha256, the splits, the counts of every stage, and exactly which template
+and tokenizer rendered the prompts.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any
 
 from regen.export import shard_report_key
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
+from regen.quality import dataset_report, read_verdicts, write_dataset_report
 from regen.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -45,6 +51,11 @@ def run_publish(prepared: PreparedDataset, storage: Storage, fleet: list[dict[st
             "tasks (finished answers are kept) and this task publishes once they succeed"
         )
     stages = {stage: StageStats.merged([s.stats[stage] for s in shards]).to_dict() for stage in STAGES}
+    generations = [s.generation for s in shards if s.generation]
+    verdicts = read_verdicts(storage, shards)
+    report = dataset_report(verdicts, generations)
+    title = f"{location.dataset} {location.version} ({location.profile})"
+    report_files = write_dataset_report(storage, location.prefix, title, verdicts, report)
     manifest = {
         "dataset": location.dataset,
         "profile": prepared.profile,
@@ -54,7 +65,10 @@ def run_publish(prepared: PreparedDataset, storage: Storage, fleet: list[dict[st
         "published_at": datetime.now(UTC).isoformat(),
         "prepare": {**prepared.stats.to_dict(), "rows_read": prepared.rows_read, "duplicates": prepared.duplicates},
         "stages": stages,
-        "records": stages["export"]["kept"],
+        "records": report.get("train_records", 0),
+        "splits": {"train": report.get("train_records", 0), "truncated": report.get("truncated_records", 0)},
+        "report": {"json": storage.uri(location.key("report.json")), "html": storage.uri(location.key("report.html"))},
+        "retokenize_drift": report.get("retokenize_drift"),
         "fleet": fleet,
         "shards": [
             {
@@ -66,7 +80,7 @@ def run_publish(prepared: PreparedDataset, storage: Storage, fleet: list[dict[st
             }
             for s in shards
         ],
-        "files": {k: v for s in shards for k, v in s.files.items()} | prepared.files,
+        "files": {k: v for s in shards for k, v in s.files.items()} | prepared.files | report_files,
     }
     key = manifest_key(prepared)
     storage.put_bytes(key, json.dumps(manifest, indent=1).encode())
@@ -77,11 +91,15 @@ def run_publish(prepared: PreparedDataset, storage: Storage, fleet: list[dict[st
         manifest["records"],
         storage.uri(key),
     )
+    log.info("%s report: %s", location.dataset, storage.uri(location.key("report.html")))
     return {
         "dataset": location.dataset,
         "version": location.version,
         "manifest": storage.uri(key),
+        "report": manifest["report"]["html"],
         "records": manifest["records"],
+        "splits": manifest["splits"],
+        "retokenize_drift": manifest["retokenize_drift"],
         "stages": stages,
         "prepare": manifest["prepare"],
         "generation": [dataclasses.asdict(s.generation) for s in shards if s.generation],
