@@ -24,7 +24,7 @@ import msgspec
 from regen.datasets.prepare import read_prompts
 from regen.manifest import GenerationReport, ShardManifest, StageStats
 from regen.reasons import Reason, RejectionWriter
-from regen.records import RawAnswer, ShardPrompts, encode_answer, iter_raw_file, write_raw
+from regen.records import RawAnswer, ShardPrompts, encode_answer, iter_raw_file, text_digest, write_raw
 from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLangClient, TransientError
 from regen.sglang.fleet import EndpointPool, FleetUnavailable
 from regen.storage import Storage, sha256_file
@@ -152,11 +152,13 @@ class _Progress:
 
 
 def raw_answer(sample_id: str, generation: Generation) -> RawAnswer:
+    digest, tail = text_digest(generation.text)
     return RawAnswer(
         id=sample_id,
         output_ids=generation.output_ids,
         meta_info=generation.meta_info,
-        text=generation.text,
+        text_digest=digest,
+        text_replacement_tail=tail,
         rid=generation.rid,
         endpoint=generation.endpoint,
         attempts=generation.attempts,
@@ -236,7 +238,7 @@ async def _generate_missing(
 
 def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSettings) -> ShardManifest:
     raw_key = shard.key("raw", ".jsonl.zst")
-    prompts = ShardPrompts(read_prompts(storage, shard))
+    prompts = ShardPrompts(read_prompts(storage, shard, ["id", "prompt_ids"]))
     ids = prompts.ids
     if storage.exists(raw_key):  # an earlier attempt finished this shard
         return _summarise_existing(storage, shard, raw_key, ids)

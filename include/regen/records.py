@@ -1,12 +1,15 @@
 """The records that move between stages, and their files: raw answers (zstd JSON Lines) and training records.
 
-A raw answer keeps what the server sent for one sample, exactly, minus the prompt ids (prompts/ has them): a raw file
-that repeated them would be larger than the training data. Raw files are streamed both ways, never held whole.
-msgspec decodes each line into a typed struct, so a token id that is not an integer fails the decode.
+A raw answer keeps what the server sent for one sample: its `output_ids` and `meta_info` exactly, and of its `text`
+a digest. The prompt ids are not repeated (prompts/ has them), and the text is the decode of the ids whenever the
+server is sound, which validate proves by comparing digests; kept whole, it alone doubled raw/. Raw files are
+streamed both ways, never held whole; msgspec decodes each line into a typed struct, so a token id that is not an
+integer fails the decode.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -19,12 +22,24 @@ import zstandard
 
 from regen.storage import Storage
 
+REPLACEMENT = "\ufffd"  # what a detokenizer writes for an unfinished UTF-8 character
+
+
+def text_digest(text: str | None) -> tuple[str | None, int]:
+    """A server text as raw answers keep it: the blake2b-128 of the text without its trailing U+FFFD characters, and
+    how many there were (SGLang's detokenizer may write one for a character a length cut left unfinished)."""
+    if text is None:
+        return None, 0
+    body = text.rstrip(REPLACEMENT)
+    return hashlib.blake2b(body.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest(), len(text) - len(body)
+
 
 class RawAnswer(msgspec.Struct, frozen=True):
     id: str  # the sample id
     output_ids: list[int]
     meta_info: dict[str, Any]
-    text: str | None = None  # None when the server runs without a tokenizer
+    text_digest: str | None = None  # of the server's text (see text_digest); None: the server sent no text
+    text_replacement_tail: int = 0
     rid: str = ""
     endpoint: str = ""
     attempts: int = 1
@@ -87,7 +102,7 @@ class ShardPrompts:
         prompt_ids = table.column("prompt_ids").combine_chunks()
         self._offsets = prompt_ids.offsets.to_numpy()
         self._values = prompt_ids.values.to_numpy()
-        self._tools = table.column("tools").to_pylist()
+        self._tools = table.column("tools").to_pylist() if "tools" in table.column_names else []
 
     def prompt_ids(self, sample_id: str) -> np.ndarray:
         row = self.row_of[sample_id]

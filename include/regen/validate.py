@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from regen.chat import ChatRenderer, TokenRoles
 from regen.manifest import ShardManifest, StageStats
 from regen.reasons import TRUNCATED, Reason, RejectionWriter
-from regen.records import RawAnswer, ShardPrompts, read_raw
+from regen.records import RawAnswer, ShardPrompts, read_raw, text_digest
 from regen.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -205,11 +205,20 @@ def _opening_phase(prompt_ids: np.ndarray | list[int], roles: TokenRoles) -> str
     return "answer"  # the model may open reasoning itself, as the first token
 
 
-def _texts_agree(text: str | None, decoded: str, truncated: bool) -> bool:
-    """SGLang's detokenizer may hold back an unfinished UTF-8 character at a length cut; nothing else may differ."""
-    if text == decoded:
-        return True
-    return truncated and text is not None and text.rstrip("\ufffd") == decoded.rstrip("\ufffd")
+def _text_problem(answer: RawAnswer, decoded: str) -> str | None:
+    """Why the server's text is not decode(output_ids), or None when it is.
+
+    At a length cut SGLang's detokenizer writes an unfinished UTF-8 character as U+FFFD, exactly as decode does (read
+    from its detokenizer_manager: the hold-back of a trailing U+FFFD applies only to unfinished requests); a count of
+    trailing U+FFFD that differs is still tolerated there, and only there. Nothing else may differ."""
+    if answer.text_digest is None:
+        return "the server sent no text (started with --skip-tokenizer-init?): its detokenizer cannot be checked"
+    digest, tail = text_digest(decoded)
+    if digest != answer.text_digest:
+        return "the server's text is not decode(output_ids): it detokenises with another tokenizer or settings"
+    if tail != answer.text_replacement_tail and not answer.truncated:
+        return f"{answer.text_replacement_tail} trailing U+FFFD in the server's text, {tail} in decode(output_ids)"
+    return None
 
 
 def judge(
@@ -245,18 +254,12 @@ def judge(
     if judgement.split is None:
         return judgement
     decoded = decode(output)
-    if not _texts_agree(answer.text, decoded, answer.truncated):
-        return _reject(Reason.TEXT_MISMATCH, _first_difference(answer.text, decoded))
+    problem = _text_problem(answer, decoded)
+    if problem is not None:
+        return _reject(Reason.TEXT_MISMATCH, problem)
     return Judgement(
         judgement.verdict, "", judgement.flags, judgement.reasoning_len, judgement.tool_calls, decoded=decoded
     )
-
-
-def _first_difference(text: str | None, decoded: str) -> str:
-    if text is None:
-        return "the server sent no text (started with --skip-tokenizer-init?)"
-    at = next((i for i, (a, b) in enumerate(zip(text, decoded, strict=False)) if a != b), min(len(text), len(decoded)))
-    return f"text differs from decode(output_ids) at char {at}: {text[at : at + 30]!r} vs {decoded[at : at + 30]!r}"
 
 
 def declared_tools(tools_json: str) -> frozenset[str] | None:
@@ -292,6 +295,8 @@ def check_render_drift(prompts: pa.Table, renderer: ChatRenderer, fraction: floa
     The sample is the rows with the smallest sample ids (ids are digests, so it is an unbiased sample that every
     retry picks again). Returns how many prompts were re-rendered."""
     count = min(prompts.num_rows, max(minimum, math.ceil(fraction * prompts.num_rows)))
+    if count == 0:
+        return 0
     rows = np.argsort(np.asarray(prompts.column("id").to_pylist(), dtype=object))[:count]
     sample = prompts.take(pa.array(rows)).select(["id", "messages", "tools", "prompt_ids"]).to_pylist()
     for row in sample:
@@ -308,14 +313,17 @@ def check_render_drift(prompts: pa.Table, renderer: ChatRenderer, fraction: floa
 
 @dataclass(frozen=True)
 class ValidateSettings:
-    drift_fraction: float = 0.01  # of each shard's prompts re-rendered and compared with the stored ids
-    drift_minimum: int = 16
-    # Share of kept records whose re-tokenisation drift is measured: one encode each, the costliest check there is.
+    render_check_fraction: float = 0.01  # of each shard's prompts re-rendered and compared with the stored ids
+    render_check_minimum: int = 16
+    # Share of kept records whose re-tokenisation drift is measured (one encode each, the costliest check there is),
+    # and at least this many per shard.
     retokenize_fraction: float = 0.05
+    retokenize_minimum: int = 16
 
-    def retokenize(self, sample_id: str) -> bool:
+    def retokenize(self, sample_id: str, measured: int) -> bool:
         """A deterministic sample, by a hash of the sample id: the same records on every retry."""
-        return zlib.crc32(sample_id.encode()) % 10_000 < self.retokenize_fraction * 10_000
+        sampled = zlib.crc32(sample_id.encode()) % 10_000 < self.retokenize_fraction * 10_000
+        return sampled or measured < self.retokenize_minimum
 
 
 def run_validate(
@@ -327,8 +335,10 @@ def run_validate(
     settings = settings or ValidateSettings()
     if shard.raw_key is None:
         raise ValueError(f"{shard.name} has no raw answers yet: run generate first")
-    prompts = ShardPrompts(read_prompts(storage, shard))
-    check_render_drift(prompts.table, renderer, settings.drift_fraction, settings.drift_minimum)
+    if settings.render_check_fraction or settings.render_check_minimum:
+        stored = read_prompts(storage, shard, ["id", "messages", "tools", "prompt_ids"])
+        check_render_drift(stored, renderer, settings.render_check_fraction, settings.render_check_minimum)
+    prompts = ShardPrompts(read_prompts(storage, shard, ["id", "prompt_ids", "tools"]))
     stats, columns = StageStats(), _Columns()
     with RejectionWriter(storage, shard.key("rejected", "-validate.jsonl")) as rejections:
         with tempfile.TemporaryDirectory(prefix="regen-validate-") as tmp:
@@ -342,7 +352,7 @@ def run_validate(
                 else:
                     stats.keep()
                 drift = None
-                if verdict.decoded is not None and settings.retokenize(answer.id):
+                if verdict.decoded is not None and settings.retokenize(answer.id, columns.measured):
                     drift = renderer.tokenizer.encode(verdict.decoded, add_special_tokens=False) != answer.output_ids
                 columns.append(answer, verdict, len(prompt_ids), drift)
         files = rejections.upload()
@@ -360,6 +370,7 @@ class _Columns:
 
     def __init__(self) -> None:
         self.data: dict[str, list[Any]] = {name: [] for name in VERDICTS_SCHEMA.names}
+        self.measured = 0  # records whose re-tokenisation drift was measured
 
     def append(self, answer: RawAnswer, verdict: Judgement, prompt_len: int, drift: bool | None) -> None:
         row = {
@@ -373,6 +384,7 @@ class _Columns:
             "tool_calls": verdict.tool_calls,
             "retokenize_drift": drift,
         }
+        self.measured += drift is not None
         for name, value in row.items():
             self.data[name].append(value)
 

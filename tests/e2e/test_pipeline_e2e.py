@@ -11,8 +11,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 
-from tools.devstack import Stack
+from regen.simulator.defects import BY_NAME
+from tools.devstack import Simulator, Stack, start_simulator
 
 pytestmark = pytest.mark.e2e
 BUCKET = "regen-e2e"
@@ -44,6 +46,11 @@ def s3_table(stack: Stack, key: str) -> list[dict[str, Any]]:
     return list(pq.read_table(io.BytesIO(body)).to_pylist())
 
 
+def s3_raw(stack: Stack, key: str) -> list[dict[str, Any]]:
+    body = stack.s3_client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    return [json.loads(line) for line in zstandard.ZstdDecompressor().decompressobj().decompress(body).splitlines()]
+
+
 def s3_lines(stack: Stack, key: str) -> list[dict[str, Any]]:
     body = stack.s3_client().get_object(Bucket=BUCKET, Key=key)["Body"].read().decode()
     return [json.loads(line) for line in body.splitlines()]
@@ -65,7 +72,7 @@ def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, 
         prefix = manifest_key.removesuffix("manifest.json")
         prompts = {r["id"]: r for key in s3_keys(stack, prefix + "prompts/", ".parquet") for r in s3_table(stack, key)}
         root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"  # manifest keys are relative to the root
-        raw = {r["id"]: r for s in manifest["shards"] for r in s3_lines(stack, root + s["raw"])}
+        raw = {r["id"]: r for s in manifest["shards"] for r in s3_raw(stack, root + s["raw"])}
         train = [r for s in manifest["shards"] for r in s3_table(stack, root + s["train"])]
 
         assert len(prompts) == expected and manifest["records"] == expected
@@ -93,3 +100,75 @@ def test_publishing_records_asset_events(stack: Stack, finished_run: dict[str, A
 def s3_keys(stack: Stack, prefix: str, suffix: str) -> list[str]:
     listing = stack.s3_client().list_objects_v2(Bucket=BUCKET, Prefix=prefix)
     return sorted(o["Key"] for o in listing.get("Contents", []) if o["Key"].endswith(suffix))
+
+
+@pytest.fixture(scope="module")
+def defect_run(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server that plants a defect in about a third of its answers, every kind."""
+    sim = start_simulator(tmp_path_factory.mktemp("defects"), "--defect-rate", "0.35")
+    try:
+        run_id = stack.trigger({"endpoints": [sim.url], "storage_root": f"s3://{BUCKET}/defects"})
+        state = stack.wait_for_run(run_id, timeout_s=600)
+        yield {"state": state, "report": stack.xcom(run_id, "report"), "sim": sim, "states": stack.task_states(run_id)}
+    finally:
+        sim.stop()
+
+
+def test_with_defects_planted_only_the_valid_answers_are_published(stack: Stack, defect_run: dict[str, Any]) -> None:
+    assert defect_run["state"] == "success", defect_run["states"]
+    sim: Simulator = defect_run["sim"]
+    sent = {r["rid"]: r for r in sim.records()}
+    planted = caught = 0
+    for dataset in defect_run["report"]["datasets"]:
+        manifest_key = dataset["manifest"].removeprefix(f"s3://{BUCKET}/")
+        manifest, prefix = s3_json(stack, manifest_key), manifest_key.removesuffix("manifest.json")
+        root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
+        raw = {r["id"]: r for s in manifest["shards"] for r in s3_raw(stack, root + s["raw"])}
+        train = [r for s in manifest["shards"] for r in s3_table(stack, root + s["train"])]
+        rejected = {
+            r["id"]: r
+            for r in s3_lines_if(stack, [prefix + f"rejected/{s['shard']}-validate.jsonl" for s in manifest["shards"]])
+        }
+        generate_rejected = s3_lines_if(
+            stack, [prefix + f"rejected/{s['shard']}-generate.jsonl" for s in manifest["shards"]]
+        )
+        for record in train:  # nothing defective reached the training data
+            assert sent[raw[record["id"]]["rid"]]["defect"] is None
+        for sample_id, answer in raw.items():  # every planted defect was caught, for its own reason
+            defect = sent[answer["rid"]]["defect"]
+            if defect is not None:
+                planted += 1
+                assert rejected[sample_id]["reason"] == BY_NAME[defect].reason.value, (defect, rejected.get(sample_id))
+                caught += 1
+            else:
+                assert sample_id not in rejected, rejected.get(sample_id)
+        assert all(r["reason"] == "count_mismatch" for r in generate_rejected)
+        assert manifest["records"] == len(train) == manifest["splits"]["train"]
+        assert manifest["stages"]["validate"]["dropped"] == len(rejected)
+    assert planted == caught > 10
+
+
+def test_a_server_with_another_tokenizer_fails_the_run_at_check_server(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    sim = start_simulator(tmp_path_factory.mktemp("mismatch"), "--text-tokenizer-mismatch")
+    try:
+        run_id = stack.trigger({"endpoints": [sim.url], "storage_root": f"s3://{BUCKET}/mismatch"})
+        state = stack.wait_for_run(run_id, timeout_s=300)
+        states = {task: s for task, _, s in stack.task_states(run_id)}
+        answered = sim.stats()["answered"]
+    finally:
+        sim.stop()
+    assert state == "failed"
+    assert states["check_server"] == "failed"
+    assert "process_shard.generate_shard" not in states or states["process_shard.generate_shard"] != "success"
+    assert answered == 1  # the probe, once: no retries, no shard sent a request
+
+
+def s3_lines_if(stack: Stack, keys: list[str]) -> list[dict[str, Any]]:
+    """Lines of those of the files that exist (a shard with nothing rejected writes none)."""
+    lines: list[dict[str, Any]] = []
+    for key in keys:
+        if s3_keys(stack, key, ".jsonl"):
+            lines += s3_lines(stack, key)
+    return lines

@@ -25,7 +25,7 @@ def test_publish_waits_for_every_shard_then_writes_the_manifest_last(
     settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
 
     finish = [
-        run_export(run_validate(run_generate(s, storage, settings), storage, renderer.roles), storage)
+        run_export(run_validate(run_generate(s, storage, settings), storage, renderer), storage)
         for s in prepared.shards[:1]
     ]
     with pytest.raises(IncompleteDataset, match="shard-00001 did not finish"):
@@ -33,7 +33,7 @@ def test_publish_waits_for_every_shard_then_writes_the_manifest_last(
     assert not storage.exists(location.key("manifest.json"))
 
     finish.append(
-        run_export(run_validate(run_generate(prepared.shards[1], storage, settings), storage, renderer.roles), storage)
+        run_export(run_validate(run_generate(prepared.shards[1], storage, settings), storage, renderer), storage)
     )
     summary = run_publish(prepared, storage, fleet=[{"url": simulator.url}])
     manifest_path = Path(storage.uri(location.key("manifest.json")))

@@ -6,13 +6,15 @@ what Kimi-K2.5 emits; the ids of its special tokens (KIMI_K25.md) are what the v
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
+import msgspec
 import pytest
 
 from regen.chat import ChatRenderer
 from regen.reasons import Reason
-from regen.records import RawAnswer
+from regen.records import RawAnswer, text_digest
 from regen.validate import FLAG_NO_REASONING_END, OK, judge
 
 TOOLS = frozenset({"get_weather"})
@@ -41,7 +43,8 @@ def answer(
     output = renderer.tokenizer.encode(text, add_special_tokens=False) + (extra_ids or [])
     meta_info = {"finish_reason": finish or STOP, "prompt_tokens": len(prompt), "completion_tokens": len(output)}
     decoded = renderer.decode(output) if all(0 <= i < renderer.roles.vocab_size for i in output) else ""
-    return RawAnswer("s1", output, {**meta_info, **(meta or {})}, decoded if server_text is None else server_text)
+    text = decoded if server_text is None else server_text
+    return RawAnswer("s1", output, {**meta_info, **(meta or {})}, *text_digest(text))
 
 
 def verdict_of(
@@ -189,7 +192,7 @@ def test_prompt_without_the_generation_suffix(renderer: ChatRenderer, prompt: li
 
 
 def test_empty_output(renderer: ChatRenderer, prompt: list[int]) -> None:
-    record = RawAnswer("s1", [], {"finish_reason": STOP, "prompt_tokens": len(prompt)}, "")
+    record = RawAnswer("s1", [], {"finish_reason": STOP, "prompt_tokens": len(prompt)}, *text_digest(""))
     assert verdict_of(renderer, prompt, record) == Reason.EMPTY_OUTPUT
 
 
@@ -222,11 +225,32 @@ def test_a_length_cut_inside_a_utf8_character_is_tolerated(renderer: ChatRendere
     decoded = renderer.decode(cut)
     meta = {"finish_reason": LENGTH, "prompt_tokens": len(prompt), "completion_tokens": len(cut)}
     assert decoded.endswith("\ufffd")  # the cut falls inside the 3 bytes of U+2615
-    assert verdict_of(renderer, prompt, RawAnswer("s1", cut, meta, decoded)) == Reason.TRUNCATED_IN_ANSWER
-    held_back = RawAnswer("s1", cut, meta, decoded.rstrip("\ufffd"))
+    as_sent = RawAnswer("s1", cut, meta, *text_digest(decoded))
+    assert verdict_of(renderer, prompt, as_sent) == Reason.TRUNCATED_IN_ANSWER
+    held_back = RawAnswer("s1", cut, meta, *text_digest(decoded.rstrip("\ufffd")))
     assert verdict_of(renderer, prompt, held_back) == Reason.TRUNCATED_IN_ANSWER
-    stopped = RawAnswer("s1", cut, {**meta, "finish_reason": STOP}, decoded.rstrip("\ufffd") + "x")
-    assert verdict_of(renderer, prompt, stopped) in (Reason.TEXT_MISMATCH, Reason.NO_EOS_AT_END)
+    other = RawAnswer("s1", cut, meta, *text_digest(decoded.rstrip("\ufffd") + "x"))
+    assert verdict_of(renderer, prompt, other) == Reason.TEXT_MISMATCH
+
+
+def test_trailing_replacement_characters_must_match_when_not_cut(renderer: ChatRenderer, prompt: list[int]) -> None:
+    record = answer(renderer, prompt, "Hm.</think>Hi<|im_end|>")
+    extra = msgspec.structs.replace(record, text_replacement_tail=1)
+    assert verdict_of(renderer, prompt, extra) == Reason.TEXT_MISMATCH
+
+
+def test_a_server_without_text_cannot_be_checked(renderer: ChatRenderer, prompt: list[int]) -> None:
+    record = msgspec.structs.replace(answer(renderer, prompt, "Hm.</think>Hi<|im_end|>"), text_digest=None)
+    assert verdict_of(renderer, prompt, record) == Reason.TEXT_MISMATCH
+
+
+def test_backend_decode_is_the_tokenizers_decode(renderer: ChatRenderer) -> None:
+    ids = renderer.tokenizer.encode("Hm.</think>café ☕ <|im_end|>[EOS]<|tool_call_begin|>", add_special_tokens=False)
+    rng = random.Random(7)
+    samples = [ids, ids[:-3], [rng.randrange(renderer.roles.vocab_size) for _ in range(300)]]
+    for sample in samples:
+        for skip in (False, True):
+            assert renderer.decode(sample, skip) == renderer.tokenizer.decode(sample, skip_special_tokens=skip)
 
 
 def test_every_reason_code_is_exercised() -> None:
@@ -244,3 +268,12 @@ def test_arguments_nested_too_deep_are_rejected_not_crashing(renderer: ChatRende
     deep = "[" * 5000 + "]" * 5000
     record = answer(renderer, prompt, "Hm.</think>" + CALL.replace('{"city": "Paris"}', deep) + "<|im_end|>")
     assert verdict_of(renderer, prompt, record) == Reason.TOOL_CALL_BAD_ARGUMENTS
+
+
+def test_decode_of_ids_outside_the_vocabulary_follows_the_tokenizer(renderer: ChatRenderer) -> None:
+    beyond = [39, 76, renderer.roles.vocab_size + 5, 13]
+    assert renderer.decode(beyond) == renderer.tokenizer.decode(beyond, skip_special_tokens=False)
+    with pytest.raises(OverflowError):
+        renderer.tokenizer.decode([39, -1])
+    with pytest.raises(OverflowError):
+        renderer.decode([39, -1])

@@ -239,8 +239,8 @@ def run_prepare(
     return prepared
 
 
-def read_prompts(storage: Storage, shard: ShardManifest) -> pa.Table:
+def read_prompts(storage: Storage, shard: ShardManifest, columns: list[str] | None = None) -> pa.Table:
     with tempfile.TemporaryDirectory(prefix="regen-read-") as tmp:
         path = Path(tmp) / "prompts.parquet"
         storage.get_file(shard.prompts_key, path)
-        return pq.read_table(path)
+        return pq.read_table(path, columns=columns)

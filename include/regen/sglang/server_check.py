@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,13 +19,22 @@ import aiohttp
 
 from regen.chat import ChatRenderer
 from regen.reasons import Reason
-from regen.records import RawAnswer
-from regen.sglang.client import SGLangClient, get_json, wait_healthy
+from regen.records import RawAnswer, text_digest
+from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
 from regen.sglang.fleet import EndpointPool
 from regen.validate import judge
 
-PROBE_MESSAGES = [{"role": "user", "content": "Reply with one short sentence: what is 2 + 2?"}]
+log = logging.getLogger(__name__)
+PROBES = (
+    "Reply with one short sentence: what is 2 + 2?",
+    "Name one primary colour, in one word.",
+    "Say hello in French, in one word.",
+)
 PROBE_MAX_NEW_TOKENS = 64
+# Properties of the server, not of one sampled answer: one probe that shows them fails the check.
+SERVER_FAULTS = frozenset(
+    {Reason.TEXT_MISMATCH, Reason.PROMPT_TOKENS_MISMATCH, Reason.ID_OUT_OF_VOCAB, Reason.EMPTY_OUTPUT}
+)
 
 
 class ServerMismatch(Exception):
@@ -60,24 +70,7 @@ async def _check_one(
             f"{list(renderer.profile.served_model_names)}: point the run at the right fleet or pick the right profile"
         )
     server = await get_json(session, f"{url}/server_info")
-    prompt_ids = renderer.render_ids(PROBE_MESSAGES, None)
-    client = SGLangClient(EndpointPool([url], session), session, request_timeout_s=600, max_attempts=3)
-    probe_sampling = {**sampling, "max_new_tokens": min(int(sampling["max_new_tokens"]), PROBE_MAX_NEW_TOKENS)}
-    generation = await client.generate(prompt_ids, probe_sampling, "regen-probe")
-    answer = RawAnswer("regen-probe", generation.output_ids, generation.meta_info, generation.text)
-    verdict = judge(prompt_ids, answer, renderer.roles, None, renderer.decode)
-    if verdict.verdict == Reason.TEXT_MISMATCH:
-        raise ServerMismatch(
-            f"{url}: tokenizer mismatch: the server's text for the probe is not this pipeline's decode of the same "
-            f"output_ids ({verdict.detail}). The server runs another tokenizer than profile "
-            f"{renderer.profile.name!r} ({renderer.profile.tokenizer}): point the run at the right fleet, or start "
-            "the servers with the profile's tokenizer"
-        )
-    if verdict.split is None:
-        raise ServerMismatch(
-            f"{url}: the probe answer failed validation ({verdict.verdict}: {verdict.detail}): "
-            f"{generation.output_ids[:32]}..."
-        )
+    generation = await _probe(session, url, renderer, sampling)
     return EndpointInfo(
         url=url,
         model_path=model_path,
@@ -87,6 +80,38 @@ async def _check_one(
         probe_output_tokens=len(generation.output_ids),
         probe_finish_reason=generation.finish_reason,
     )
+
+
+async def _probe(
+    session: aiohttp.ClientSession, url: str, renderer: ChatRenderer, sampling: dict[str, Any]
+) -> Generation:
+    """Probe answers judged like records. A tokenizer that disagrees fails at once; a sampled answer that is
+    merely defective (a model sometimes runs on) is tolerated as long as one probe passes."""
+    client = SGLangClient(EndpointPool([url], session), session, request_timeout_s=600, max_attempts=3)
+    probe_sampling = {**sampling, "max_new_tokens": min(int(sampling["max_new_tokens"]), PROBE_MAX_NEW_TOKENS)}
+    failures = []
+    for question in PROBES:
+        prompt_ids = renderer.render_ids([{"role": "user", "content": question}], None)
+        generation = await client.generate(prompt_ids, probe_sampling, "regen-probe")
+        answer = RawAnswer("regen-probe", generation.output_ids, generation.meta_info, *text_digest(generation.text))
+        verdict = judge(prompt_ids, answer, renderer.roles, None, renderer.decode)
+        if verdict.verdict == Reason.TEXT_MISMATCH:
+            difference = first_difference(generation.text, renderer.decode(generation.output_ids))
+            raise ServerMismatch(
+                f"{url}: tokenizer mismatch: the server's text for a probe is not this pipeline's decode of the same "
+                f"output_ids ({difference}). The server runs another tokenizer than profile "
+                f"{renderer.profile.name!r} ({renderer.profile.tokenizer}): point the run at the right fleet, or "
+                "start the servers with the profile's tokenizer"
+            )
+        if verdict.verdict in SERVER_FAULTS:
+            raise ServerMismatch(
+                f"{url}: the server's answer to a probe is unusable ({verdict.verdict}: {verdict.detail})"
+            )
+        if verdict.split is not None:
+            return generation
+        failures.append(f"{verdict.verdict}: {verdict.detail}")
+        log.warning("%s: a probe answer failed validation (%s); trying another probe", url, failures[-1])
+    raise ServerMismatch(f"{url}: every probe answer failed validation: {failures}")
 
 
 async def _check_all(
@@ -104,3 +129,10 @@ def check_fleet(
     endpoints: list[str], renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float = 600.0
 ) -> list[dict[str, Any]]:
     return [dataclasses.asdict(e) for e in asyncio.run(_check_all(endpoints, renderer, sampling, deadline_s))]
+
+
+def first_difference(text: str | None, decoded: str) -> str:
+    if text is None:
+        return "the server sent no text"
+    at = next((i for i, (a, b) in enumerate(zip(text, decoded, strict=False)) if a != b), min(len(text), len(decoded)))
+    return f"first difference at char {at}: server {text[at : at + 30]!r}, decode {decoded[at : at + 30]!r}"

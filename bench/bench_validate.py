@@ -1,0 +1,188 @@
+"""Validate + export against the floor of a plain pyarrow read and write of the same training records, on one core.
+
+    .venv/bin/python bench/bench_validate.py                 # 3,000 records of about 3.6k tokens
+    .venv/bin/python bench/bench_validate.py --records 500   # quicker
+
+A shard of Kimi-shaped records is built with the mini tokenizer: prompts rendered from messages by the profile's
+template, answers `reasoning </think> answer <|im_end|>` (a third of them a tool call), `text` as the server sends it.
+Then, each timed as process CPU seconds (one core: nothing here runs threads that matter):
+- the floor: pyarrow reads the training records (train/shard.parquet) and writes them again, zstd, as export does;
+- validate (every check, with the re-render and re-tokenisation samples off) plus export: the stage pair's cost;
+- the re-render check (1% of prompts, at least 16) and the re-tokenisation drift (5%, at least 16) on their own.
+It also prints the bytes per token of raw/, train/ and the whole version folder, against the previous raw format
+(JSON Lines that repeated the prompt ids, uncompressed), computed from the same records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from regen.chat import ChatRenderer, get_profile  # noqa: E402
+from regen.export import run_export  # noqa: E402
+from regen.manifest import DatasetLocation, ShardManifest  # noqa: E402
+from regen.records import RawAnswer, ShardPrompts, encode_answer, text_digest, write_raw  # noqa: E402
+from regen.storage import LocalStorage  # noqa: E402
+from regen.validate import ValidateSettings, check_render_drift, run_validate  # noqa: E402
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "run_tests",
+        "description": "Run the unit tests of a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
+
+
+def _prose(rng: random.Random, words: list[str], tokens: int, renderer: ChatRenderer) -> list[int]:
+    ids: list[int] = []
+    while len(ids) < tokens:
+        sentence = " ".join(rng.choice(words) for _ in range(12)).capitalize() + ". "
+        ids += renderer.tokenizer.encode(sentence, add_special_tokens=False)
+    return ids[:tokens]
+
+
+def build_shard(root: Path, renderer: ChatRenderer, records: int, seed: int = 0) -> tuple[LocalStorage, ShardManifest]:
+    """prompts/ and raw/ of one shard, as prepare and generate write them."""
+    import pyarrow as pa
+
+    from regen.datasets.normalise import Conversation
+    from regen.datasets.prepare import PROMPT_SCHEMA
+
+    rng = random.Random(seed)
+    words = (ROOT / "include/regen/assets/corpus.txt").read_text().split()
+    storage = LocalStorage(root)
+    location = DatasetLocation(storage.root_uri, renderer.profile.name, "bench", "v1")
+    tok = renderer.tokenizer
+    think_end, eos = renderer.roles.reasoning_end, next(iter(sorted(renderer.roles.eos_ids, reverse=True)))
+    rows, answers = [], []
+    for i in range(records):
+        question = " ".join(rng.choice(words) for _ in range(rng.randint(900, 1300)))
+        tools = [TOOL] if i % 3 == 0 else []
+        conversation = Conversation([{"role": "user", "content": f"{i}: {question}"}], tools)
+        prompt_ids = renderer.render_ids(conversation.messages, tools or None)
+        output = [*_prose(rng, words, rng.randint(900, 1300), renderer), think_end]
+        if tools:
+            call = "<|tool_calls_section_begin|><|tool_call_begin|>functions.run_tests:0<|tool_call_argument_begin|>"
+            output += tok.encode(
+                call + '{"path": "a.py"}<|tool_call_end|><|tool_calls_section_end|>', add_special_tokens=False
+            )
+        else:
+            output += _prose(rng, words, rng.randint(500, 900), renderer)
+        output.append(eos)
+        rows.append(
+            {
+                "id": conversation.sample_id,
+                "source_index": i,
+                "source": "bench",
+                "messages": json.dumps(conversation.messages),
+                "tools": json.dumps(tools),
+                "meta": "{}",
+                "prompt_ids": prompt_ids,
+            }
+        )
+        meta = {"finish_reason": {"type": "stop", "matched": eos}, "prompt_tokens": len(prompt_ids)}
+        meta |= {"completion_tokens": len(output), "cached_tokens": 0, "e2e_latency": 1.0}
+        digest, tail = text_digest(renderer.decode(output))
+        answers.append(RawAnswer(conversation.sample_id, output, meta, digest, tail, f"r{i}", "e", 1))
+    shard = ShardManifest(location, 0, location.key("prompts", "shard-00000.parquet"), "", records)
+    path = root.parent / "prompts.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA), path, compression="zstd")
+    storage.put_file(shard.prompts_key, path)
+    raw_key = shard.key("raw", ".jsonl.zst")
+    write_raw(root.parent / "raw.zst", (encode_answer(a) for a in answers))
+    storage.put_file(raw_key, root.parent / "raw.zst")
+    old_raw = sum(
+        len(json.dumps({**_as_dict(a), "text": renderer.decode(a.output_ids), "prompt_ids": r["prompt_ids"]}))
+        for a, r in zip(answers, rows, strict=True)
+    )
+    (root.parent / "old_raw_bytes").write_text(str(old_raw))
+    return storage, ShardManifest(location, 0, shard.prompts_key, "", records, raw_key=raw_key)
+
+
+def _as_dict(answer: RawAnswer) -> dict[str, Any]:
+    import msgspec
+
+    return msgspec.structs.asdict(answer)
+
+
+def cpu(fn: Any) -> tuple[float, Any]:
+    start = time.process_time()
+    result = fn()
+    return time.process_time() - start, result
+
+
+def best_of(runs: int, fn: Any) -> tuple[float, Any]:
+    """The least CPU time of a few runs, alternating nothing: these machines are noisy, the minimum is the signal."""
+    results = [cpu(fn) for _ in range(runs)]
+    return min(t for t, _ in results), results[-1][1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=3000)
+    args = parser.parse_args(argv)
+    renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+    with tempfile.TemporaryDirectory(prefix="bench-validate-") as tmp:
+        root = Path(tmp) / "root"
+        print(f"building {args.records} records ...", flush=True)
+        storage, shard = build_shard(root, renderer, args.records)
+        old_raw_bytes = int((Path(tmp) / "old_raw_bytes").read_text())
+        core = ValidateSettings(
+            render_check_fraction=1e-9, render_check_minimum=0, retokenize_fraction=0.0, retokenize_minimum=0
+        )
+        t_validate, validated = cpu(lambda: run_validate(shard, storage, renderer, core))
+        t_export, exported = cpu(lambda: run_export(validated, storage))
+        train = Path(storage.uri(exported.train_key))
+
+        def floor() -> None:
+            pq.write_table(pq.read_table(train), Path(tmp) / "floor.parquet", compression="zstd")
+
+        t_floor, _ = best_of(3, floor)
+        table = pq.read_table(train, columns=["input_ids", "loss_mask"])
+        tokens = sum(len(x) for x in table.column("input_ids").to_pylist())
+        output_tokens = sum(sum(m) for m in table.column("loss_mask").to_pylist())
+        prompts = ShardPrompts(pq.read_table(storage.uri(shard.prompts_key)))
+        t_render, rendered = cpu(lambda: check_render_drift(prompts.table, renderer))
+        sampled = ValidateSettings(render_check_fraction=0, render_check_minimum=0)
+        t_with_drift, _ = best_of(3, lambda: run_validate(shard, storage, renderer, sampled))
+
+        pair = t_validate + t_export
+        print(f"records {exported.stats['export'].kept} (train), tokens {tokens:,} ({output_tokens:,} output)")
+        print(f"floor (pyarrow read + write of train/): {t_floor:.2f} s CPU = {tokens / t_floor / 1e6:.1f}M tokens/s")
+        rate = tokens / pair / 1e6
+        print(f"validate {t_validate:.2f} s + export {t_export:.2f} s = {pair:.2f} s CPU = {rate:.1f}M tokens/s")
+        print(f"ratio validate+export / floor: {pair / t_floor:.2f}x (target <= 3x)")
+        print(
+            f"re-render check: {rendered} prompts in {t_render:.2f} s CPU ({t_render / pair:.2f}x of validate+export)"
+        )
+        drift_cost = t_with_drift - t_validate
+        share = drift_cost / pair
+        print(f"re-tokenisation drift sample (5%, >=16): +{drift_cost:.2f} s CPU ({share:.2f}x of validate+export)")
+        version = root / shard.location.prefix
+        sizes = {
+            folder: sum(f.stat().st_size for f in (version / folder).rglob("*") if f.is_file())
+            for folder in ("prompts", "raw", "train", "reports")
+        }
+        whole = sum(sizes.values())
+        print("bytes per token (all tokens of the training records):")
+        print(f"  raw/ before (JSON Lines repeating prompt_ids): {old_raw_bytes / tokens:.2f}")
+        print(f"  raw/ now (zstd JSON Lines, output ids only):    {sizes['raw'] / tokens:.2f}")
+        print(f"  train/: {sizes['train'] / tokens:.2f}   prompts/: {sizes['prompts'] / tokens:.2f}")
+        print(f"  whole version folder / train/: {whole / sizes['train']:.2f}x (target <= 2x)")
+
+
+if __name__ == "__main__":
+    main()
