@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import operator
+import random
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -15,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-# The production tokenizer and template, pinned: a moved hub branch must never change prompts silently.
-KIMI_K25_REVISION = "main"
+# The production tokenizer and template, pinned: a moved hub branch must never change prompts silently. This is a
+# snapshot of moonshotai/Kimi-K2.5 seen in public SGLang deployments (its tiktoken.model loads 163,840 ids); a
+# deployment that serves another snapshot sets its own, and check_server's tokenizer probe catches a mismatch.
+KIMI_K25_REVISION = "3367c8d1c68584429fab7faf845a32d5195b6ac1"
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,8 @@ class ChatRenderer:
         self.profile = profile
         self.tokenizer = load_tokenizer(profile)
         self.roles = self._resolve_roles()
+        self._decoder: ByteTableDecoder | None = None
+        self._decoder_built = False
 
     def token_id(self, token: str) -> int:
         """A role token must be ONE id: a string the tokenizer splits into pieces cannot mark anything."""
@@ -226,6 +232,14 @@ class ChatRenderer:
         )
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """`tokenizer.decode(ids, skip_special_tokens=...)`; for a byte-level vocabulary (Kimi's, Qwen's, GPT-2's)
+        through a byte table that is proven to give the same text when it is built (validate decodes every output,
+        and transformers' own path costs about ten times more)."""
+        if not skip_special_tokens:
+            if not self._decoder_built:
+                self._decoder, self._decoder_built = ByteTableDecoder.build(self.tokenizer), True
+            if self._decoder is not None:
+                return self._decoder.decode(ids)
         return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def fingerprint(self) -> dict[str, Any]:
@@ -238,10 +252,57 @@ class ChatRenderer:
         template_text = template if isinstance(template, str) else canonical_json(template)
         return {
             "chat_template_sha256": hashlib.sha256((template_text or "").encode("utf-8")).hexdigest(),
-            "tokenizer_files_sha256": tokenizer_files_digest(Path(self.tokenizer.name_or_path)),
+            "tokenizer_files_sha256": tokenizer_files_digest(self.tokenizer.name_or_path, self.profile.revision),
             "transformers_version": transformers.__version__,
             "tokenizers_version": tokenizers.__version__,
         }
+
+
+class ByteTableDecoder:
+    """decode() of a byte-level BPE vocabulary as a table lookup: every id's bytes joined, then decoded as UTF-8 with
+    each unfinished or invalid sequence replaced by U+FFFD, which is what a byte-level decoder does. Built only when
+    a sample of sequences (special tokens, cut characters, random ids) decodes identically both ways."""
+
+    def __init__(self, table: list[bytes], backend: Any) -> None:
+        self.table, self.backend = table, backend
+
+    def decode(self, ids: list[int]) -> str:
+        try:
+            if min(ids, default=0) < 0:
+                raise IndexError("negative id")  # a list index would count from the end
+            if len(ids) < 2:  # itemgetter of one index returns the item, not a tuple
+                return b"".join([self.table[i] for i in ids]).decode("utf-8", "replace")
+            return b"".join(operator.itemgetter(*ids)(self.table)).decode("utf-8", "replace")
+        except IndexError:  # ids outside the vocabulary: the tokenizer's own rules (skipped, or an error)
+            return str(self.backend.decode(ids, skip_special_tokens=False))
+
+    @classmethod
+    def build(cls, tokenizer: Any) -> ByteTableDecoder | None:
+        from tokenizers import decoders
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None or not isinstance(backend.decoder, decoders.ByteLevel):
+            return None
+        if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+            return None
+        byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+        added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
+        table = []
+        for token_id in range(len(tokenizer)):
+            token = added.get(token_id) or backend.id_to_token(token_id) or ""
+            if token_id in added or any(c not in byte_of for c in token):
+                table.append(token.encode("utf-8"))
+            else:
+                table.append(bytes(byte_of[c] for c in token))
+        decoder = cls(table, backend)
+        return decoder if decoder._agrees_with(backend, len(table)) else None
+
+    def _agrees_with(self, backend: Any, vocab_size: int) -> bool:
+        rng = random.Random(0)
+        samples = [list(range(start, min(start + 512, vocab_size))) for start in range(0, vocab_size, 512)]
+        samples += [[rng.randrange(vocab_size) for _ in range(rng.randint(1, 64))] for _ in range(300)]
+        return all(self.decode(ids) == backend.decode(ids, skip_special_tokens=False) for ids in samples)
 
 
 TOKENIZER_FILE = re.compile(
@@ -250,15 +311,16 @@ TOKENIZER_FILE = re.compile(
 )
 
 
-def tokenizer_files_digest(directory: Path) -> dict[str, str]:
+def tokenizer_files_digest(source: str, revision: str | None = None) -> dict[str, str]:
     """File name -> sha256 of every tokenizer file in the directory the tokenizer was loaded from (for a hub id,
-    the snapshot in the local cache)."""
+    its snapshot in the local cache, which loading it just filled)."""
+    directory = Path(source)
     if not directory.is_dir():
-        try:
-            from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download
 
-            directory = Path(snapshot_download(str(directory), local_files_only=True))
-        except Exception:
+        try:
+            directory = Path(snapshot_download(source, revision=revision, local_files_only=True))
+        except (OSError, ValueError):  # not in the local cache: nothing on disk to fingerprint
             return {}
     return {
         path.name: hashlib.sha256(path.read_bytes()).hexdigest()
@@ -273,14 +335,16 @@ def load_tokenizer(profile: ModelProfile) -> Any:
 
 @cache
 def _load_tokenizer(source: str, revision: str | None, trust_remote_code: bool) -> Any:
+    """The builtin mini tokenizer loads with its own class (regen/assets/fast_kimi.py), which prepares tools and
+    `thinking` as Kimi's remote-code class does; without it tools would be declared as JSON, not TypeScript."""
+    if source == "builtin:kimi-k2.5-mini":
+        from regen.assets.fast_kimi import load_mini_tokenizer
+
+        return load_mini_tokenizer()
+    if source.startswith("builtin:"):
+        raise ValueError(f"unknown builtin tokenizer {source!r}")
     from transformers import AutoTokenizer
 
-    if source == "builtin:kimi-k2.5-mini":
-        from regen.assets.kimi_mini import ensure_mini_tokenizer
-
-        source = str(ensure_mini_tokenizer())
-    elif source.startswith("builtin:"):
-        raise ValueError(f"unknown builtin tokenizer {source!r}")
     return AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
 
 

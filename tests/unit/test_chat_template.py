@@ -1,121 +1,284 @@
-"""The chat template renders every Kimi-K2.5 rule exactly: strings and ids."""
+"""The mini tokenizer renders exactly the text Kimi-K2.5's real tokenizer renders: strings and ids.
+
+Every expected string below is what Kimi-K2.5's own chat template renders for that conversation: the template as
+vendored in lightseekorg/smg `crates/tokenizer/tests/fixtures/kimi_k25/chat_template.jinja`
+@ ed0f623ffb1c5a7ce3b8bd7a3d41a0292990a82f, through transformers' `apply_chat_template`, with the kwargs Kimi's
+`tokenization_kimi.py` adds (tools key-sorted, `tools_ts_str` from Kimi's `tool_declaration_ts.py` as vendored in
+thinking-machines-lab/tinker-cookbook `tinker_cookbook/renderers/kimi_k2_5_tool_declaration_ts.py`
+@ f46503488a5f83bcd19b2eeb22a1cf431761be4e, `thinking` True unless given). Beside each case: the template rule it pins.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from regen.chat import ChatRenderer, ModelProfile, get_profile
+from regen.assets.slow_kimi import ensure_slow_tokenizer
+from regen.chat import ChatRenderer, get_profile
 
 WEATHER_TOOL = {
     "type": "function",
     "function": {
         "name": "get_weather",
-        "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "description": "Get weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "City name"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city"],
+        },
     },
 }
-TOOLS_JSON = (
-    '[{"type":"function","function":{"name":"get_weather","description":"Weather for a city",'
-    '"parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]'
+# The real declaration of WEATHER_TOOL (KIMI_K25.md's example; the encoder's rules in test_tool_declaration_ts.py).
+WEATHER_DECLARATION = (
+    "<|im_system|>tool_declare<|im_middle|># Tools\n\n## functions\nnamespace functions {\n// Get weather\n"
+    'type get_weather = (_: {\n  // City name\n  city: string,\n  unit?: "c" | "f"\n}) => any;\n}\n<|im_end|>'
 )
+GEN = "<|im_assistant|>assistant<|im_middle|><think>"  # generation prompt, thinking on (default)
+GEN_NO_THINK = "<|im_assistant|>assistant<|im_middle|><think></think>"  # generation prompt, thinking=False
 
 
-def call(name: str, index: int, arguments: str) -> dict[str, Any]:
+def call(index: int, arguments: str | dict[str, Any], name: str = "get_weather") -> dict[str, Any]:
     return {"id": f"functions.{name}:{index}", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-GEN = "<|im_assistant|>assistant<|im_middle|><think>"
+def result(index: int, content: str, name: str = "get_weather") -> dict[str, Any]:
+    return {"role": "tool", "name": name, "tool_call_id": f"functions.{name}:{index}", "content": content}
+
+
+def section(*calls: tuple[int, str]) -> str:
+    inner = "".join(
+        f"<|tool_call_begin|>functions.get_weather:{i}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
+        for i, args in calls
+    )
+    return f"<|tool_calls_section_begin|>{inner}<|tool_calls_section_end|>"
+
+
 CASES = [
-    pytest.param(
-        [{"role": "user", "content": "Hi"}], None, "<|im_user|>user<|im_middle|>Hi<|im_end|>" + GEN, id="plain"
+    pytest.param(  # rule: user turn header, no default system prompt
+        [{"role": "user", "content": "Hi"}],
+        None,
+        True,
+        "<|im_user|>user<|im_middle|>Hi<|im_end|>" + GEN,
+        id="plain",
     ),
-    pytest.param(
+    pytest.param(  # rule: system turns under <|im_system|>
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
         None,
+        True,
         "<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>Hi<|im_end|>" + GEN,
         id="system",
     ),
-    pytest.param(
+    pytest.param(  # rule: history (up to the last answer) shows <think></think>, its reasoning dropped
         [
             {"role": "user", "content": "Q1"},
             {"role": "assistant", "content": "A1", "reasoning_content": "old thoughts"},
             {"role": "user", "content": "Q2"},
         ],
         None,
-        "<|im_user|>user<|im_middle|>Q1<|im_end|>"
-        "<|im_assistant|>assistant<|im_middle|><think></think>A1<|im_end|>"
+        True,
+        "<|im_user|>user<|im_middle|>Q1<|im_end|><|im_assistant|>assistant<|im_middle|><think></think>A1<|im_end|>"
         "<|im_user|>user<|im_middle|>Q2<|im_end|>" + GEN,
-        id="history-reasoning-dropped",
+        id="multi-turn-history-reasoning-dropped",
     ),
-    pytest.param(
+    pytest.param(  # rule: assistant turns after the last answer keep <think>{reasoning_content}</think>
         [
+            {"role": "user", "content": "Q1"},
+            {"role": "assistant", "content": "A1", "reasoning_content": "old thoughts"},
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "call it",
+                "tool_calls": [call(0, '{"city": "Paris"}')],
+            },
+            result(0, "rain"),
+            {
+                "role": "assistant",
+                "content": "Checking Oslo too.",
+                "reasoning_content": "compare",
+                "tool_calls": [call(1, '{"city": "Oslo"}')],
+            },
+            result(1, "snow"),
+        ],
+        [WEATHER_TOOL],
+        True,
+        WEATHER_DECLARATION + "<|im_user|>user<|im_middle|>Q1<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|><think></think>A1<|im_end|>"
+        "<|im_user|>user<|im_middle|>Weather in Paris?<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|><think>call it</think>"
+        + section((0, '{"city": "Paris"}'))
+        + "<|im_end|><|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:0\nrain<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|><think>compare</think>Checking Oslo too."
+        + section((1, '{"city": "Oslo"}'))
+        + "<|im_end|><|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:1\nsnow<|im_end|>"
+        + GEN,
+        id="multi-turn-current-tool-turns-keep-reasoning",
+    ),
+    pytest.param(  # rules: TypeScript tool_declare first; a tool result's header is its name; "## Return of"
+        [
+            {"role": "system", "content": "Use tools."},
             {"role": "user", "content": "Weather in Paris?"},
             {
                 "role": "assistant",
                 "content": "",
                 "reasoning_content": "need the tool",
-                "tool_calls": [call("get_weather", 0, '{"city": "Paris"}')],
+                "tool_calls": [call(0, '{"city": "Paris"}')],
             },
-            {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": '{"temp": 21}'},
+            result(0, '{"temp": 21}'),
         ],
         [WEATHER_TOOL],
-        f"<|im_system|>tool_declare<|im_middle|>{TOOLS_JSON}<|im_end|>"
+        True,
+        WEATHER_DECLARATION + "<|im_system|>system<|im_middle|>Use tools.<|im_end|>"
         "<|im_user|>user<|im_middle|>Weather in Paris?<|im_end|>"
         "<|im_assistant|>assistant<|im_middle|><think>need the tool</think>"
-        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
-        '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'
-        '<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\n{"temp": 21}<|im_end|>' + GEN,
-        id="tool-call-and-result-keep-current-reasoning",
+        + section((0, '{"city": "Paris"}'))
+        + '<|im_end|><|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:0\n{"temp": 21}<|im_end|>'
+        + GEN,
+        id="tools-call-and-named-result",
     ),
-    pytest.param(
+    pytest.param(  # rules: calls chained in one section; arguments verbatim, or tojson (", " and ": ") for objects
         [
             {"role": "user", "content": "Paris and Oslo?"},
             {
                 "role": "assistant",
                 "content": "",
-                "tool_calls": [
-                    call("get_weather", 0, '{"city": "Paris"}'),
-                    call("get_weather", 1, '{"city": "Oslo"}'),
-                ],
+                "reasoning_content": "two cities",
+                "tool_calls": [call(0, '{"city": "Paris"}'), call(1, {"city": "Oslo", "days": 2})],
             },
-            {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "21"},
-            {"role": "tool", "tool_call_id": "functions.get_weather:1", "content": "3"},
+            result(0, "21"),
+            result(1, "3"),
             {"role": "assistant", "content": "Paris 21, Oslo 3.", "reasoning_content": "compare"},
             {"role": "user", "content": "Thanks"},
         ],
         [WEATHER_TOOL],
-        f"<|im_system|>tool_declare<|im_middle|>{TOOLS_JSON}<|im_end|>"
-        "<|im_user|>user<|im_middle|>Paris and Oslo?<|im_end|>"
-        "<|im_assistant|>assistant<|im_middle|><think></think><|tool_calls_section_begin|>"
-        '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
-        '<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{"city": "Oslo"}<|tool_call_end|>'
-        "<|tool_calls_section_end|><|im_end|>"
-        "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\n21<|im_end|>"
-        "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:1\n3<|im_end|>"
+        True,
+        WEATHER_DECLARATION + "<|im_user|>user<|im_middle|>Paris and Oslo?<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|><think></think>"
+        + section((0, '{"city": "Paris"}'), (1, '{"city": "Oslo", "days": 2}'))
+        + "<|im_end|><|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:0\n21<|im_end|>"
+        "<|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:1\n3<|im_end|>"
         "<|im_assistant|>assistant<|im_middle|><think></think>Paris 21, Oslo 3.<|im_end|>"
         "<|im_user|>user<|im_middle|>Thanks<|im_end|>" + GEN,
-        id="parallel-calls-then-answer-all-history-reasoning-dropped",
+        id="parallel-calls-then-answer",
     ),
-    pytest.param(
-        [{"role": "user", "content": [{"type": "text", "text": "part one, "}, {"type": "text", "text": "two"}]}],
+    pytest.param(  # rule: thinking=False empties <think> in the current turns and in the generation prompt
+        [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {
+                "role": "assistant",
+                "content": "Let me check.",
+                "reasoning_content": "call the tool",
+                "tool_calls": [call(0, '{"city": "Oslo"}')],
+            },
+            result(0, "snow"),
+        ],
+        [WEATHER_TOOL],
+        False,
+        WEATHER_DECLARATION + "<|im_user|>user<|im_middle|>Weather in Oslo?<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|><think></think>Let me check."
+        + section((0, '{"city": "Oslo"}'))
+        + "<|im_end|><|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:0\nsnow<|im_end|>"
+        + GEN_NO_THINK,
+        id="thinking-off-tool-calling-turn",
+    ),
+    pytest.param(  # rule: an image part is the media placeholder and a newline; text parts join with nothing
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in "},
+                    {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+                    {"type": "text", "text": "this picture?"},
+                    {"type": "text", "text": " Be brief."},
+                ],
+            }
+        ],
         None,
-        "<|im_user|>user<|im_middle|>part one, two<|im_end|>" + GEN,
-        id="content-parts",
+        True,
+        "<|im_user|>user<|im_middle|>What is in <|media_begin|>image<|media_content|><|media_pad|><|media_end|>\n"
+        "this picture? Be brief.<|im_end|>" + GEN,
+        id="list-content-image-and-text",
+    ),
+    pytest.param(  # rule: every header is `name or role`
+        [
+            {"role": "system", "name": "rules", "content": "Be kind."},
+            {"role": "user", "name": "alice", "content": "Hi"},
+            {"role": "assistant", "name": "helper", "content": "Hello, alice."},
+            {"role": "user", "name": "alice", "content": "Bye"},
+        ],
+        None,
+        True,
+        "<|im_system|>rules<|im_middle|>Be kind.<|im_end|><|im_user|>alice<|im_middle|>Hi<|im_end|>"
+        "<|im_assistant|>helper<|im_middle|><think></think>Hello, alice.<|im_end|>"
+        "<|im_user|>alice<|im_middle|>Bye<|im_end|>" + GEN,
+        id="named-turns",
+    ),
+    pytest.param(  # rule: a schema the encoder refuses -> compact JSON of the key-sorted tools
+        [{"role": "user", "content": "Hi"}],
+        [
+            {
+                "type": "function",
+                "function": {
+                    "parameters": {
+                        "required": ["q"],
+                        "type": "object",
+                        "properties": {"q": {"description": "free-form, no type"}},
+                    },
+                    "name": "search",
+                },
+            }
+        ],
+        True,
+        '<|im_system|>tool_declare<|im_middle|>[{"function":{"name":"search","parameters":{"properties":{"q":'
+        '{"description":"free-form, no type"}},"required":["q"],"type":"object"}},"type":"function"}]<|im_end|>'
+        "<|im_user|>user<|im_middle|>Hi<|im_end|>" + GEN,
+        id="tools-json-fallback-key-sorted",
     ),
 ]
 
 
-@pytest.mark.parametrize("messages,tools,expected", CASES)
-def test_rendered_prompt_is_exact(
-    renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, expected: str
+def renderer_with(base: ChatRenderer, thinking: bool, **changes: Any) -> ChatRenderer:
+    if thinking and not changes:
+        return base
+    suffix = GEN if thinking else GEN_NO_THINK
+    name = base.profile.name + ("" if thinking else "-instant") + ("-slow" if changes else "")
+    return ChatRenderer(
+        dataclasses.replace(
+            base.profile, name=name, chat_template_kwargs={"thinking": thinking}, generation_suffix=suffix, **changes
+        )
+    )
+
+
+@pytest.mark.parametrize("messages,tools,thinking,expected", CASES)
+def test_rendered_prompt_is_what_kimi_renders(
+    renderer: ChatRenderer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    thinking: bool,
+    expected: str,
 ) -> None:
-    assert renderer.render_text(messages, tools) == expected
-    ids = renderer.render_ids(messages, tools)
-    assert ids == renderer.tokenizer.encode(expected, add_special_tokens=False)
-    assert ids[-len(renderer.roles.generation_suffix) :] == list(renderer.roles.generation_suffix)
-    assert ids[-1] == 163606  # thinking on: the prompt's last token is <think>
+    chat = renderer_with(renderer, thinking)
+    assert chat.render_text(messages, tools) == expected
+    ids = chat.render_ids(messages, tools)
+    assert ids == chat.tokenizer.encode(expected, add_special_tokens=False)
+    assert ids[-len(chat.roles.generation_suffix) :] == list(chat.roles.generation_suffix)
+    assert ids[-2:] == ([163606, 163607] if not thinking else [163601, 163606])
+
+
+@pytest.mark.parametrize("messages,tools,thinking,expected", CASES)
+def test_the_slow_twin_renders_the_same_ids(
+    renderer: ChatRenderer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    thinking: bool,
+    expected: str,
+) -> None:
+    slow = renderer_with(renderer, thinking, tokenizer=str(ensure_slow_tokenizer()), trust_remote_code=True)
+    assert not slow.tokenizer.is_fast
+    assert slow.render_text(messages, tools) == expected
+    assert slow.render_ids(messages, tools) == renderer_with(renderer, thinking).render_ids(messages, tools)
 
 
 def test_plain_prompt_ids_are_literal(renderer: ChatRenderer) -> None:
@@ -125,28 +288,20 @@ def test_plain_prompt_ids_are_literal(renderer: ChatRenderer) -> None:
     assert ids == [163587, *user, 163601, *hi, 163586, 163588, *assistant, 163601, 163606]
 
 
-def test_thinking_off_ends_with_empty_think() -> None:
-    profile = ModelProfile(
-        **{
-            **get_profile("kimi-k2.5-mini").__dict__,
-            "name": "kimi-k2.5-mini-instant",
-            "chat_template_kwargs": {"thinking": False},
-            "generation_suffix": "<|im_assistant|>assistant<|im_middle|><think></think>",
-        }
-    )
-    instant = ChatRenderer(profile)
-    text = instant.render_text([{"role": "user", "content": "Hi"}], None)
-    assert text.endswith("<|im_assistant|>assistant<|im_middle|><think></think>")
-    ids = instant.render_ids([{"role": "user", "content": "Hi"}], None)
-    assert ids[-2:] == [163606, 163607]
-    assert tuple(ids[-len(instant.roles.generation_suffix) :]) == instant.roles.generation_suffix
+def test_thinking_defaults_to_on_as_in_kimis_tokenizer_class(renderer: ChatRenderer) -> None:
+    """Kimi's `apply_chat_template` passes `thinking=True` unless told otherwise; so does the mini tokenizer's."""
+    tokenizer = renderer.tokenizer
+    messages = [{"role": "user", "content": "Hi"}]
+    assert tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False).endswith(GEN)
+    no_think = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, thinking=False)
+    assert no_think.endswith(GEN_NO_THINK)
 
 
 def test_token_roles_resolve_to_kimi_ids(renderer: ChatRenderer) -> None:
     roles = renderer.roles
-    assert roles.reasoning_end == 163607
+    assert (roles.reasoning_start, roles.reasoning_end) == (163606, 163607)
     assert roles.eos_ids == {163586, 163585}
-    assert roles.tool_calls_begin == 163595
+    assert roles.tool_calls is not None and roles.tool_calls.section_begin == 163595
     assert roles.generation_suffix[0] == 163588 and roles.generation_suffix[-1] == 163606
 
 

@@ -117,7 +117,12 @@ def test_glaive_row_becomes_messages_tools_and_tool_calls() -> None:
                 }
             ],
         },
-        {"role": "tool", "content": '{"bmi": 22.86}', "tool_call_id": "functions.calculate_bmi:0"},
+        {  # Glaive's FUNCTION RESPONSE has no name: it is named after the call it answers
+            "role": "tool",
+            "name": "calculate_bmi",
+            "content": '{"bmi": 22.86}',
+            "tool_call_id": "functions.calculate_bmi:0",
+        },
         {
             "role": "assistant",
             "content": "Your Body Mass Index (BMI) is 22.86. This is considered a healthy weight.",
@@ -186,6 +191,7 @@ def test_openai_row_keeps_reasoning_and_renames_tool_call_ids() -> None:
     assert conversation.messages[2]["reasoning_content"] == "I should call the weather tool."
     assert conversation.messages[2]["tool_calls"][0]["id"] == "functions.weather:0"
     assert conversation.messages[3]["tool_call_id"] == "functions.weather:0"
+    assert conversation.messages[3]["name"] == "weather"  # the answered call's function: the turn header
 
 
 def test_sharegpt_row_keeps_history_and_drops_the_final_answer() -> None:
@@ -214,7 +220,69 @@ def test_sharegpt_function_calls_and_observations_become_tool_turns() -> None:
                 }
             ],
         },
-        {"role": "tool", "content": '{"headlines": ["a", "b"]}', "tool_call_id": "functions.get_news:0"},
+        {  # an observation has no name: it is named after the call it answers
+            "role": "tool",
+            "name": "get_news",
+            "content": '{"headlines": ["a", "b"]}',
+            "tool_call_id": "functions.get_news:0",
+        },
+    ]
+
+
+def test_sharegpt_turns_keep_their_names() -> None:
+    row = {
+        "conversations": [
+            {"from": "human", "name": "alice", "value": "News for France please"},
+            {"from": "function_call", "value": '{"name": "get_news", "arguments": {"country": "France"}}'},
+            {"from": "observation", "name": "news_api", "value": "[]"},
+            {"from": "human", "name": "", "value": "Thanks"},
+        ],
+    }
+    messages = only(normalise_row(row, "sharegpt", KIMI_IDS)).messages
+    assert [(m["role"], m.get("name")) for m in messages] == [
+        ("user", "alice"),
+        ("assistant", None),
+        ("tool", "news_api"),  # the dataset's own name wins over the call's function
+        ("user", None),  # an empty name is no name
+    ]
+
+
+def test_legacy_openai_function_call_rows_become_a_tool_call_and_its_named_result() -> None:
+    row = {
+        "messages": [
+            {"role": "user", "content": "News for France please"},
+            {
+                "role": "assistant",
+                "content": None,
+                "function_call": {"name": "get_news", "arguments": '{"country": "France"}'},
+            },
+            {"role": "function", "name": "get_news", "content": '{"headlines": ["a"]}'},
+            {"role": "assistant", "content": "Headline: a."},
+        ],
+        "functions": [NEWS],
+    }
+    conversation = only(normalise_row(row, "auto", KIMI_IDS))
+    assert conversation.tools == [{"type": "function", "function": NEWS}]  # `functions`: bare schemas, wrapped
+    assert conversation.meta == {}
+    assert conversation.messages == [
+        {"role": "user", "content": "News for France please"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "functions.get_news:0",
+                    "type": "function",
+                    "function": {"name": "get_news", "arguments": '{"country": "France"}'},
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "name": "get_news",
+            "content": '{"headlines": ["a"]}',
+            "tool_call_id": "functions.get_news:0",
+        },
     ]
 
 

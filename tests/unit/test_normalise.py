@@ -84,7 +84,12 @@ def test_tool_call_ids_follow_the_profile_and_results_follow_them() -> None:
     [prompt] = prompts(row)
     assert prompt.messages[1]["tool_calls"][0]["id"] == "functions.lookup:0"
     assert prompt.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"q": "x"}'
-    assert prompt.messages[2]["tool_call_id"] == "functions.lookup:0"
+    assert prompt.messages[2] == {
+        "role": "tool",
+        "name": "lookup",
+        "content": "found",
+        "tool_call_id": "functions.lookup:0",
+    }
     assert prompt.tools == TOOLS
 
 
@@ -103,6 +108,90 @@ def test_results_without_ids_answer_parallel_calls_in_order() -> None:
     conversation = normalise_chat(raw, KIMI_IDS)
     assert isinstance(conversation, Conversation)
     assert [m.get("tool_call_id") for m in conversation.messages[2:]] == ["functions.lookup:0", "functions.lookup:1"]
+
+
+def test_results_are_named_after_the_function_of_the_call_they_answer() -> None:
+    calls = [
+        {"id": "a", "function": {"name": "lookup", "arguments": "{}"}},
+        {"id": "b", "function": {"name": "weather", "arguments": "{}"}},
+    ]
+    raw = RawChat(
+        [
+            {"role": "user", "content": "two tools"},
+            {"role": "assistant", "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "b", "content": "sunny"},  # answers by id, out of order
+            {"role": "tool", "content": "found"},  # no id: the oldest unanswered call, "a"
+            {"role": "tool", "tool_call_id": "zzz", "content": "?"},  # an id no call has: no name to give
+        ],
+        TOOLS,
+        {},
+    )
+    conversation = normalise_chat(raw, KIMI_IDS)
+    assert isinstance(conversation, Conversation)
+    assert [(m["tool_call_id"], m.get("name")) for m in conversation.messages[2:]] == [
+        ("functions.weather:1", "weather"),
+        ("functions.lookup:0", "lookup"),
+        ("zzz", None),
+    ]
+
+
+def test_names_a_dataset_gives_are_kept_for_every_role() -> None:
+    raw = RawChat(
+        [
+            {"role": "developer", "name": "policy", "content": "rules"},
+            {"role": "user", "name": "alice", "content": "find x"},
+            {"role": "assistant", "name": "kimi", "tool_calls": [{"function": {"name": "lookup", "arguments": "{}"}}]},
+            {"role": "tool", "name": "lookup_v2", "content": "found"},  # the dataset's name wins over the call's
+            {"role": "user", "name": "", "content": "thanks"},  # empty: no name
+            {"role": "user", "name": 7, "content": "bye"},  # not text: no name
+        ],
+        TOOLS,
+        {},
+    )
+    conversation = normalise_chat(raw, KIMI_IDS)
+    assert isinstance(conversation, Conversation)
+    assert [(m["role"], m.get("name")) for m in conversation.messages] == [
+        ("system", "policy"),
+        ("user", "alice"),
+        ("assistant", "kimi"),
+        ("tool", "lookup_v2"),
+        ("user", None),
+        ("user", None),
+    ]
+
+
+def test_legacy_function_call_and_function_result_become_a_tool_call_and_tool_result() -> None:
+    raw = RawChat(
+        [
+            {"role": "user", "content": "find x"},
+            {"role": "assistant", "content": None, "function_call": {"name": "lookup", "arguments": {"q": "x"}}},
+            {"role": "function", "name": "lookup", "content": "found"},
+        ],
+        TOOLS,
+        {},
+    )
+    conversation = normalise_chat(raw, KIMI_IDS)
+    assert isinstance(conversation, Conversation)
+    assert conversation.messages[1:] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "functions.lookup:0",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"q": "x"}'},
+                }
+            ],
+        },
+        {"role": "tool", "name": "lookup", "content": "found", "tool_call_id": "functions.lookup:0"},
+    ]
+
+
+def test_names_are_part_of_the_sample_id() -> None:
+    [named] = prompts({"messages": [{"role": "user", "name": "alice", "content": "same"}]})
+    [anonymous] = prompts({"messages": [{"role": "user", "content": "same"}]})
+    assert named.sample_id != anonymous.sample_id
 
 
 def test_sample_id_is_stable_and_content_addressed() -> None:
@@ -210,6 +299,26 @@ def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
             },
             "bad_tool_call_arguments",
             id="arguments-not-object",
+        ),
+        pytest.param(
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": "", "function_call": "auto"},
+                ]
+            },
+            "bad_tool_call",
+            id="legacy-function-call-not-an-object",
+        ),
+        pytest.param(
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "function_call": {"name": "f", "arguments": "{oops"}},
+                ]
+            },
+            "bad_tool_call_arguments",
+            id="legacy-function-call-arguments",
         ),
     ],
 )

@@ -60,6 +60,8 @@ def test_sample_dataset_is_sharded_with_every_row_accounted_for(tmp_path: Path, 
         assert row["prompt_ids"] == renderer.render_ids(messages, tools)
         assert messages[-1]["role"] != "assistant"
     assert len(rows) == len({r["id"] for r in rows}) == 36
+    results = [m for row in rows for m in json.loads(row["messages"]) if m["role"] == "tool"]
+    assert results and all(m["tool_call_id"].startswith(f"functions.{m['name']}:") for m in results)  # named
     manifest = json.loads(storage.get_bytes(prepare_manifest_key(prepared.location)))
     assert manifest["rows_read"] == 40 and manifest["turns"] == "final"
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import json
+from importlib import resources
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
 from regen.assets import kimi_mini
+from regen.assets.fast_kimi import KimiMiniTokenizerFast, load_mini_tokenizer
+from regen.assets.slow_kimi import ensure_slow_tokenizer
 from regen.chat import ChatRenderer
 
 KIMI_SPECIAL_IDS = {
@@ -87,4 +91,30 @@ def test_build_is_deterministic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         directory = kimi_mini.ensure_mini_tokenizer()
         digests.append(hashlib.sha256((directory / "tokenizer.json").read_bytes()).hexdigest())
         assert AutoTokenizer.from_pretrained(str(directory)).convert_tokens_to_ids("<think>") == 163606
+        assert isinstance(load_mini_tokenizer(directory), KimiMiniTokenizerFast)
     assert digests[0] == digests[1]
+
+
+def test_the_builtin_profile_loads_the_class_that_declares_tools_like_kimis(renderer: ChatRenderer) -> None:
+    assert type(renderer.tokenizer) is KimiMiniTokenizerFast
+
+
+def test_the_cache_name_covers_every_file_the_build_reads_or_copies() -> None:
+    assert kimi_mini.BUILD_INPUTS == (
+        "kimi_mini.py",
+        "corpus.txt",
+        "kimi_k25_chat_template.jinja",
+        "tool_declaration_ts.py",
+    )
+
+
+def test_tokenizer_directories_mirror_kimis_layout(renderer: ChatRenderer) -> None:
+    """Kimi's repository has `tokenization_kimi.py` (loaded by auto_map) beside `tool_declaration_ts.py`; the slow
+    twin's directory has the same shape, and both directories carry the encoder, so its digest is recorded."""
+    encoder = resources.files("regen.assets").joinpath("tool_declaration_ts.py").read_bytes()
+    fast, slow = Path(renderer.tokenizer.name_or_path), ensure_slow_tokenizer()
+    assert (fast / "tool_declaration_ts.py").read_bytes() == (slow / "tool_declaration_ts.py").read_bytes() == encoder
+    assert "tool_declaration_ts.py" in renderer.fingerprint()["tokenizer_files_sha256"]
+    config = json.loads((slow / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["auto_map"]["AutoTokenizer"][0] == "tokenization_kimi_mini.SlowKimiMiniTokenizer"
+    assert (slow / "tokenization_kimi_mini.py").is_file()

@@ -1,8 +1,9 @@
 """A small tokenizer with Kimi-K2.5's token layout, built deterministically on this machine.
 
 Same vocabulary size (163,840), same special-token strings at the same ids, byte-level BPE so that any text
-round-trips, and a chat template that follows Kimi-K2.5's rules. Only the BPE merges differ: they are learnt from a
-small corpus shipped with the project, so tokens are shorter than the real model's, which no test depends on.
+round-trips, and a chat template that renders the same text as Kimi-K2.5's (with the TypeScript tool declaration of
+tool_declaration_ts.py, passed by the tokenizer class in fast_kimi.py). Only the BPE merges differ: they are learnt
+from a small corpus shipped with the project, so tokens are shorter than the real model's, which no test depends on.
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ NON_SPECIAL = frozenset(
 )
 
 
+TOOL_DECLARATION = "tool_declaration_ts.py"
+# Every file a build reads or copies: the cache directory's name is their digest.
+BUILD_INPUTS = ("kimi_mini.py", "corpus.txt", "kimi_k25_chat_template.jinja", TOOL_DECLARATION)
+
 # The settings both the fast mini tokenizer and its slow twin (slow_kimi.py) are saved with.
 TOKENIZER_SETTINGS: dict[str, object] = {
     "bos_token": "[BOS]",
@@ -153,19 +158,29 @@ def build_tokenizer_object() -> Tokenizer:
     return tokenizer
 
 
+def copy_tool_declaration(directory: Path) -> None:
+    """The TypeScript tool encoder beside the tokenizer files, under the name Kimi's repository gives it: the slow twin
+    imports it from there, and a run's tokenizer-file digests (`regen.chat.tokenizer_files_digest`) then change
+    whenever the encoder, and so a prompt with tools, does."""
+    source = resources.files("regen.assets").joinpath(TOOL_DECLARATION)
+    (directory / TOOL_DECLARATION).write_bytes(source.read_bytes())
+
+
 def save_pretrained(directory: Path) -> None:
-    """Write a directory that `AutoTokenizer.from_pretrained` loads offline."""
+    """Write a directory that `fast_kimi.load_mini_tokenizer` loads offline (plain `AutoTokenizer` loads the same
+    tokens and template but, like Kimi's without its remote code, declares tools as JSON)."""
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer_object(), **TOKENIZER_SETTINGS)
     fast.chat_template = chat_template()
     fast.save_pretrained(str(directory))
+    copy_tool_declaration(directory)
 
 
 def _source_digest() -> str:
     """Changes whenever anything the build depends on changes, so a stale cache is never used."""
     digest = hashlib.sha256()
-    for name in ("kimi_mini.py", "corpus.txt", "kimi_k25_chat_template.jinja"):
+    for name in BUILD_INPUTS:
         digest.update(resources.files("regen.assets").joinpath(name).read_bytes())
     return digest.hexdigest()[:12]
 

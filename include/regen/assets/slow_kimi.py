@@ -5,8 +5,12 @@ the mini tokenizer is a Rust one. This stand-in is loaded the same way as Kimi's
 `tokenizer_config.json` names this file in `auto_map`), so benchmarks of prepare measure a tokenizer whose cost is
 Python's, in the same process layout. It produces the same ids as the mini tokenizer (a unit test checks).
 
-This file is copied into the tokenizer directory and imported from there by transformers: the class needs only the
-standard library, `regex` and `transformers`; the builder imports the project lazily.
+The directory mirrors Kimi's layout: this file is copied in as `tokenization_kimi_mini.py` beside a copy of
+`tool_declaration_ts.py` (as Kimi's `tokenization_kimi.py` sits beside its `tool_declaration_ts.py`), and transformers
+imports both from there. Like Kimi's class, `apply_chat_template` sorts the tools' keys, passes their TypeScript
+declaration as `tools_ts_str` and always passes `thinking` (fast_kimi.py says why the mini tokenizer does the same).
+The class needs only the standard library, `regex`, `transformers` and its sibling module; the builder imports the
+project lazily.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import regex
 from transformers.tokenization_python import PythonBackend
 from transformers.tokenization_utils_base import AddedToken
 
+from .tool_declaration_ts import kimi_template_inputs
+
+REMOTE_MODULE = "tokenization_kimi_mini"  # this file's name in the tokenizer directory
 VOCAB_FILES_NAMES = {"vocab_file": "vocab.json", "merges_file": "merges.txt"}
 CACHE_LIMIT = 100_000  # BPE results per piece kept in memory, like GPT-2's slow tokenizer (but bounded)
 
@@ -107,6 +114,11 @@ class SlowKimiMiniTokenizer(PythonBackend):
         data = bytearray(self.byte_decoder[c] for token in tokens for c in token if c in self.byte_decoder)
         return data.decode("utf-8", errors="replace")
 
+    def apply_chat_template(self, conversation: Any, tools: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        tools, declaration = kimi_template_inputs(tools)
+        kwargs.setdefault("thinking", True)
+        return super().apply_chat_template(conversation, tools=tools, **{**kwargs, **declaration})
+
     def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str, ...]:
         prefix = f"{filename_prefix}-" if filename_prefix else ""
         vocab = os.path.join(save_directory, prefix + VOCAB_FILES_NAMES["vocab_file"])
@@ -124,6 +136,7 @@ def _write_directory(target: Path) -> None:
         SPLIT_PATTERN,
         TOKENIZER_SETTINGS,
         chat_template,
+        copy_tool_declaration,
         ensure_mini_tokenizer,
     )
 
@@ -146,9 +159,10 @@ def _write_directory(target: Path) -> None:
     tokenizer.save_pretrained(str(target))
     config_path = target / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["auto_map"] = {"AutoTokenizer": [f"{Path(__file__).stem}.{SlowKimiMiniTokenizer.__name__}", None]}
+    config["auto_map"] = {"AutoTokenizer": [f"{REMOTE_MODULE}.{SlowKimiMiniTokenizer.__name__}", None]}
     config_path.write_text(json.dumps(config, indent=1, ensure_ascii=False), encoding="utf-8")
-    shutil.copyfile(__file__, target / Path(__file__).name)
+    shutil.copyfile(__file__, target / f"{REMOTE_MODULE}.py")
+    copy_tool_declaration(target)
 
 
 def ensure_slow_tokenizer() -> Path:

@@ -1,7 +1,9 @@
 """Each prompt-dataset format -> OpenAI-shaped messages and tools, and the row -> prompts entry point.
 
 Pure functions that never raise on bad data: a row that cannot become a prompt is a `Rejection` with a reason.
-`auto` picks the format per row from the fields it has, in the order of `DETECTION`.
+`auto` picks the format per row from the fields it has, in the order of `DETECTION`. A turn's `name` is carried
+along where a format has one; tool results without one (Glaive's `FUNCTION RESPONSE:`, ShareGPT's `observation`)
+are named after the answered call's function by `normalise` (shared docs, DATASETS.md and KIMI_K25.md).
 """
 
 from __future__ import annotations
@@ -64,9 +66,12 @@ def _json_list(value: Any, what: str) -> Any:
 
 
 def openai_messages(row: dict[str, Any]) -> RawChat | Rejection:
+    """`messages` and `tools`; a legacy row (OpenAI's deprecated functions API) declares bare function schemas in
+    `functions` instead, and its `function_call` and `function` turns are converted by `normalise`."""
     if "messages" not in row:
         return Rejection("missing_messages", f"no 'messages' field (fields: {_fields(row)})")
-    return RawChat(row["messages"], row.get("tools"), _meta(row, frozenset({"messages", "tools"})))
+    tools = row.get("tools") if row.get("tools") is not None else row.get("functions")
+    return RawChat(row["messages"], tools, _meta(row, frozenset({"messages", "tools", "functions"})))
 
 
 def parse_calls(text: Any) -> list[dict[str, Any]] | Rejection:
@@ -98,7 +103,8 @@ def _sharegpt_turn(turn: Any, position: int) -> dict[str, Any] | Rejection:
     if role is None:
         return Rejection("unknown_role", f"turn {position} is from {str(speaker)[:80]!r}")
     if role != "tool_call":
-        return {"role": role, "content": value}
+        named = {"name": turn["name"]} if "name" in turn else {}  # normalise keeps it when it is a name
+        return {"role": role, "content": value, **named}
     calls = parse_calls(value)
     if isinstance(calls, Rejection):
         return calls

@@ -3,6 +3,12 @@
 Every source format is first turned into OpenAI-shaped messages and tools (`formats.py`); this module checks them once
 for all formats. Pure functions: no I/O, never raise on bad data. A prompt is the conversation up to an assistant turn
 the target model regenerates: the final one (history kept), or each one in turn.
+
+Names: Kimi-K2.5's template writes a message's `name` in its turn header instead of the role (shared docs,
+KIMI_K25.md), so a `name` a dataset gives is kept, for every role; and a tool result without one is named after the
+function of the call it answers, as Moonshot's API examples always send it, or the prompt would differ from the one
+production renders. Legacy OpenAI rows (an assistant `function_call`, a `function` role result) become one tool call
+and its tool result (OpenAI's deprecated `functions` API: one call per assistant turn, no call ids).
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from regen.chat import canonical_json
 
 Turns = Literal["final", "every_assistant_turn"]
 ROLES = frozenset({"system", "user", "assistant", "tool"})
-ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system turn
+# OpenAI's newer name for the system turn; the legacy function-calling API's result turn (named after the function).
+ROLE_ALIASES = {"developer": "system", "function": "tool"}
 
 
 @dataclass(frozen=True)
@@ -140,12 +147,14 @@ class _CallIds:
         self.renamed: dict[str, str] = {}
         self.unanswered: deque[str] = deque()
         self.last = ""
+        self.functions: dict[str, str] = {}  # new id -> name of the function called
 
-    def add(self, original: str, new: str) -> None:
+    def add(self, original: str, new: str, function: str) -> None:
         self.renamed[original] = new
         self.unanswered.append(new)
         self.last = new
         self.count += 1
+        self.functions[new] = function
 
     def answer(self, original: Any) -> str:
         if isinstance(original, str) and original:
@@ -161,7 +170,10 @@ def _assistant(
 ) -> Rejection | None:
     if isinstance(raw.get("reasoning_content"), str) and raw["reasoning_content"]:
         message["reasoning_content"] = raw["reasoning_content"]
-    calls = raw.get("tool_calls") or []
+    calls = raw.get("tool_calls")
+    if not calls and raw.get("function_call") is not None:
+        calls = [{"type": "function", "function": raw["function_call"]}]  # legacy OpenAI: one call, no id
+    calls = calls or []
     if not isinstance(calls, list):
         return Rejection("bad_tool_call", f"message {position} tool_calls is not a list")
     for call in calls:
@@ -169,7 +181,7 @@ def _assistant(
         if isinstance(result, Rejection):
             return result
         normalised, original_id = result
-        ids.add(original_id, normalised["id"])
+        ids.add(original_id, normalised["id"], normalised["function"]["name"])
         message.setdefault("tool_calls", []).append(normalised)
     return None
 
@@ -185,12 +197,16 @@ def _message(raw: Any, position: int, ids: _CallIds, id_format: str) -> dict[str
     if content is None:
         return Rejection("bad_content", f"message {position} ({role}) content is neither text nor text parts")
     message: dict[str, Any] = {"role": role, "content": content}
+    if isinstance(raw.get("name"), str) and raw["name"]:
+        message["name"] = raw["name"]
     if role == "assistant":
         rejected = _assistant(raw, message, position, ids, id_format)
         if rejected is not None:
             return rejected
     elif role == "tool":
         message["tool_call_id"] = ids.answer(raw.get("tool_call_id"))
+        if "name" not in message and message["tool_call_id"] in ids.functions:
+            message["name"] = ids.functions[message["tool_call_id"]]
     if not content.strip() and "tool_calls" not in message and role != "tool":
         return Rejection("empty_content", f"message {position} ({role}) is empty")
     return message
