@@ -3,13 +3,16 @@
     .venv/bin/python bench/bench_generate.py              # all: throughput, client CPU, memory
     .venv/bin/python bench/bench_generate.py throughput   # fraction of capacity at 64, 256, 1024 in flight
     .venv/bin/python bench/bench_generate.py cpu          # client CPU per 1,000 requests vs a bare aiohttp loop
+    .venv/bin/python bench/bench_generate.py stage        # the whole generate stage vs a bare aiohttp loop
 
 Throughput: the simulator serves `in_flight` running slots with a fixed service time (fixed answer length, a fixed
 decode time per token), so its capacity is in_flight / service_time requests per second and its busy fraction
 (/sim/stats: slot-seconds over slots x window) is the throughput as a fraction of capacity. The run is the real
 `run_generate` (checkpoints included), fed enough prompts for 8 full waves. Peak client memory (max RSS) is printed
 for each level. CPU: process CPU seconds per 1,000 requests with 2k-token prompts and 1k-token answers, for the bare
-loop (aiohttp, json) and for this project's client, measured in the same run, alternating, best of three.
+loop (aiohttp, json) and for this project's client, measured in the same run, alternating, best of three. Stage: the
+whole `run_generate` (reading the prompts, checkpoints, the raw file) against a bare aiohttp loop that sends the same
+requests and decodes the answers, alternating, best of three: throughput (answers per wall second) and CPU seconds.
 """
 
 from __future__ import annotations
@@ -188,6 +191,53 @@ def cpu_benchmark(requests: int = 1000) -> dict[str, Any]:
     }
 
 
+def stage_benchmark(requests: int = 2000, rounds: int = 3) -> dict[str, Any]:
+    """run_generate against the bare loop, same simulator, same prompts; a fresh storage root per stage run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = start_simulator(
+            Path(tmp),
+            "--min-tokens",
+            "250",
+            "--max-tokens",
+            "250",
+            "--max-running",
+            "64",
+            "--decode-ms-per-token",
+            "0.5",
+        )
+        try:
+            storage, shard = write_shard(Path(tmp) / "prompts-root", requests, 2000)
+            table = pq.read_table(storage.uri(shard.prompts_key))
+            batch = table.column("prompt_ids").to_pylist()
+            runs: dict[str, list[tuple[float, float]]] = {"bare_aiohttp": [], "generate_stage": []}
+            for round_ in range(rounds):
+                runs["bare_aiohttp"].append(_timed(lambda: asyncio.run(bare_loop(sim.url, batch, 64))))
+                fresh = LocalStorage(Path(tmp) / f"stage-{round_}")
+                fresh.put_file(shard.prompts_key, Path(storage.uri(shard.prompts_key)))
+                settings = GenerateSettings([sim.url], SAMPLING, concurrency=64)
+                runs["generate_stage"].append(_timed(lambda: run_generate(shard, fresh, settings)))  # noqa: B023
+        finally:
+            sim.stop()
+    best = {name: (min(w for w, _ in values), min(c for _, c in values)) for name, values in runs.items()}
+    (bare_wall, bare_cpu), (stage_wall, stage_cpu) = best["bare_aiohttp"], best["generate_stage"]
+    return {
+        "requests": requests,
+        "answers_per_s": {
+            "bare_aiohttp": round(requests / bare_wall, 1),
+            "generate_stage": round(requests / stage_wall, 1),
+        },
+        "cpu_s": {"bare_aiohttp": round(bare_cpu, 3), "generate_stage": round(stage_cpu, 3)},
+        "throughput_ratio_stage_to_bare": round(bare_wall / stage_wall, 3),
+        "cpu_ratio_stage_to_bare": round(stage_cpu / bare_cpu, 3),
+    }
+
+
+def _timed(fn: Any) -> tuple[float, float]:
+    wall, cpu = time.monotonic(), time.process_time()
+    fn()
+    return time.monotonic() - wall, time.process_time() - cpu
+
+
 def main() -> None:
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
     if what == "level":  # a child process per level, so each peak RSS is its own
@@ -201,6 +251,8 @@ def main() -> None:
             print("throughput", out.stdout.strip().splitlines()[-1], flush=True)
     if what in ("all", "cpu"):
         print("cpu", json.dumps(cpu_benchmark()), flush=True)
+    if what in ("all", "stage"):
+        print("stage", json.dumps(stage_benchmark()), flush=True)
 
 
 if __name__ == "__main__":

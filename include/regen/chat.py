@@ -235,12 +235,20 @@ class ChatRenderer:
         """`tokenizer.decode(ids, skip_special_tokens=...)`; for a byte-level vocabulary (Kimi's, Qwen's, GPT-2's)
         through a byte table that is proven to give the same text when it is built (validate decodes every output,
         and transformers' own path costs about ten times more)."""
-        if not skip_special_tokens:
-            if not self._decoder_built:
-                self._decoder, self._decoder_built = ByteTableDecoder.build(self.tokenizer), True
-            if self._decoder is not None:
-                return self._decoder.decode(ids)
+        decoder = self._byte_table() if not skip_special_tokens else None
+        if decoder is not None:
+            return decoder.decode(ids)
         return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def decode_in_vocab(self, ids: list[int]) -> str:
+        """decode() of ids already known to be inside the vocabulary (validate checks that first): no range check."""
+        decoder = self._byte_table()
+        return decoder.decode_in_vocab(ids) if decoder is not None else self.decode(ids)
+
+    def _byte_table(self) -> ByteTableDecoder | None:
+        if not self._decoder_built:
+            self._decoder, self._decoder_built = ByteTableDecoder.build(self.tokenizer), True
+        return self._decoder
 
     def fingerprint(self) -> dict[str, Any]:
         """Exactly which template and tokenizer render this run's prompts: recorded in every manifest, and compared
@@ -267,14 +275,14 @@ class ByteTableDecoder:
         self.table, self.backend = table, backend
 
     def decode(self, ids: list[int]) -> str:
-        try:
-            if min(ids, default=0) < 0:
-                raise IndexError("negative id")  # a list index would count from the end
-            if len(ids) < 2:  # itemgetter of one index returns the item, not a tuple
-                return b"".join([self.table[i] for i in ids]).decode("utf-8", "replace")
-            return b"".join(operator.itemgetter(*ids)(self.table)).decode("utf-8", "replace")
-        except IndexError:  # ids outside the vocabulary: the tokenizer's own rules (skipped, or an error)
-            return str(self.backend.decode(ids, skip_special_tokens=False))
+        if min(ids, default=0) < 0 or max(ids, default=0) >= len(self.table):
+            return str(self.backend.decode(ids, skip_special_tokens=False))  # outside the vocabulary: its own rules
+        return self.decode_in_vocab(ids)
+
+    def decode_in_vocab(self, ids: list[int]) -> str:
+        if len(ids) < 2:  # itemgetter of one index returns the item, not a tuple
+            return b"".join([self.table[i] for i in ids]).decode("utf-8", "replace")
+        return b"".join(operator.itemgetter(*ids)(self.table)).decode("utf-8", "replace")
 
     @classmethod
     def build(cls, tokenizer: Any) -> ByteTableDecoder | None:

@@ -91,7 +91,21 @@ def run_publish(prepared: PreparedDataset, storage: Storage, fleet: list[dict[st
         manifest["records"],
         storage.uri(key),
     )
-    log.info("%s report: %s", location.dataset, storage.uri(location.key("report.html")))
+    drift = report.get("retokenize_drift") or {}
+    log.info(
+        "%s: %d answers -> %d train, %d truncated, %d rejected %s; tool-call rate %s; re-tokenisation drift %s of %s "
+        "sampled; report: %s",
+        location.dataset,
+        report.get("answered", 0),
+        report.get("train_records", 0),
+        report.get("truncated_records", 0),
+        report.get("rejected_records", 0),
+        {k: v for k, v in report.get("verdicts", {}).items() if k != "ok"},
+        report.get("tool_call_rate"),
+        drift.get("drifted"),
+        drift.get("sampled"),
+        storage.uri(location.key("report.html")),
+    )
     return {
         "dataset": location.dataset,
         "version": location.version,

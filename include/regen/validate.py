@@ -228,7 +228,8 @@ def judge(
     tools: frozenset[str] | None,
     decode: Decode,
 ) -> Judgement:
-    """The verdict for one record, from its ids: "ok", a truncation split, or the first defect found."""
+    """The verdict for one record, from its ids: "ok", a truncation split, or the first defect found. `decode` is
+    only ever given ids inside the vocabulary."""
     suffix = roles.generation_suffix
     ending = tuple(int(i) for i in prompt_ids[-len(suffix) :])
     if ending != suffix:
@@ -302,7 +303,9 @@ def check_render_drift(prompts: pa.Table, renderer: ChatRenderer, fraction: floa
     for row in sample:
         again = renderer.render_ids(json.loads(row["messages"]), json.loads(row["tools"]) or None)
         if again != row["prompt_ids"]:
-            at = next((i for i, (a, b) in enumerate(zip(again, row["prompt_ids"], strict=False)) if a != b), None)
+            stored = row["prompt_ids"]
+            same = (i for i, (a, b) in enumerate(zip(again, stored, strict=False)) if a != b)
+            at = next(same, min(len(again), len(stored)))
             raise TemplateDrift(
                 f"prompt {row['id']} renders differently now than at prepare (first difference at id {at}): the "
                 f"chat template or tokenizer of profile {renderer.profile.name!r} changed since this version was "
@@ -345,7 +348,7 @@ def run_validate(
             for answer in read_raw(storage, shard.raw_key, Path(tmp)):
                 prompt_ids = prompts.prompt_ids(answer.id)
                 tools = declared_tools(prompts.tools_json(answer.id))
-                verdict = judge(prompt_ids, answer, renderer.roles, tools, renderer.decode)
+                verdict = judge(prompt_ids, answer, renderer.roles, tools, renderer.decode_in_vocab)
                 if verdict.split is None:
                     stats.drop(verdict.verdict)
                     rejections.add(answer.id, Reason(verdict.verdict), verdict.detail, finish=answer.finish_reason)
