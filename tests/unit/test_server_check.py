@@ -59,29 +59,28 @@ def test_model_matching(served: str, ok: bool) -> None:
     assert model_matches(served, ("moonshotai/Kimi-K2.5", "Kimi-K2.5")) is ok
 
 
-def test_a_server_with_another_tokenizer_fails_the_check(tmp_path: Path, renderer: ChatRenderer) -> None:
-    mismatched = start_simulator(tmp_path, "--text-tokenizer-mismatch")
+BAD_SERVERS = [
+    pytest.param(["--text-tokenizer-mismatch"], r"tokenizer mismatch: .*first difference at char \d+", id="tokenizer"),
+    pytest.param(
+        ["--defect-prompt-tokens-mismatch-rate", "1"],
+        r"unusable \(prompt_tokens_mismatch: sent \d+ prompt ids",
+        id="miscounts-the-prompt",
+    ),
+    pytest.param(  # short answers, so that the probe's token budget does not cut the runaway off
+        ["--defect-runaway-turn-rate", "1", "--min-tokens", "4", "--max-tokens", "8"],
+        r"every probe answer failed validation: \['role_token_in_output",
+        id="model-always-runs-on",
+    ),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_SERVERS)
+def test_a_bad_server_fails_the_check_with_what_is_wrong(
+    tmp_path: Path, renderer: ChatRenderer, args: list[str], message: str
+) -> None:
+    bad = start_simulator(tmp_path, *args)
     try:
-        with pytest.raises(ServerMismatch, match=r"tokenizer mismatch: .*first difference at char \d+"):
-            check_fleet([mismatched.url], renderer, SAMPLING)
+        with pytest.raises(ServerMismatch, match=message):
+            check_fleet([bad.url], renderer, SAMPLING)
     finally:
-        mismatched.stop()
-
-
-def test_a_server_that_miscounts_the_prompt_fails_the_check(tmp_path: Path, renderer: ChatRenderer) -> None:
-    miscounting = start_simulator(tmp_path, "--defect-prompt-tokens-mismatch-rate", "1")
-    try:
-        with pytest.raises(ServerMismatch, match=r"unusable \(prompt_tokens_mismatch: sent \d+ prompt ids"):
-            check_fleet([miscounting.url], renderer, SAMPLING)
-    finally:
-        miscounting.stop()
-
-
-def test_a_model_that_always_runs_on_fails_after_every_probe(tmp_path: Path, renderer: ChatRenderer) -> None:
-    # Short answers, so that the probe's token budget does not cut the runaway off.
-    runaway = start_simulator(tmp_path, "--defect-runaway-turn-rate", "1", "--min-tokens", "4", "--max-tokens", "8")
-    try:
-        with pytest.raises(ServerMismatch, match=r"every probe answer failed validation: \['role_token_in_output"):
-            check_fleet([runaway.url], renderer, SAMPLING)
-    finally:
-        runaway.stop()
+        bad.stop()
