@@ -301,10 +301,14 @@ def demo(argv: list[str]) -> int:
         return 1
     for dataset in summary["datasets"]:
         prep = dataset["prepare"]
+        drift = dataset.get("retokenize_drift") or {}
         print(
             f"{dataset['dataset']}: {prep['rows_read']} rows, {prep['kept']} prompts "
-            f"(rejected {prep['dropped_by_reason'] or 'none'}), {dataset['records']} training records\n"
-            f"  manifest: {dataset['manifest']}"
+            f"(rejected {prep['dropped_by_reason'] or 'none'}), {dataset['records']} training records, "
+            f"{dataset['splits']['truncated']} truncated; validate rejected "
+            f"{dataset['stages']['validate']['dropped_by_reason'] or 'none'}; re-tokenisation drift "
+            f"{drift.get('drifted')} of {drift.get('sampled')} sampled\n"
+            f"  manifest: {dataset['manifest']}\n  report:   {dataset['report']}"
         )
     print(f"fleet usage: {summary['fleet_usage']}")
     print(f"run report: {summary['report']}")
