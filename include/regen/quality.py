@@ -158,7 +158,11 @@ img{{max-width:100%;display:block;margin:1em 0}}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>{report.get("answered", 0)} answers: {report.get("train_records", 0)} training records,
 {report.get("truncated_records", 0)} truncated (flagged split), {report.get("rejected_records", 0)} rejected.
-Tool-call rate {report.get("tool_call_rate", 0)}.
+Tool-call rate {report.get("tool_call_rate", 0)}. Truncated in the reasoning
+{report.get("truncation_rate", {}).get("in_reasoning", 0)}, in the answer
+{report.get("truncation_rate", {}).get("in_answer", 0)}.
+Throughput {report.get("throughput", {}).get("answers_per_s")} answers/s,
+{report.get("throughput", {}).get("output_tokens_per_s")} output tokens/s.
 Re-tokenisation drift: {drift.get("drifted", 0)} of {drift.get("sampled", 0)} sampled records
 ({drift.get("rate")}) would have changed had this data been kept as text.</p>
 <h2>Verdicts</h2><table><tr><th>verdict</th><th>records</th></tr>{rows}</table>
