@@ -152,7 +152,7 @@ def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory
 def publish_dataset(
     run: RunSpec, prepared: dict[str, Any], fleet: list[dict[str, Any]], s3_client: S3ClientFactory | None = None
 ) -> dict[str, Any]:
-    return run_publish(PreparedDataset.from_dict(prepared), _storage(run, s3_client), fleet)
+    return run_publish(PreparedDataset.from_dict(prepared), _storage(run, s3_client), fleet, run.sampling)
 
 
 def report(

@@ -42,7 +42,13 @@ def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[S
     return finished, missing
 
 
-def run_publish(prepared: PreparedDataset, storage: Storage, fleet: list[dict[str, Any]]) -> dict[str, Any]:
+def run_publish(
+    prepared: PreparedDataset,
+    storage: Storage,
+    fleet: list[dict[str, Any]],
+    sampling_params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`sampling_params`: exactly what every /generate request of this version sent, recorded in the manifest."""
     location = prepared.location
     shards, missing = finished_shards(prepared, storage)
     if missing:
@@ -69,6 +75,7 @@ def run_publish(prepared: PreparedDataset, storage: Storage, fleet: list[dict[st
         "splits": {"train": report.get("train_records", 0), "truncated": report.get("truncated_records", 0)},
         "report": {"json": storage.uri(location.key("report.json")), "html": storage.uri(location.key("report.html"))},
         "retokenize_drift": report.get("retokenize_drift"),
+        "sampling_params": sampling_params,
         "fleet": fleet,
         "shards": [
             {

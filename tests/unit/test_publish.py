@@ -35,12 +35,13 @@ def test_publish_waits_for_every_shard_then_writes_the_manifest_last(
     finish.append(
         run_export(run_validate(run_generate(prepared.shards[1], storage, settings), storage, renderer), storage)
     )
-    summary = run_publish(prepared, storage, fleet=[{"url": simulator.url}])
+    summary = run_publish(prepared, storage, fleet=[{"url": simulator.url}], sampling_params=Sampling().as_params())
     manifest_path = Path(storage.uri(location.key("manifest.json")))
     manifest = json.loads(manifest_path.read_text())
     assert summary["records"] == manifest["records"] == 36
     assert manifest["stages"]["generate"] == {"total": 36, "kept": 36, "dropped": 0, "dropped_by_reason": {}}
     assert manifest["token_roles"]["eos_ids"] == [163585, 163586]
+    assert manifest["sampling_params"]["skip_special_tokens"] is False and manifest["sampling_params"]["no_stop_trim"]
     newest = max(Path(storage.uri(k)).stat().st_mtime_ns for k in storage.list_keys(location.prefix))
     assert manifest_path.stat().st_mtime_ns == newest
     for key, digest in manifest["files"].items():
