@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-s3 test test-fast lint bench clean
+.PHONY: demo demo-s3 ui test test-fast lint bench clean
 
 $(BIN)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ demo: $(BIN)/.installed  ## run eagle3_regen through Airflow on the sample datas
 
 demo-s3: $(BIN)/.installed  ## the same, publishing to a local S3 API (moto server)
 	$(BIN)/python tools/devstack.py demo --s3
+
+ui: $(BIN)/.installed  ## Airflow's UI on http://127.0.0.1:8080 (admin/admin) with the simulator; Ctrl-C stops it
+	$(BIN)/python tools/devstack.py ui
 
 test: $(BIN)/.installed lint  ## everything: unit, DAG and end-to-end tests
 	$(BIN)/python -m pytest

@@ -17,6 +17,7 @@ from regen.config import load_config
 
 # The deployment's config is a local file read at parse time: it fills the trigger form (no network, no storage).
 CONFIG = load_config()
+SAMPLING = CONFIG.defaults.sampling
 FLEET_POOL = "sglang_fleet"
 TRAINING_DATA = Asset(name="eagle3_regen_training_data", uri="regen://training-data")
 
@@ -52,16 +53,44 @@ def _run(run: dict[str, Any]) -> Any:
             list(CONFIG.datasets),
             type="array",
             items={"type": "string", "enum": list(CONFIG.datasets)},
+            minItems=1,
             examples=list(CONFIG.datasets),
             title="Datasets",
-            description="Which datasets of the deployment's config to regenerate.",
+            description="Which datasets of the deployment's config to regenerate (at least one).",
+            section="What to run",
+        ),
+        "profile": Param(
+            CONFIG.defaults.profile,
+            type="string",
+            enum=sorted(PROFILES),
+            title="Model profile",
+            description="The target model: its tokenizer, chat template and token roles.",
+            section="What to run",
+        ),
+        "limit": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="Samples per dataset",
+            description="Empty = all.",
+            section="What to run",
+        ),
+        "version": Param(
+            None,
+            type=["null", "string"],
+            maxLength=200,
+            title="Version",
+            description="Empty: this run's id. An earlier run's id (or version) resumes or completes that version.",
+            section="What to run",
         ),
         "endpoints": Param(
             CONFIG.defaults.endpoints,
             type="array",
             items={"type": "string", "pattern": "^https?://"},
+            minItems=1,
             title="SGLang endpoints",
             description="Base URLs of SGLang servers, or one sglang-router URL.",
+            section="Servers",
         ),
         "storage_root": Param(
             CONFIG.resolve(CONFIG.defaults.storage_root),
@@ -69,16 +98,66 @@ def _run(run: dict[str, Any]) -> Any:
             minLength=1,
             title="Storage root",
             description="s3://bucket/prefix (credentials from the aws_default connection) or a local directory.",
+            section="Servers",
         ),
-        "profile": Param(CONFIG.defaults.profile, type="string", enum=sorted(PROFILES), title="Model profile"),
-        "limit": Param(
-            None, type=["null", "integer"], minimum=1, title="Samples per dataset", description="Empty = all."
+        "max_new_tokens": Param(
+            SAMPLING.max_new_tokens,
+            type="integer",
+            minimum=1,
+            title="max_new_tokens",
+            section="Sampling",
+            description="Longest answer, in tokens; longer answers go to the flagged truncated split.",
         ),
-        "sampling": Param(
-            CONFIG.defaults.sampling.model_dump(),
-            type="object",
-            title="Sampling",
-            description="max_new_tokens, temperature, top_p, top_k, min_p; every value is sent explicitly.",
+        "temperature": Param(
+            SAMPLING.temperature,
+            type="number",
+            minimum=0,
+            title="temperature",
+            section="Sampling",
+            description="0 = greedy.",
+        ),
+        "top_p": Param(
+            SAMPLING.top_p,
+            type="number",
+            exclusiveMinimum=0,
+            maximum=1,
+            title="top_p",
+            section="Sampling",
+            description="Nucleus sampling, in (0, 1].",
+        ),
+        "top_k": Param(
+            SAMPLING.top_k,
+            type="integer",
+            minimum=-1,
+            title="top_k",
+            section="Sampling",
+            description="-1 = all tokens, else at least 1.",
+        ),
+        "min_p": Param(
+            SAMPLING.min_p,
+            type="number",
+            minimum=0,
+            maximum=1,
+            title="min_p",
+            section="Sampling",
+            description="In [0, 1]. Every sampling value is sent explicitly, never left to the server's defaults.",
+        ),
+        "shard_size": Param(
+            CONFIG.defaults.shard_size,
+            type="integer",
+            minimum=1,
+            title="Shard size",
+            section="Advanced",
+            description="Prompts per shard task (a new version only: an existing one keeps its shards).",
+        ),
+        "in_flight": Param(
+            CONFIG.defaults.in_flight,
+            type="integer",
+            minimum=1,
+            title="Requests in flight",
+            section="Advanced",
+            description=f"Across the whole fleet, shared by the {CONFIG.defaults.shard_tasks} shard tasks that "
+            "generate at once; set it above the fleet's running capacity (servers x running slots).",
         ),
         "export": Param(
             CONFIG.defaults.export.model_dump(),
@@ -88,22 +167,22 @@ def _run(run: dict[str, Any]) -> Any:
             title="Export",
             description="jsonl: also write JSON Lines (input_ids, loss_mask) for SpecForge / speculators loaders; "
             "review_text: add a decoded text column for reviewers.",
-        ),
-        "version": Param(
-            None,
-            type=["null", "string"],
-            pattern="^[A-Za-z0-9_.-]+$",
-            title="Version",
-            description="Empty: derived from the run. Set an earlier version to resume or extend it.",
+            section="Advanced",
         ),
     },
 )
 def eagle3_regen() -> None:
     @task
     def plan(**context: Any) -> dict[str, Any]:
-        from regen.pipeline import RunSpec
+        from airflow.sdk.exceptions import AirflowFailException
 
-        return RunSpec.from_params(context["params"], context["dag_run"].run_id).to_dict()
+        from regen import pipeline
+        from regen.config import ConfigError
+
+        try:
+            return pipeline.plan(context["params"], context["dag_run"].run_id, _s3_client)
+        except ConfigError as e:  # a user error: say what to fix, at once, no retries
+            raise AirflowFailException(str(e)) from e
 
     @task
     def dataset_names(run: dict[str, Any]) -> list[str]:
@@ -191,8 +270,10 @@ def eagle3_regen() -> None:
 
         from regen import pipeline
 
+        if run is None:
+            raise AirflowFailException("plan failed: nothing ran; its log says what to fix")
         try:
-            return pipeline.report(_run(run), [p for p in published if p], fleet or [], _s3_client)
+            return pipeline.report(_run(run), [p for p in published or [] if p], fleet or [], _s3_client)
         except pipeline.IncompleteRun as e:  # the report is written; the run is red
             raise AirflowFailException(str(e)) from e
 

@@ -2,6 +2,7 @@
 the SGLang-protocol simulator, and optionally an S3 HTTP API (moto server). Used by `make demo` and the e2e tests.
 
     python tools/devstack.py demo [--s3] [--limit N]     run eagle3_regen end to end and print where results are
+    python tools/devstack.py ui [--port 8080] [--s3]      the stack with its UI (triggerer included), up until Ctrl-C
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import requests
 
@@ -104,12 +106,15 @@ class Stack:
     simulator_args: list[str] = field(default_factory=list)
     simulators: int = 1  # SGLang endpoints in the fleet
     pool_slots: int | None = None  # default: the config's shard_tasks
+    api_port: int = 0  # 0: a free port
+    simulator_port: int | None = None  # the first simulator's; None: a free port
+    with_triggerer: bool = False  # the UI's health page expects one; the pipeline defers nothing to it
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     fleet: list[Simulator] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
-        self.api_port, self.s3_port = free_port(), free_port()
+        self.api_port, self.s3_port = self.api_port or free_port(), free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.s3_endpoint = f"http://127.0.0.1:{self.s3_port}"
         self._token: str | None = None
@@ -177,12 +182,15 @@ class Stack:
         self._airflow(
             "pools", "set", "sglang_fleet", str(self.slots), "Shard tasks generating against the SGLang fleet"
         )
-        self.fleet = [start_simulator(self.home, *self.simulator_args) for _ in range(self.simulators)]
+        ports = [self.simulator_port] + [None] * (self.simulators - 1)
+        self.fleet = [start_simulator(self.home, *self.simulator_args, port=port) for port in ports]
         if self.with_s3:
             self._spawn("s3", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.s3_port)])
         self._spawn("api-server", [str(BIN / "airflow"), "api-server", "--port", str(self.api_port)])
         self._spawn("scheduler", [str(BIN / "airflow"), "scheduler"])
         self._spawn("dag-processor", [str(BIN / "airflow"), "dag-processor"])
+        if self.with_triggerer:
+            self._spawn("triggerer", [str(BIN / "airflow"), "triggerer"])
         if self.with_s3:
             wait_until("S3 API", lambda: requests.get(self.s3_endpoint, timeout=2).status_code < 500, 60)
         wait_until("Airflow API", lambda: requests.get(f"{self.api}/api/v2/monitor/health", timeout=2).ok, 120)
@@ -315,7 +323,45 @@ def demo(argv: list[str]) -> int:
     return 0
 
 
+def ui(argv: list[str]) -> int:
+    """The stack for people: Airflow's UI on a fixed port, the simulator as the fleet, up until interrupted."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))
+    parser = argparse.ArgumentParser(prog="devstack.py ui")
+    parser.add_argument("--port", type=int, default=8080, help="the UI's port on 127.0.0.1")
+    parser.add_argument("--s3", action="store_true", help="also run a local S3 API (moto) with a bucket eagle3-regen")
+    args = parser.parse_args(argv)
+    default_endpoint = urlparse(load_config().defaults.endpoints[0])  # the form's default: serve it there
+    stack = Stack(
+        ROOT / "var" / "airflow",
+        database="eagle3_regen_ui",
+        with_s3=args.s3,
+        simulator_args=["--decode-ms-per-token", "0.2", "--max-running", "64"],
+        api_port=args.port,
+        with_triggerer=True,
+        simulator_port=default_endpoint.port if default_endpoint.hostname == "127.0.0.1" else None,
+    )
+    with stack:
+        if args.s3:
+            stack.s3_client().create_bucket(Bucket="eagle3-regen")
+        wait_until("DAG parsed", lambda: stack.call("GET", f"/dags/{DAG_ID}"), 120)
+        stack.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+        print(f"Airflow UI: {stack.api} (user {ADMIN[0]}, password {ADMIN[1]}); logs in var/airflow/")
+        print(f"SGLang simulator: {stack.simulator}")
+        if args.s3:
+            print(f"S3 API: {stack.s3_endpoint} (connection aws_default), bucket eagle3-regen")
+        print("Ctrl-C stops everything.", flush=True)
+        try:
+            while all(p.poll() is None for p in stack.processes):
+                time.sleep(2)
+            print("a component stopped; see var/airflow/*.log")
+            return 1
+        except KeyboardInterrupt:
+            return 0
+
+
+COMMANDS = {"demo": demo, "ui": ui}
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] != "demo":
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
         sys.exit(__doc__)
-    sys.exit(demo(sys.argv[2:]))
+    sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
+
+from pydantic import ValidationError
 
 from regen.chat import ChatRenderer, get_profile
 from regen.config import ConfigError, ExportConfig, RegenConfig, Sampling, load_config
@@ -22,7 +25,7 @@ from regen.manifest import DatasetLocation, GenerationReport, PreparedDataset, S
 from regen.publish import run_publish
 from regen.report import fleet_utilisation, log_summary
 from regen.sglang.server_check import check_fleet
-from regen.storage import Storage, open_storage
+from regen.storage import Storage, check_writable, open_storage
 from regen.validate import ValidateSettings, run_validate
 
 log = logging.getLogger(__name__)
@@ -54,30 +57,52 @@ class RunSpec:
 
     @classmethod
     def from_params(cls, params: dict[str, Any], run_id: str, config: RegenConfig | None = None) -> RunSpec:
+        """Everything the trigger form cannot check, checked here; a bad value raises ConfigError saying what to fix."""
         config = config or load_config()
+        try:
+            return cls._from_params(params, run_id, config)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise ConfigError(f"invalid run parameters: {problems}") from None
+
+    @classmethod
+    def _from_params(cls, params: dict[str, Any], run_id: str, config: RegenConfig) -> RunSpec:
+        unknown = sorted(set(params) - RUN_PARAMS)
+        if unknown:
+            raise ConfigError(f"unknown run parameters {unknown}; a run takes {sorted(RUN_PARAMS)}")
         d = config.defaults
-        datasets = list(params.get("datasets") or config.datasets)
+        datasets = params.get("datasets")
+        if datasets is not None and not datasets:
+            raise ConfigError("datasets is empty: choose at least one dataset of the config to regenerate")
+        datasets = list(datasets or config.datasets)
         for name in datasets:
             config.dataset(name)
         profile = params.get("profile") or d.profile
-        get_profile(profile)
+        try:
+            get_profile(profile)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         limit = params.get("limit")
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise ConfigError(f"limit must be a positive integer or null, got {limit!r}")
-        sampling = Sampling(**{**d.sampling.model_dump(), **(params.get("sampling") or {})})
         endpoints = [str(e).rstrip("/") for e in (params.get("endpoints") or d.endpoints)]
         if not all(e.startswith(("http://", "https://")) for e in endpoints):
             raise ConfigError(f"endpoints must be http(s) base URLs, got {endpoints}")
+        in_flight = d.in_flight if params.get("in_flight") is None else params["in_flight"]
+        shard_size = d.shard_size if params.get("shard_size") is None else params["shard_size"]
+        for name, value in (("in_flight", in_flight), ("shard_size", shard_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}")
         return cls(
             datasets=datasets,
             endpoints=endpoints,
             storage_root=config.resolve(params.get("storage_root") or d.storage_root),
             profile=profile,
             limit=limit,
-            sampling=sampling.as_params(),
-            version=params.get("version") or version_from_run_id(run_id),
-            shard_size=int(params.get("shard_size") or d.shard_size),
-            concurrency=d.shard_concurrency,
+            sampling=sampling_from_params(params, d.sampling).as_params(),
+            version=version_from_run_id(params.get("version") or run_id),
+            shard_size=shard_size,
+            concurrency=-(-in_flight // d.shard_tasks),
             request_timeout_s=d.request_timeout_s,
             max_attempts=d.max_attempts,
             export=ExportConfig(**{**d.export.model_dump(), **(params.get("export") or {})}).model_dump(),
@@ -89,6 +114,35 @@ class RunSpec:
 
     def location(self, dataset: str) -> DatasetLocation:
         return DatasetLocation(self.storage_root, self.profile, dataset, self.version)
+
+
+# What a run's params (the trigger form, or a REST conf) may hold; anything else is a typo that would be ignored.
+RUN_PARAMS = frozenset(
+    {"datasets", "profile", "limit", "version", "endpoints", "storage_root", "shard_size", "in_flight", "export"}
+    | set(Sampling.model_fields)
+)
+
+
+def sampling_from_params(params: dict[str, Any], defaults: Sampling) -> Sampling:
+    """The form's sampling fields over the config's defaults."""
+    fields = {name: params[name] for name in Sampling.model_fields if params.get(name) is not None}
+    return Sampling(**{**defaults.model_dump(), **fields})
+
+
+def plan(params: dict[str, Any], run_id: str, s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    """The run's choices, checked in seconds before any work: params, the profile's tokenizer, a storage root that
+    takes a write. Raises ConfigError with what to fix."""
+    run = RunSpec.from_params(params, run_id)
+    try:
+        renderer_for(run.profile)
+    except (OSError, ValueError, ImportError) as e:
+        raise ConfigError(f"profile {run.profile!r}: its tokenizer does not load: {e!r}") from e
+    try:
+        check_writable(_storage(run, s3_client), f"{run.profile}/.write-check-{uuid.uuid4().hex}")
+    except PermissionError as e:
+        raise ConfigError(f"{e}: give a storage_root this worker can write to") from e
+    log.info("plan: %s", run.to_dict())
+    return run.to_dict()
 
 
 @cache

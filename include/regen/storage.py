@@ -179,3 +179,15 @@ def open_storage(root_uri: str, s3_client: Any = None) -> Storage:
     if parsed.scheme not in ("", "file"):
         raise ValueError(f"storage root {root_uri!r}: only s3:// URIs and local directories are supported")
     return LocalStorage(Path(parsed.path if parsed.scheme == "file" else root_uri))
+
+
+def check_writable(storage: Storage, key: str) -> None:
+    """Write and delete a small object: a storage root that cannot take the run's output fails now, not after the
+    GPUs did the work."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        storage.put_bytes(key, b"write check\n")
+        storage.delete(key)
+    except (OSError, ValueError, BotoCoreError, ClientError) as e:
+        raise PermissionError(f"storage root {storage.root_uri} does not take writes: {e}") from e

@@ -52,6 +52,33 @@ def test_params_make_a_valid_trigger_form(dag) -> None:  # type: ignore[no-untyp
     assert params.get_param("limit").value is None
 
 
+def test_the_form_offers_exactly_what_a_run_takes_in_sections(dag) -> None:  # type: ignore[no-untyped-def]
+    from regen.pipeline import RUN_PARAMS
+
+    assert set(dag.params) == RUN_PARAMS
+    sections = {name: dag.params.get_param(name).schema.get("section") for name in dag.params}
+    assert set(sections.values()) == {"What to run", "Servers", "Sampling", "Advanced"}
+    assert all(dag.params.get_param(name).description for name in dag.params)
+
+
+@pytest.mark.parametrize(
+    "name,value,message",
+    [
+        pytest.param("temperature", -0.5, "is less than the minimum of 0", id="negative-temperature"),
+        pytest.param("max_new_tokens", 0, "is less than the minimum of 1", id="no-tokens"),
+        pytest.param("top_p", 0, "less than or equal to the minimum of 0", id="top-p"),
+        pytest.param("datasets", [], "should be non-empty", id="no-datasets"),
+    ],
+)
+def test_the_form_refuses_bad_values(dag, name: str, value: object, message: str) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = ParamsDict(dag.params)
+    with pytest.raises(ParamValidationError, match=message):
+        params[name] = value
+
+
 def test_params_reject_a_bad_profile(dag) -> None:  # type: ignore[no-untyped-def]
     from airflow.sdk.definitions.param import ParamsDict
     from airflow.sdk.exceptions import ParamValidationError
@@ -82,3 +109,17 @@ def test_parsing_opens_no_connections_and_skips_heavy_imports() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith("ok")
+
+
+def test_docker_compose_agrees_with_the_config_and_the_profile() -> None:
+    """The pool's slots come from the config's shard_tasks ($$ is compose's escape for a shell $), and the server
+    loads the revision the production profile pins."""
+    import yaml
+
+    from regen.chat import get_profile
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+    command = compose["services"]["airflow-init"]["command"]
+    assert "pools set sglang_fleet $$(python -c 'from regen.config import load_config; " in command
+    assert "print(load_config().defaults.shard_tasks)')" in command
+    assert f"--revision {get_profile('kimi-k2.5').revision}" in compose["services"]["sglang"]["command"]

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import requests
 import zstandard
 
 from regen.simulator.defects import BY_NAME
-from tools.devstack import Simulator, Stack, start_simulator
+from tools.devstack import DAG_ID, Simulator, Stack, start_simulator
 
 pytestmark = pytest.mark.e2e
 BUCKET = "regen-e2e"
@@ -172,3 +174,44 @@ def s3_lines_if(stack: Stack, keys: list[str]) -> list[dict[str, Any]]:
         if s3_keys(stack, key, ".jsonl"):
             lines += s3_lines(stack, key)
     return lines
+
+
+@pytest.mark.parametrize(
+    "conf,message",
+    [
+        pytest.param({"temperature": -0.5}, "temperature", id="negative-temperature"),
+        pytest.param({"max_new_tokens": 0}, "max_new_tokens", id="no-tokens"),
+        pytest.param({"datasets": []}, "datasets", id="no-datasets"),
+        pytest.param({"profile": "gpt-9"}, "profile", id="unknown-profile"),
+    ],
+)
+def test_the_form_refuses_bad_input_at_trigger(stack: Stack, conf: dict[str, Any], message: str) -> None:
+    """What the form's schema can check, the REST API refuses as the UI does: HTTP 400, no run."""
+    with pytest.raises(requests.HTTPError) as refused:
+        stack.trigger(conf)
+    assert refused.value.response.status_code == 400 and message in refused.value.response.text
+
+
+@pytest.mark.parametrize(
+    "conf,message",
+    [
+        pytest.param({"sampling": {"temperature": 0.5}}, "unknown run parameters ['sampling']", id="unknown-key"),
+        pytest.param({"storage_root": "/proc/eagle3-regen"}, "does not take writes", id="unwritable-root"),
+        pytest.param({"storage_root": f"s3://{BUCKET}-missing/x"}, "does not take writes", id="missing-bucket"),
+    ],
+)
+def test_bad_input_the_form_cannot_check_fails_plan_in_seconds(
+    stack: Stack, conf: dict[str, Any], message: str
+) -> None:
+    started = time.monotonic()
+    run_id = stack.trigger({"endpoints": [stack.simulator], "storage_root": f"s3://{BUCKET}/bad", **conf})
+    state = stack.wait_for_run(run_id, timeout_s=120)
+    elapsed = time.monotonic() - started
+    states = {task: s for task, _, s in stack.task_states(run_id)}
+    attempts = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/plan")["try_number"]
+    log = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/plan/logs/1", params={"full_content": True})
+    assert (state, states["plan"], attempts) == ("failed", "failed", 1)
+    assert elapsed < 60, f"took {elapsed:.0f}s"
+    assert message in json.dumps(log)
+    assert states.get("prepare_dataset") != "success" and states["report"] == "failed"
+    assert s3_keys(stack, "bad/", "") == []  # nothing written

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from regen import pipeline
 from regen.config import ConfigError, load_config
 from regen.pipeline import RunSpec
 
@@ -44,7 +45,7 @@ def test_missing_config_names_the_variable(tmp_path: Path) -> None:
 
 def test_run_spec_merges_params_over_defaults() -> None:
     run = RunSpec.from_params(
-        {"datasets": ["B2_opencodeinstruct"], "limit": 3, "sampling": {"temperature": 0.6}}, "manual__2026-11-30T01:02"
+        {"datasets": ["B2_opencodeinstruct"], "limit": 3, "temperature": 0.6}, "manual__2026-11-30T01:02"
     )
     assert run.datasets == ["B2_opencodeinstruct"]
     assert run.version == "manual__2026-11-30T01-02"
@@ -58,9 +59,32 @@ def test_run_spec_merges_params_over_defaults() -> None:
         pytest.param({"datasets": ["nope"]}, "unknown dataset 'nope'", id="dataset"),
         pytest.param({"limit": 0}, "limit must be a positive integer", id="limit"),
         pytest.param({"endpoints": ["localhost:30000"]}, "http", id="endpoint"),
-        pytest.param({"sampling": {"top_p": 2}}, "top_p", id="sampling"),
+        pytest.param({"top_p": 2}, "top_p: Input should be less than or equal to 1", id="top-p"),
+        pytest.param({"temperature": -0.5}, "temperature: Input should be greater than or equal to 0", id="temp"),
+        pytest.param({"max_new_tokens": 0}, "max_new_tokens: Input should be greater than or equal to 1", id="max"),
+        pytest.param({"top_k": 0}, "top_k must be -1", id="top-k"),
+        pytest.param({"sampling": {"temperature": 0.5}}, r"unknown run parameters \['sampling'\]", id="old-shape"),
+        pytest.param({"temprature": 0.5}, r"unknown run parameters \['temprature'\]", id="typo"),
+        pytest.param({"datasets": []}, "datasets is empty: choose at least one", id="no-datasets"),
+        pytest.param({"profile": "kimi-k3"}, "unknown profile 'kimi-k3'", id="profile"),
+        pytest.param({"in_flight": 0}, "in_flight must be a whole number of at least 1", id="in-flight"),
+        pytest.param({"shard_size": 0}, "shard_size must be a whole number of at least 1", id="shard-size"),
     ],
 )
-def test_bad_params_fail_fast(params: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+def test_bad_params_fail_fast_with_what_to_fix(params: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
         RunSpec.from_params(params, "run")
+
+
+def test_version_takes_a_run_id_as_it_is() -> None:
+    run = RunSpec.from_params({"version": "scheduled__2026-11-29T02:00:00+00:00"}, "manual__x")
+    assert run.version == "scheduled__2026-11-29T02-00-00-00-00"
+
+
+def test_plan_refuses_a_storage_root_that_takes_no_writes(tmp_path: Path) -> None:
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("a file where a directory should be")
+    with pytest.raises(ConfigError, match=r"does not take writes: .*give a storage_root"):
+        pipeline.plan({"storage_root": str(blocked / "root")}, "run")
+    assert pipeline.plan({"storage_root": str(tmp_path / "ok")}, "run")["storage_root"] == str(tmp_path / "ok")
+    assert list((tmp_path / "ok").rglob("*.write-check-*")) == []  # the probe cleans up after itself
