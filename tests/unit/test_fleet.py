@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp.abc import AbstractResolver, ResolveResult
 
-from regen.sglang.fleet import EndpointPool, FleetUnavailable
+from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens, health_problem, readiness
 from tests.conftest import free_port, start_simulator
 
 
@@ -72,3 +75,48 @@ def test_load_signals_do_not_evict() -> None:
             return endpoint.evicted
 
     assert asyncio.run(scenario()) is False
+
+
+class NoSuchHost(AbstractResolver):
+    """A name lookup that fails as an unknown host does, without asking any DNS server."""
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[ResolveResult]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    async def close(self) -> None:
+        return None
+
+
+async def _readiness(url: str, resolver: AbstractResolver | None = None) -> str | None:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=resolver)) as session:
+        return await readiness(session, url)
+
+
+@pytest.mark.parametrize(
+    "url,resolver,cause",
+    [
+        pytest.param(f"http://127.0.0.1:{free_port()}", None, "connection refused", id="refused"),
+        pytest.param("http://sglang-0.fleet.example:30000", NoSuchHost(), "unknown host", id="unknown-host"),
+    ],
+)
+def test_where_nothing_listens_readiness_fails_at_once(url: str, resolver: AbstractResolver | None, cause: str) -> None:
+    with pytest.raises(NothingListens, match=rf"^{re.escape(url)}: nothing listens there \({cause}: "):
+        asyncio.run(_readiness(url, resolver))
+
+
+def test_a_warming_server_is_not_ready_yet(tmp_path: Path) -> None:
+    warming = start_simulator(tmp_path, "--warmup-s", "60")
+    try:
+        assert asyncio.run(_readiness(warming.url)) == "HTTP 503"
+    finally:
+        warming.stop()
+
+
+def test_an_evicted_endpoint_that_is_down_is_just_not_back_yet() -> None:
+    async def scenario(url: str) -> str | None:
+        async with aiohttp.ClientSession() as session:
+            return await health_problem(session, url)  # the pool's probe: a problem, not an error
+
+    url = f"http://127.0.0.1:{free_port()}"
+    problem = asyncio.run(scenario(url))
+    assert problem is not None and problem.startswith(f"{url}: nothing listens there (connection refused: ")

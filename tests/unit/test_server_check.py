@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
+import time
 from pathlib import Path
 
 import pytest
 
 from regen.chat import ChatRenderer
 from regen.config import Sampling
-from regen.sglang.fleet import FleetUnavailable
-from regen.sglang.server_check import ServerMismatch, check_fleet, model_matches
+from regen.sglang.fleet import FleetUnavailable, NothingListens
+from regen.sglang.server_check import (
+    ServerMismatch,
+    WorkerInfo,
+    check_fleet,
+    fleet_capacity,
+    fleet_context_length,
+    fleet_version,
+    model_matches,
+    router_workers,
+)
 from tests.conftest import Simulator, free_port, start_simulator
 
 SAMPLING = Sampling().as_params()
@@ -22,15 +34,31 @@ def test_a_ready_fleet_is_recorded(simulator: Simulator, renderer: ChatRenderer)
     assert info["version"] == "0.5.9-simulator" and info["context_length"] == 16384
     assert info["max_running_requests"] == 256
     assert info["probe_output_tokens"] > 0
+    assert info["router"] is False and info["workers"] == []
 
 
-def test_waits_for_warm_up(tmp_path: Path, renderer: ChatRenderer) -> None:
+def test_waits_for_warm_up_and_says_so(
+    tmp_path: Path, renderer: ChatRenderer, caplog: pytest.LogCaptureFixture
+) -> None:
     warming = start_simulator(tmp_path, "--warmup-s", "2")
     try:
-        [info] = check_fleet([warming.url], renderer, SAMPLING, deadline_s=30)
+        with caplog.at_level(logging.INFO, logger="regen.sglang.client"):
+            [info] = check_fleet([warming.url], renderer, SAMPLING, deadline_s=30)
     finally:
         warming.stop()
     assert info["model_path"] == "kimi-k2.5-mini"
+    waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]
+    wait = rf"waiting for {re.escape(warming.url)}/health to answer 200: \d+s of 30s so far, last: HTTP 503"
+    assert waits and all(re.fullmatch(wait, w) for w in waits), waits
+
+
+def test_a_server_that_never_gets_ready_fails_at_the_deadline(tmp_path: Path, renderer: ChatRenderer) -> None:
+    warming = start_simulator(tmp_path, "--warmup-s", "60")
+    try:
+        with pytest.raises(FleetUnavailable, match=r"/health not ready after 1s \(last: HTTP 503\)"):
+            check_fleet([warming.url], renderer, SAMPLING, deadline_s=1)
+    finally:
+        warming.stop()
 
 
 def test_the_wrong_model_fails_with_what_differs(simulator: Simulator, renderer: ChatRenderer) -> None:
@@ -41,9 +69,12 @@ def test_the_wrong_model_fails_with_what_differs(simulator: Simulator, renderer:
         check_fleet([simulator.url], other, SAMPLING)
 
 
-def test_an_endpoint_that_never_gets_ready_fails_at_the_deadline(renderer: ChatRenderer) -> None:
-    with pytest.raises(FleetUnavailable, match=r"/health not ready after 1s"):
-        check_fleet([f"http://127.0.0.1:{free_port()}"], renderer, SAMPLING, deadline_s=1)
+def test_an_endpoint_where_nothing_listens_fails_in_seconds(renderer: ChatRenderer) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(NothingListens, match=rf"^{re.escape(url)}: nothing listens there \(connection refused: "):
+        check_fleet([url], renderer, SAMPLING, deadline_s=600)
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize(
@@ -84,3 +115,50 @@ def test_a_bad_server_fails_the_check_with_what_is_wrong(
             check_fleet([bad.url], renderer, SAMPLING)
     finally:
         bad.stop()
+
+
+# /workers as sglang-router 0.3.2 answers it in front of two simulators (trimmed to the fields read).
+WORKERS = {
+    "workers": [
+        {
+            "url": "http://127.0.0.1:31001",
+            "model_id": "kimi-k2.5-mini",
+            "is_healthy": True,
+            "load": 0,
+            "metadata": {"served_model_name": "kimi-k2.5-mini", "model_path": "kimi-k2.5-mini", "tp_size": "8"},
+        },
+        {"url": "http://127.0.0.1:31002/", "model_id": "unknown", "is_healthy": False, "load": 0, "metadata": {}},
+    ],
+    "total": 2,
+}
+
+
+def test_the_workers_behind_a_router() -> None:
+    assert router_workers(WORKERS) == [
+        WorkerInfo("http://127.0.0.1:31001", "kimi-k2.5-mini", True),
+        WorkerInfo("http://127.0.0.1:31002", "", False),  # no metadata: judged by the probe alone
+    ]
+
+
+@pytest.mark.parametrize(
+    "slots,capacity",
+    [
+        pytest.param([(True, 256), (True, 128)], 384, id="all-known"),
+        pytest.param([(True, 256), (False, None)], 256, id="an-unhealthy-worker-adds-nothing"),
+        pytest.param([(True, 256), (True, None)], None, id="one-unknown"),
+        pytest.param([(False, 256)], None, id="none-healthy"),
+    ],
+)
+def test_fleet_capacity(slots: list[tuple[bool, int | None]], capacity: int | None) -> None:
+    workers = [WorkerInfo(f"http://w{i}", "m", healthy, slots) for i, (healthy, slots) in enumerate(slots)]
+    assert fleet_capacity(workers) == capacity
+
+
+def test_a_fleet_reports_its_smallest_context_and_each_version_once() -> None:
+    workers = [
+        WorkerInfo("http://a", "m", True, 8, "0.5.9", 262144),
+        WorkerInfo("http://b", "m", True, 8, "0.5.9", 131072),
+        WorkerInfo("http://c", "m", True, 8, "0.5.10", None),
+    ]
+    assert fleet_context_length(workers) == 131072
+    assert fleet_version(workers) == "0.5.10, 0.5.9"

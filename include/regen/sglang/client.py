@@ -21,7 +21,7 @@ import aiohttp
 import msgspec
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from regen.sglang.fleet import EndpointPool, FleetUnavailable, health_problem
+from regen.sglang.fleet import EndpointPool, FleetUnavailable, readiness
 
 log = logging.getLogger(__name__)
 
@@ -209,10 +209,17 @@ async def get_json(session: aiohttp.ClientSession, url: str, timeout_s: float = 
         return await resp.json(content_type=None)
 
 
-async def wait_healthy(session: aiohttp.ClientSession, url: str, deadline_s: float, poll_s: float = 2.0) -> None:
+async def wait_healthy(
+    session: aiohttp.ClientSession, url: str, deadline_s: float, poll_s: float = 2.0, path: str = "/health"
+) -> None:
+    """Waits up to deadline_s for a server that answers but is not ready (503 while it warms up, a timeout while it
+    is busy), logging each wait. Where nothing listens (connection refused, unknown host) it raises NothingListens
+    at once: no deadline makes a server appear at a wrong address."""
     loop = asyncio.get_running_loop()
-    give_up = loop.time() + deadline_s
-    while (last := await health_problem(session, url)) is not None:
-        if loop.time() >= give_up:
-            raise FleetUnavailable(f"{url}/health not ready after {deadline_s:.0f}s (last: {last})")
+    started = loop.time()
+    while (last := await readiness(session, url, path)) is not None:
+        waited = loop.time() - started
+        if waited >= deadline_s:
+            raise FleetUnavailable(f"{url}{path} not ready after {deadline_s:.0f}s (last: {last})")
+        log.info("waiting for %s%s to answer 200: %.0fs of %.0fs so far, last: %s", url, path, waited, deadline_s, last)
         await asyncio.sleep(poll_s)

@@ -9,6 +9,7 @@ for one to come back, then the fleet is declared unavailable (the task fails and
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from dataclasses import dataclass
 
@@ -17,17 +18,46 @@ import aiohttp
 log = logging.getLogger(__name__)
 
 
-async def health_problem(session: aiohttp.ClientSession, url: str) -> str | None:
-    """None when GET /health answers 200 (SGLang's readiness), else what went wrong."""
+class FleetUnavailable(Exception):
+    """No endpoint can take requests: the task fails with this message and Airflow's retry resumes it."""
+
+
+class NothingListens(FleetUnavailable):
+    """Connection refused or an unknown host: no server is there, so waiting for one to get ready cannot help."""
+
+
+def nothing_listens(error: BaseException) -> str | None:
+    """Why nothing can answer at that address ("connection refused", "unknown host"), or None for timeouts, resets
+    and the like, which a server that is there but busy or starting up can cause."""
+    if isinstance(error, aiohttp.ClientConnectorDNSError):
+        return "unknown host"
+    if isinstance(error, aiohttp.ClientConnectorError) and error.os_error.errno == errno.ECONNREFUSED:
+        return "connection refused"
+    return None
+
+
+async def readiness(session: aiohttp.ClientSession, url: str, path: str = "/health") -> str | None:
+    """None when GET url+path answers 200 (SGLang's readiness), else what is not ready yet ("HTTP 503" while a
+    server warms up, a timeout). Raises NothingListens where nothing listens at url."""
     try:
-        async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+        async with session.get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=10)) as resp:
             return None if resp.status == 200 else f"HTTP {resp.status}"
     except (aiohttp.ClientError, TimeoutError) as e:
+        if cause := nothing_listens(e):
+            raise NothingListens(
+                f"{url}: nothing listens there ({cause}: {e}): check the endpoint's host and port, and that its "
+                "server is running"
+            ) from e
         return repr(e)
 
 
-class FleetUnavailable(Exception):
-    """No endpoint can take requests: the task fails with this message and Airflow's retry resumes it."""
+async def health_problem(session: aiohttp.ClientSession, url: str) -> str | None:
+    """None when GET /health answers 200, else what went wrong. For an evicted endpoint a server that is down is
+    merely not back yet, so a refused connection is one more problem here, not an error."""
+    try:
+        return await readiness(session, url)
+    except NothingListens as e:
+        return str(e)
 
 
 @dataclass

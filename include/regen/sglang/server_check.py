@@ -1,10 +1,16 @@
 """Stage 2: before any GPU time goes into shards, prove every endpoint serves the profile's model correctly.
 
-Each endpoint must answer /health (within a deadline), report a model that the profile accepts in /model_info, and
-answer one probe prompt whose ids pass the same checks as a real record (a probe cut by its small token budget may
-end with finish_reason length). The probe's `text` must be this pipeline's own decode of its `output_ids`: a server
-that detokenises differently runs another tokenizer, and every prompt it is sent would mean something else to it. A
-mismatch fails the run with a message that says what differs.
+An endpoint is an SGLang server or an sglang-router in front of several. Each must answer /health (within a
+deadline; at once when nothing listens there), report a model that the profile accepts in /get_model_info (a router
+forwards it to a worker), and answer one probe prompt whose ids pass the same checks as a real record (a probe cut by
+its small token budget may end with finish_reason length). A router is told by its /get_server_info
+(`router_manager`); the fleet behind it is read from /workers, and every worker must serve an accepted model too.
+The probe's `text` must be this pipeline's own decode of its `output_ids`: a server that detokenises differently runs
+another tokenizer, and every prompt it is sent would mean something else to it. A mismatch fails the run with a
+message that says what differs.
+
+Only endpoints that servers and the router both serve are used (SGLANG_API.md): /health, /get_model_info,
+/get_server_info, /generate; the newer names /model_info and /server_info only as a fallback where the old ones 404.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -21,7 +27,7 @@ from regen.chat import ChatRenderer
 from regen.reasons import Reason
 from regen.records import RawAnswer, text_digest
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
-from regen.sglang.fleet import EndpointPool
+from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens
 from regen.validate import judge
 
 log = logging.getLogger(__name__)
@@ -35,10 +41,25 @@ PROBE_MAX_NEW_TOKENS = 64
 SERVER_FAULTS = frozenset(
     {Reason.TEXT_MISMATCH, Reason.PROMPT_TOKENS_MISMATCH, Reason.ID_OUT_OF_VOCAB, Reason.EMPTY_OUTPUT}
 )
+MODEL_INFO = ("/get_model_info", "/model_info")  # a router serves only the first; servers both
+SERVER_INFO = ("/get_server_info", "/server_info")
 
 
 class ServerMismatch(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One server behind a router, as the router's /workers lists it."""
+
+    url: str
+    model_path: str
+    healthy: bool
+    # From the worker's own /get_server_info, when it can be reached from here (None when not):
+    max_running_requests: int | None = None
+    version: str | None = None
+    context_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -47,9 +68,11 @@ class EndpointInfo:
     model_path: str
     version: str | None
     context_length: int | None
-    max_running_requests: int | None  # the server's running slots: the fleet's capacity
+    max_running_requests: int | None  # the running slots behind this URL (a router: its healthy workers' sum)
     probe_output_tokens: int
     probe_finish_reason: dict[str, Any]
+    router: bool = False
+    workers: list[WorkerInfo] = field(default_factory=list)
 
 
 def model_matches(model_path: str, accepted: tuple[str, ...]) -> bool:
@@ -58,28 +81,127 @@ def model_matches(model_path: str, accepted: tuple[str, ...]) -> bool:
     return any(path == name or path.endswith("/" + name) for name in accepted)
 
 
-async def _check_one(
-    session: aiohttp.ClientSession, url: str, renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float
-) -> EndpointInfo:
-    await wait_healthy(session, url, deadline_s)
-    info = await get_json(session, f"{url}/model_info")
-    model_path = str(info.get("model_path", ""))
+def router_workers(workers: dict[str, Any]) -> list[WorkerInfo]:
+    """The workers in a router's /workers answer (sglang-router 0.3: the model in each worker's metadata, which the
+    router read from the worker; "" when it has none)."""
+    infos = []
+    for worker in workers.get("workers", []):
+        metadata = worker.get("metadata") or {}
+        model_path = metadata.get("model_path") or metadata.get("served_model_name") or ""
+        infos.append(WorkerInfo(str(worker["url"]).rstrip("/"), str(model_path), bool(worker.get("is_healthy"))))
+    return infos
+
+
+def fleet_capacity(workers: list[WorkerInfo]) -> int | None:
+    """The healthy workers' running slots: None unless every one of them is known."""
+    slots = [w.max_running_requests for w in workers if w.healthy]
+    return sum(s for s in slots if s is not None) if slots and None not in slots else None
+
+
+def fleet_version(workers: list[WorkerInfo]) -> str | None:
+    """The workers' SGLang versions, each once (a fleet mid-upgrade shows both)."""
+    versions = sorted({w.version for w in workers if w.version})
+    return ", ".join(versions) or None
+
+
+def fleet_context_length(workers: list[WorkerInfo]) -> int | None:
+    """The smallest context a worker reports: a prompt must fit on whichever worker the router picks."""
+    lengths = [w.context_length for w in workers if w.context_length]
+    return min(lengths) if lengths else None
+
+
+async def get_either(session: aiohttp.ClientSession, url: str, paths: tuple[str, ...]) -> dict[str, Any]:
+    """The first alias of an endpoint that url serves: a router lacks some of a server's names, and a newer server
+    may drop the deprecated ones."""
+    for path in paths[:-1]:
+        try:
+            return dict(await get_json(session, f"{url}{path}"))
+        except aiohttp.ClientResponseError as e:
+            if e.status != 404:
+                raise
+    return dict(await get_json(session, f"{url}{paths[-1]}"))
+
+
+def _check_model(url: str, model_path: str, renderer: ChatRenderer) -> None:
     if not model_matches(model_path, renderer.profile.served_model_names):
         raise ServerMismatch(
             f"{url} serves {model_path!r}, but profile {renderer.profile.name!r} expects one of "
             f"{list(renderer.profile.served_model_names)}: point the run at the right fleet or pick the right profile"
         )
-    server = await get_json(session, f"{url}/server_info")
+
+
+async def _check_one(
+    session: aiohttp.ClientSession, url: str, renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float
+) -> EndpointInfo:
+    give_up = asyncio.get_running_loop().time() + deadline_s
+    await wait_healthy(session, url, deadline_s)
+    server = await get_either(session, url, SERVER_INFO)
+    workers: list[WorkerInfo] = []
+    if server.get("router_manager"):
+        workers = await _router_fleet(session, url, give_up - asyncio.get_running_loop().time())
+        for worker in (w for w in workers if w.model_path):  # one without metadata is judged by the probe alone
+            _check_model(f"{url} (worker {worker.url})", worker.model_path, renderer)
+    info = await get_either(session, url, MODEL_INFO)
+    model_path = str(info.get("model_path", ""))
+    _check_model(url, model_path, renderer)
     generation = await _probe(session, url, renderer, sampling)
     return EndpointInfo(
         url=url,
         model_path=model_path,
-        version=server.get("version"),
-        context_length=server.get("context_length") or server.get("max_req_input_len"),
-        max_running_requests=server.get("max_running_requests"),
+        version=fleet_version(workers) if workers else server.get("version"),
+        context_length=fleet_context_length(workers) if workers else _context_length(server),
+        max_running_requests=fleet_capacity(workers) if workers else server.get("max_running_requests"),
         probe_output_tokens=len(generation.output_ids),
         probe_finish_reason=generation.finish_reason,
+        router=bool(server.get("router_manager")),
+        workers=workers,
     )
+
+
+def _context_length(server: dict[str, Any]) -> int | None:
+    value = server.get("context_length") or server.get("max_req_input_len")
+    return int(value) if value else None
+
+
+async def _router_fleet(session: aiohttp.ClientSession, url: str, deadline_s: float) -> list[WorkerInfo]:
+    """The workers behind a router, once one is healthy. A router answers /health with no worker at all, so its
+    readiness is /health_generate (200 once a worker is healthy). Each worker's own /get_server_info, where it can be
+    reached from here, gives its running slots, version and context length."""
+    try:
+        await wait_healthy(session, url, max(deadline_s, 0.0), path="/health_generate")
+    except NothingListens:
+        raise
+    except FleetUnavailable as e:
+        raise FleetUnavailable(
+            f"{e}: the sglang-router at {url} has no healthy worker (its log says which worker URLs it cannot reach)"
+        ) from e
+    workers = router_workers(await get_json(session, f"{url}/workers"))
+    if not workers:
+        raise FleetUnavailable(f"{url} is an sglang-router, and its /workers lists no worker")
+    for worker in workers:
+        if not worker.healthy:
+            log.warning("%s: router worker %s is not healthy; it is left out of the fleet's capacity", url, worker.url)
+    served = await asyncio.gather(*(_worker_server_info(session, w.url) for w in workers))
+    log.info("%s is an sglang-router in front of %d workers: %s", url, len(workers), [w.url for w in workers])
+    return [
+        dataclasses.replace(
+            w,
+            max_running_requests=s.get("max_running_requests"),
+            version=s.get("version"),
+            context_length=_context_length(s),
+        )
+        for w, s in zip(workers, served, strict=True)
+    ]
+
+
+async def _worker_server_info(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    """A worker's own server info, or {} when it cannot be had from here (a worker on a network only the router
+    reaches): its capacity is then unknown, which the report handles."""
+    try:
+        return await get_either(session, url, SERVER_INFO)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+        log.warning("router worker %s: no /get_server_info from here (%r); its running slots are unknown", url, e)
+        return {}
 
 
 async def _probe(
