@@ -190,10 +190,16 @@ def eagle3_regen() -> None:
 
     @task(map_index_template="{{ label }}")
     def prepare_dataset(run: dict[str, Any], dataset: str) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
         from regen import pipeline
+        from regen.datasets.sources import CorruptSource
 
         get_current_context()["label"] = dataset  # type: ignore[typeddict-unknown-key]
-        return pipeline.prepare_dataset(_run(run), dataset, _s3_client)
+        try:
+            return pipeline.prepare_dataset(_run(run), dataset, _s3_client)
+        except (FileNotFoundError, CorruptSource) as e:  # the dataset's source is wrong: a retry reads the same
+            raise AirflowFailException(f"{dataset}: {e}") from e
 
     @task
     def check_server(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -207,11 +213,17 @@ def eagle3_regen() -> None:
         except ServerMismatch as e:  # the wrong fleet stays wrong: fail now, no retries
             raise AirflowFailException(str(e)) from e
 
-    @task
-    def list_shards(prepared: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # A dataset whose prepare failed must not hold back the others: shards are listed from the datasets that were
+    # prepared, once the fleet check passed.
+    @task(trigger_rule=TriggerRule.ALL_DONE)
+    def list_shards(prepared: list[dict[str, Any]], fleet: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        from airflow.sdk.exceptions import AirflowFailException
+
         from regen import pipeline
 
-        return pipeline.shards_of(list(prepared))
+        if not fleet:
+            raise AirflowFailException("check_server did not pass: no shard is sent to the fleet")
+        return pipeline.shards_of([p for p in prepared if p])
 
     def _label(shard: dict[str, Any]) -> None:
         label = f"{shard['location']['dataset']}/shard-{shard['shard']:05d}"
@@ -280,8 +292,7 @@ def eagle3_regen() -> None:
     run = plan()
     prepared = prepare_dataset.partial(run=run).expand(dataset=dataset_names(run))
     fleet = check_server(run)
-    shards = list_shards(prepared)
-    fleet >> shards
+    shards = list_shards(prepared, fleet)
     processed = process_shard.partial(run=run).expand(shard=shards)
     published = publish_dataset.partial(run=run, fleet=fleet).expand(prepared=prepared)
     processed >> published

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import requests
+import yaml
 import zstandard
 
 from regen.simulator.defects import BY_NAME
@@ -23,16 +24,29 @@ BUCKET = "regen-e2e"
 EXPECTED_PROMPTS = {"B1_glaive": 36, "B2_opencodeinstruct": 48}
 
 
+GOOD = list(EXPECTED_PROMPTS)  # the config also has B3_missing, whose source does not exist
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with Stack(tmp_path_factory.mktemp("airflow"), database="eagle3_regen_e2e", with_s3=True) as running:
-        running.s3_client().create_bucket(Bucket=BUCKET)
-        yield running
+    """The stack on the project's config plus a dataset whose source is missing."""
+    project = Path(__file__).resolve().parents[2] / "config" / "regen.yaml"
+    config = yaml.safe_load(project.read_text())
+    for dataset in config["datasets"].values():
+        dataset["paths"] = [str((project.parent / path).resolve()) for path in dataset["paths"]]
+    config["datasets"]["B3_missing"] = {"format": "input_output", "paths": [str(project.parent / "absent.jsonl")]}
+    config_path = tmp_path_factory.mktemp("config") / "regen.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setenv("REGEN_CONFIG", str(config_path))
+        with Stack(tmp_path_factory.mktemp("airflow"), database="eagle3_regen_e2e", with_s3=True) as running:
+            running.s3_client().create_bucket(Bucket=BUCKET)
+            yield running
 
 
 @pytest.fixture(scope="module")
 def finished_run(stack: Stack) -> dict[str, Any]:
-    run_id = stack.trigger({"endpoints": [stack.simulator], "storage_root": f"s3://{BUCKET}/runs"})
+    run_id = stack.trigger({"datasets": GOOD, "endpoints": [stack.simulator], "storage_root": f"s3://{BUCKET}/runs"})
     state = stack.wait_for_run(run_id, timeout_s=600)
     states = stack.task_states(run_id)
     assert state == "success", f"run {state}: {states}\nlogs: {stack.home / 'logs'}"
@@ -109,7 +123,7 @@ def defect_run(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """A server that plants a defect in about a third of its answers, every kind."""
     sim = start_simulator(tmp_path_factory.mktemp("defects"), "--defect-rate", "0.35")
     try:
-        run_id = stack.trigger({"endpoints": [sim.url], "storage_root": f"s3://{BUCKET}/defects"})
+        run_id = stack.trigger({"datasets": GOOD, "endpoints": [sim.url], "storage_root": f"s3://{BUCKET}/defects"})
         state = stack.wait_for_run(run_id, timeout_s=600)
         yield {"state": state, "report": stack.xcom(run_id, "report"), "sim": sim, "states": stack.task_states(run_id)}
     finally:
@@ -155,7 +169,7 @@ def test_a_server_with_another_tokenizer_fails_the_run_at_check_server(
 ) -> None:
     sim = start_simulator(tmp_path_factory.mktemp("mismatch"), "--text-tokenizer-mismatch")
     try:
-        run_id = stack.trigger({"endpoints": [sim.url], "storage_root": f"s3://{BUCKET}/mismatch"})
+        run_id = stack.trigger({"datasets": GOOD, "endpoints": [sim.url], "storage_root": f"s3://{BUCKET}/mismatch"})
         state = stack.wait_for_run(run_id, timeout_s=300)
         states = {task: s for task, _, s in stack.task_states(run_id)}
         answered = sim.stats()["answered"]
@@ -204,7 +218,9 @@ def test_bad_input_the_form_cannot_check_fails_plan_in_seconds(
     stack: Stack, conf: dict[str, Any], message: str
 ) -> None:
     started = time.monotonic()
-    run_id = stack.trigger({"endpoints": [stack.simulator], "storage_root": f"s3://{BUCKET}/bad", **conf})
+    run_id = stack.trigger(
+        {"datasets": GOOD, "endpoints": [stack.simulator], "storage_root": f"s3://{BUCKET}/bad", **conf}
+    )
     state = stack.wait_for_run(run_id, timeout_s=120)
     elapsed = time.monotonic() - started
     states = {task: s for task, _, s in stack.task_states(run_id)}
@@ -215,3 +231,23 @@ def test_bad_input_the_form_cannot_check_fails_plan_in_seconds(
     assert message in json.dumps(log)
     assert states.get("prepare_dataset") != "success" and states["report"] == "failed"
     assert s3_keys(stack, "bad/", "") == []  # nothing written
+
+
+def test_a_dataset_that_fails_holds_back_no_other_and_the_run_is_red(stack: Stack) -> None:
+    conf = {"datasets": ["B3_missing", "B2_opencodeinstruct"], "endpoints": [stack.simulator]}
+    run_id = stack.trigger({**conf, "storage_root": f"s3://{BUCKET}/partial"})
+    try:
+        state = stack.wait_for_run(run_id, timeout_s=300)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}: {stack.task_states(run_id)}") from e
+    states = {(task, index): s for task, index, s in stack.task_states(run_id)}
+    failed_prepare = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/prepare_dataset/0")
+    report_key = next(iter(s3_keys(stack, "partial/kimi-k2.5-mini/runs/", ".json")))
+    report = s3_json(stack, report_key)
+    assert state == "failed"
+    assert (failed_prepare["state"], failed_prepare["try_number"]) == ("failed", 1)  # a missing source: no retries
+    assert states[("prepare_dataset", 1)] == "success"
+    assert states[("process_shard.generate_shard", 0)] == "success"  # B2's shard was generated all the same
+    assert [d["dataset"] for d in report["datasets"]] == ["B2_opencodeinstruct"] and report["datasets"][0]["records"]
+    assert report["unpublished"] == ["B3_missing"]
+    assert s3_keys(stack, "partial/kimi-k2.5-mini/B2_opencodeinstruct/", "manifest.json")
