@@ -22,11 +22,10 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from regen.manifest import ShardManifest, StageStats
 from regen.records import ShardPrompts, read_raw
-from regen.storage import Storage
+from regen.storage import Storage, read_table, write_table
 from regen.validate import verdicts_key
 
 log = logging.getLogger(__name__)
@@ -126,29 +125,18 @@ def _write_jsonl(table: pa.Table, path: Path) -> None:
 
 
 def _upload(storage: Storage, shard: ShardManifest, split: str, table: pa.Table, fmt: ExportFormat) -> dict[str, str]:
-    key = shard.key(split, ".parquet" if fmt == "parquet" else ".jsonl")
+    if fmt == "parquet":
+        # Dictionaries and statistics only where they help: token-id lists gain nothing from either, and computing
+        # them was a tenth of the write.
+        strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
+        scalars = [f.name for f in table.schema if not pa.types.is_list(f.type)]
+        key = shard.key(split, ".parquet")
+        return {key: write_table(storage, key, table, use_dictionary=strings, write_statistics=scalars)}
+    key = shard.key(split, ".jsonl")
     with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
-        path = Path(tmp) / "out"
-        if fmt == "parquet":
-            write_training_parquet(table, path)
-        else:
-            _write_jsonl(table, path)
+        path = Path(tmp) / "out.jsonl"
+        _write_jsonl(table, path)
         return {key: storage.put_file(key, path)}
-
-
-def write_training_parquet(table: pa.Table, path: Path) -> None:
-    """zstd; dictionaries and statistics only where they help: token-id lists gain nothing from either, and
-    computing them was a tenth of the write."""
-    strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
-    scalars = [f.name for f in table.schema if not pa.types.is_list(f.type)]
-    pq.write_table(table, path, compression="zstd", use_dictionary=strings, write_statistics=scalars)
-
-
-def read_verdicts(storage: Storage, shard: ShardManifest) -> pa.Table:
-    with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
-        path = Path(tmp) / "verdicts.parquet"
-        storage.get_file(verdicts_key(shard), path)
-        return pq.read_table(path)
 
 
 def run_export(
@@ -164,7 +152,8 @@ def run_export(
         raise ValueError(f"{shard.name} has no raw answers yet: run generate first")
     if settings.review_text and decode is None:
         raise ValueError("review_text needs the profile's tokenizer to decode outputs")
-    verdicts = read_verdicts(storage, shard).select(["id", "verdict", "flags", "finish_reason"]).to_pylist()
+    columns = ["id", "verdict", "flags", "finish_reason"]
+    verdicts = read_table(storage, verdicts_key(shard), columns).to_pylist()
     kept = {v["id"]: v for v in verdicts if v["verdict"] == "ok" or v["verdict"].startswith("truncated_")}
     prompts = ShardPrompts(read_prompts(storage, shard, ["id", "prompt_ids"]))
     splits = {name: _Split() for name in SPLITS}

@@ -11,17 +11,14 @@ from __future__ import annotations
 import html
 import io
 import json
-import tempfile
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from regen.manifest import GenerationReport, ShardManifest
-from regen.storage import Storage
+from regen.storage import Storage, read_table
 from regen.validate import OK, verdicts_key
 
 PERCENTILES = (50, 90, 99)
@@ -29,12 +26,7 @@ LENGTHS = ("prompt", "reasoning", "answer", "output")
 
 
 def read_verdicts(storage: Storage, shards: list[ShardManifest]) -> pa.Table:
-    tables = []
-    with tempfile.TemporaryDirectory(prefix="regen-quality-") as tmp:
-        for shard in shards:
-            path = Path(tmp) / f"{shard.name}.parquet"
-            storage.get_file(verdicts_key(shard), path)
-            tables.append(pq.read_table(path))
+    tables = [read_table(storage, verdicts_key(shard)) for shard in shards]
     return pa.concat_tables(tables) if tables else pa.table({})
 
 

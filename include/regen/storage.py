@@ -191,3 +191,23 @@ def check_writable(storage: Storage, key: str) -> None:
         storage.delete(key)
     except (OSError, ValueError, BotoCoreError, ClientError) as e:
         raise PermissionError(f"storage root {storage.root_uri} does not take writes: {e}") from e
+
+
+def read_table(storage: Storage, key: str, columns: list[str] | None = None) -> Any:
+    """A stored Parquet file as an Arrow table, through a local copy (Parquet needs random access)."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(prefix="regen-read-") as tmp:
+        path = Path(tmp) / "table.parquet"
+        storage.get_file(key, path)
+        return pq.read_table(path, columns=columns)
+
+
+def write_table(storage: Storage, key: str, table: Any, **options: Any) -> str:
+    """An Arrow table stored as zstd Parquet (`options` go to pyarrow's writer); returns its sha256."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(prefix="regen-write-") as tmp:
+        path = Path(tmp) / "table.parquet"
+        pq.write_table(table, path, compression="zstd", **options)
+        return storage.put_file(key, path)

@@ -29,13 +29,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from regen.chat import ChatRenderer, TokenRoles
 from regen.manifest import ShardManifest, StageStats
 from regen.reasons import TRUNCATED, Reason, RejectionWriter
 from regen.records import RawAnswer, ShardPrompts, read_raw, text_digest
-from regen.storage import Storage
+from regen.storage import Storage, write_table
 
 log = logging.getLogger(__name__)
 
@@ -360,10 +359,7 @@ def run_validate(
                 columns.append(answer, verdict, len(prompt_ids), drift)
         files = rejections.upload()
     key = verdicts_key(shard)
-    with tempfile.TemporaryDirectory(prefix="regen-validate-") as tmp:
-        path = Path(tmp) / "verdicts.parquet"
-        pq.write_table(columns.table(), path, compression="zstd")
-        files[key] = storage.put_file(key, path)
+    files[key] = write_table(storage, key, columns.table())
     log.info("%s %s validated: %s", shard.location.dataset, shard.name, stats.to_dict())
     return shard.with_stage("validate", stats, files)
 

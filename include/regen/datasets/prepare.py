@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from regen.chat import ChatRenderer
 from regen.config import DatasetConfig
@@ -33,7 +32,7 @@ from regen.datasets.sources import BadRow, S3ClientFactory, SourceRow, iter_rows
 from regen.datasets.tokenise import Rendered, available_cores, render_ordered
 from regen.manifest import DatasetLocation, PreparedDataset, ShardManifest, StageStats
 from regen.reasons import Reason, RejectionWriter
-from regen.storage import Storage
+from regen.storage import Storage, read_table, write_table
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +79,8 @@ class _SeenIds:
 
 
 class _ShardWriter:
-    def __init__(self, location: DatasetLocation, storage: Storage, shard_size: int, workdir: Path) -> None:
-        self.location, self.storage, self.shard_size, self.workdir = location, storage, shard_size, workdir
+    def __init__(self, location: DatasetLocation, storage: Storage, shard_size: int) -> None:
+        self.location, self.storage, self.shard_size = location, storage, shard_size
         self.shards: list[ShardManifest] = []
         self._rows: list[dict[str, Any]] = []
 
@@ -107,9 +106,7 @@ class _ShardWriter:
             return
         shard = ShardManifest(self.location, len(self.shards), "", "", len(self._rows))
         key = shard.key("prompts", ".parquet")
-        path = self.workdir / "shard.parquet"
-        pq.write_table(pa.Table.from_pylist(self._rows, schema=PROMPT_SCHEMA), path, compression="zstd")
-        digest = self.storage.put_file(key, path)
+        digest = write_table(self.storage, key, pa.Table.from_pylist(self._rows, schema=PROMPT_SCHEMA))
         self.shards.append(ShardManifest(self.location, shard.shard, key, digest, len(self._rows)))
         self._rows = []
 
@@ -213,7 +210,7 @@ def run_prepare(
     rejections = RejectionWriter(storage, location.key("rejected", "prepare.jsonl"))
     with tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp, rejections:
         workdir = Path(tmp)
-        shards = _ShardWriter(location, storage, shard_size, workdir)
+        shards = _ShardWriter(location, storage, shard_size)
         with closing(_SeenIds(workdir)) as seen:
             rows = iter_rows(config, resolve_path, s3_client)
             candidates = _candidates(rows, config, renderer.profile.tool_call_id_format, seen)
@@ -240,7 +237,4 @@ def run_prepare(
 
 
 def read_prompts(storage: Storage, shard: ShardManifest, columns: list[str] | None = None) -> pa.Table:
-    with tempfile.TemporaryDirectory(prefix="regen-read-") as tmp:
-        path = Path(tmp) / "prompts.parquet"
-        storage.get_file(shard.prompts_key, path)
-        return pq.read_table(path, columns=columns)
+    return read_table(storage, shard.prompts_key, columns)
