@@ -26,7 +26,7 @@ import pyarrow as pa
 from regen.manifest import ShardManifest, StageStats
 from regen.records import ShardPrompts, read_raw
 from regen.storage import Storage, read_table, write_table
-from regen.validate import verdicts_key
+from regen.validate import split_of, verdicts_key
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def run_export(
         raise ValueError("review_text needs the profile's tokenizer to decode outputs")
     columns = ["id", "verdict", "flags", "finish_reason"]
     verdicts = read_table(storage, verdicts_key(shard), columns).to_pylist()
-    kept = {v["id"]: v for v in verdicts if v["verdict"] == "ok" or v["verdict"].startswith("truncated_")}
+    kept = {v["id"]: v for v in verdicts if split_of(v["verdict"]) is not None}
     prompts = ShardPrompts(read_prompts(storage, shard, ["id", "prompt_ids"]))
     splits = {name: _Split() for name in SPLITS}
     with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
@@ -162,8 +162,9 @@ def run_export(
             verdict = kept.get(answer.id)
             if verdict is not None:
                 text = decode(answer.output_ids) if settings.review_text and decode else None
-                split = "train" if verdict["verdict"] == "ok" else "truncated"
-                splits[split].add(prompts.prompt_ids(answer.id), answer.output_ids, verdict, text)
+                splits[str(split_of(verdict["verdict"]))].add(
+                    prompts.prompt_ids(answer.id), answer.output_ids, verdict, text
+                )
     stats = StageStats()
     for record in kept.values():
         stats.keep() if record["verdict"] == "ok" else stats.drop(record["verdict"])

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from regen.manifest import GenerationReport, ShardManifest
 from regen.storage import Storage, read_table
-from regen.validate import OK, verdicts_key
+from regen.validate import OK, split_of, verdicts_key
 
 PERCENTILES = (50, 90, 99)
 LENGTHS = ("prompt", "reasoning", "answer", "output")
@@ -69,7 +69,7 @@ def dataset_report(verdicts: pa.Table, generations: list[GenerationReport]) -> d
         return {"answered": 0, "verdicts": {}, "throughput": _throughput(generations)}
     verdict = verdicts.column("verdict").to_pylist()
     counts = Counter(verdict)
-    kept = np.array([v == OK or v.startswith("truncated_") for v in verdict])
+    kept = np.array([split_of(v) is not None for v in verdict])
     lengths = _lengths(verdicts)
     drift = verdicts.column("retokenize_drift").to_pylist()
     sampled = [d for d in drift if d is not None]

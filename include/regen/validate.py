@@ -15,6 +15,7 @@ token in the text) and `prompt_tokens` == the prompt sent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -87,8 +88,12 @@ class Judgement:
 
     @property
     def split(self) -> str | None:
-        """Where the record goes: train/, the flagged truncated/ split, or nowhere (rejected/)."""
-        return "train" if self.verdict == OK else "truncated" if self.verdict in TRUNCATED else None
+        return split_of(self.verdict)
+
+
+def split_of(verdict: str) -> str | None:
+    """Where a record with this verdict goes: train/, the flagged truncated/ split, or nowhere (rejected/)."""
+    return "train" if verdict == OK else "truncated" if verdict in TRUNCATED else None
 
 
 def _reject(reason: Reason, detail: str) -> Judgement:
@@ -257,9 +262,7 @@ def judge(
     problem = _text_problem(answer, decoded)
     if problem is not None:
         return _reject(Reason.TEXT_MISMATCH, problem)
-    return Judgement(
-        judgement.verdict, "", judgement.flags, judgement.reasoning_len, judgement.tool_calls, decoded=decoded
-    )
+    return dataclasses.replace(judgement, decoded=decoded)
 
 
 def declared_tools(tools_json: str) -> frozenset[str] | None:
@@ -337,10 +340,11 @@ def run_validate(
     settings = settings or ValidateSettings()
     if shard.raw_key is None:
         raise ValueError(f"{shard.name} has no raw answers yet: run generate first")
-    if settings.render_check_fraction or settings.render_check_minimum:
-        stored = read_prompts(storage, shard, ["id", "messages", "tools", "prompt_ids"])
+    checks_render = bool(settings.render_check_fraction or settings.render_check_minimum)
+    stored = read_prompts(storage, shard, ["id", "prompt_ids", "tools", *(["messages"] if checks_render else [])])
+    if checks_render:
         check_render_drift(stored, renderer, settings.render_check_fraction, settings.render_check_minimum)
-    prompts = ShardPrompts(read_prompts(storage, shard, ["id", "prompt_ids", "tools"]))
+    prompts = ShardPrompts(stored)
     stats, columns = StageStats(), _Columns()
     with RejectionWriter(storage, shard.key("rejected", "-validate.jsonl")) as rejections:
         with tempfile.TemporaryDirectory(prefix="regen-validate-") as tmp:
