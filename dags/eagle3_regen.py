@@ -7,6 +7,8 @@ dataset, manifest.json last) -> report.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,6 +28,20 @@ def _s3_client() -> Any:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     return S3Hook(aws_conn_id="aws_default").get_conn()
+
+
+@contextmanager
+def _final_errors_fail_now(prefix: str = "") -> Iterator[None]:
+    """What a retry cannot mend (regen.errors.FinalError) fails the task at once with its message; the rest is
+    retried by the task's policy."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from regen.errors import FinalError
+
+    try:
+        yield
+    except FinalError as e:
+        raise AirflowFailException(f"{prefix}{e}") from e
 
 
 def _run(run: dict[str, Any]) -> Any:
@@ -174,15 +190,10 @@ def _run(run: dict[str, Any]) -> Any:
 def eagle3_regen() -> None:
     @task
     def plan(**context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
         from regen import pipeline
-        from regen.config import ConfigError
 
-        try:
+        with _final_errors_fail_now():  # a user error: say what to fix, at once
             return pipeline.plan(context["params"], context["dag_run"].run_id, _s3_client)
-        except ConfigError as e:  # a user error: say what to fix, at once, no retries
-            raise AirflowFailException(str(e)) from e
 
     @task
     def dataset_names(run: dict[str, Any]) -> list[str]:
@@ -190,28 +201,18 @@ def eagle3_regen() -> None:
 
     @task(map_index_template="{{ label }}")
     def prepare_dataset(run: dict[str, Any], dataset: str) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
         from regen import pipeline
-        from regen.datasets.sources import CorruptSource
 
         get_current_context()["label"] = dataset  # type: ignore[typeddict-unknown-key]
-        try:
+        with _final_errors_fail_now(f"{dataset}: "):  # a missing or damaged source reads the same on a retry
             return pipeline.prepare_dataset(_run(run), dataset, _s3_client)
-        except (FileNotFoundError, CorruptSource) as e:  # the dataset's source is wrong: a retry reads the same
-            raise AirflowFailException(f"{dataset}: {e}") from e
 
     @task
     def check_server(run: dict[str, Any]) -> list[dict[str, Any]]:
-        from airflow.sdk.exceptions import AirflowFailException
-
         from regen import pipeline
-        from regen.sglang.server_check import ServerMismatch
 
-        try:
+        with _final_errors_fail_now():  # the wrong fleet stays wrong
             return pipeline.check_server(_run(run))
-        except ServerMismatch as e:  # the wrong fleet stays wrong: fail now, no retries
-            raise AirflowFailException(str(e)) from e
 
     # A dataset whose prepare failed must not hold back the others: shards are listed from the datasets that were
     # prepared, once the fleet check passed.
@@ -238,16 +239,11 @@ def eagle3_regen() -> None:
 
     @task(map_index_template="{{ label }}")
     def validate_shard(run: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
         from regen import pipeline
-        from regen.validate import TemplateDrift
 
         _label(shard)
-        try:
+        with _final_errors_fail_now():  # a changed template renders the same way on a retry
             return pipeline.validate_shard(_run(run), shard, _s3_client)
-        except TemplateDrift as e:  # the deployment's template changed: a retry renders the same way
-            raise AirflowFailException(str(e)) from e
 
     @task(map_index_template="{{ label }}")
     def export_shard(run: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
@@ -263,16 +259,11 @@ def eagle3_regen() -> None:
     # Publish and report run even when some shards failed: complete datasets are published, the rest say why.
     @task(outlets=[TRAINING_DATA], trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
     def publish_dataset(run: dict[str, Any], prepared: dict[str, Any], fleet: list[dict[str, Any]]) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
-
         from regen import pipeline
-        from regen.publish import IncompleteDataset
 
         get_current_context()["label"] = prepared["location"]["dataset"]  # type: ignore[typeddict-unknown-key]
-        try:
+        with _final_errors_fail_now():  # cannot succeed until the failed shards are cleared
             published = pipeline.publish_dataset(_run(run), prepared, fleet or [], _s3_client)
-        except IncompleteDataset as e:  # cannot succeed until the failed shards are cleared: no retries
-            raise AirflowFailException(str(e)) from e
         get_current_context()["outlet_events"][TRAINING_DATA].extra = published
         return published
 
@@ -284,10 +275,8 @@ def eagle3_regen() -> None:
 
         if run is None:
             raise AirflowFailException("plan failed: nothing ran; its log says what to fix")
-        try:
+        with _final_errors_fail_now():  # the report is written; the run is red
             return pipeline.report(_run(run), [p for p in published or [] if p], fleet or [], _s3_client)
-        except pipeline.IncompleteRun as e:  # the report is written; the run is red
-            raise AirflowFailException(str(e)) from e
 
     run = plan()
     prepared = prepare_dataset.partial(run=run).expand(dataset=dataset_names(run))

@@ -15,12 +15,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from regen.chat import PROFILES
+from regen.errors import FinalError
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "regen.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(FinalError, ValueError):
     pass
 
 

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from regen.chat import ChatRenderer, get_profile
 from regen.config import ConfigError, ExportConfig, RegenConfig, Sampling, load_config
 from regen.datasets.prepare import run_prepare
+from regen.errors import FinalError
 from regen.export import ExportSettings, run_export
 from regen.generate import GenerateSettings, run_generate
 from regen.manifest import DatasetLocation, GenerationReport, PreparedDataset, ShardManifest, version_from_run_id
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 S3ClientFactory = Callable[[], Any]
 
 
-class IncompleteRun(Exception):
+class IncompleteRun(FinalError):
     """Some selected dataset was not published: the run failed, though complete datasets were published."""
 
 

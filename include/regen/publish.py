@@ -13,6 +13,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from regen.errors import FinalError
 from regen.export import shard_report_key
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.quality import dataset_report, read_verdicts, write_dataset_report
@@ -23,8 +24,8 @@ log = logging.getLogger(__name__)
 STAGES = ("generate", "validate", "export")
 
 
-class IncompleteDataset(Exception):
-    pass
+class IncompleteDataset(FinalError):
+    """Cannot succeed until the failed shards are cleared."""
 
 
 def manifest_key(prepared: PreparedDataset) -> str:

@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from regen.chat import ChatRenderer, TokenRoles
+from regen.errors import FinalError
 from regen.manifest import ShardManifest, StageStats
 from regen.reasons import TRUNCATED, Reason, RejectionWriter
 from regen.records import RawAnswer, ShardPrompts, read_raw, text_digest
@@ -288,7 +289,7 @@ VERDICTS_SCHEMA = pa.schema(
 )
 
 
-class TemplateDrift(Exception):
+class TemplateDrift(FinalError):
     """The template or tokenizer rendering prompts now is not the one that rendered this shard's prompts."""
 
 

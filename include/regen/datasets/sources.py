@@ -22,6 +22,7 @@ from typing import IO, Any
 from urllib.parse import urlparse
 
 from regen.config import DatasetConfig, HubDataset
+from regen.errors import FinalError
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,11 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 FILE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
 
 
-class CorruptSource(ValueError):
+class CorruptSource(FinalError, ValueError):
+    pass
+
+
+class MissingSource(FinalError, FileNotFoundError):
     pass
 
 
@@ -123,7 +128,7 @@ def expand_files(patterns: list[str], s3_client: S3ClientFactory | None = None) 
         else:
             raise ValueError(f"dataset source {pattern!r}: only local paths and s3:// URIs are supported")
         if not matches:
-            raise FileNotFoundError(f"dataset source {pattern!r} matches no file")
+            raise MissingSource(f"dataset source {pattern!r} matches no file")
         files.extend(SourceFile(m, *file_kind(m)) for m in matches)
     return files
 
@@ -272,7 +277,10 @@ def _hub_rows(hf: HubDataset, resolve_path: Callable[[str], str]) -> Iterator[tu
 
     datasets.disable_progress_bars()  # bars in task logs are noise; prepare logs its own progress
     if hf.path is not None:
-        loaded = datasets.load_from_disk(resolve_path(hf.path))
+        saved = resolve_path(hf.path)
+        if not Path(saved).exists():
+            raise MissingSource(f"hf.path {hf.path}: no dataset is saved at {saved}")
+        loaded = datasets.load_from_disk(saved)
         if isinstance(loaded, datasets.DatasetDict):
             if hf.split not in loaded:
                 raise ValueError(f"hf.path {hf.path}: no split {hf.split!r}; it has {', '.join(loaded)}")

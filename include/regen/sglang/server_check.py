@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from regen.chat import ChatRenderer
+from regen.errors import FinalError
 from regen.reasons import Reason
 from regen.records import RawAnswer, text_digest
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
@@ -45,7 +46,7 @@ MODEL_INFO = ("/get_model_info", "/model_info")  # a router serves only the firs
 SERVER_INFO = ("/get_server_info", "/server_info")
 
 
-class ServerMismatch(Exception):
+class ServerMismatch(FinalError):
     pass
 
 
