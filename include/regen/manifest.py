@@ -159,6 +159,7 @@ class PreparedDataset:
     token_roles: dict[str, Any]
     files: dict[str, str] = field(default_factory=dict)
     rows_read: int = 0  # source rows; stats count prompts, several per row with turns: every_assistant_turn
+    inputs: dict[str, Any] = field(default_factory=dict)  # regen.inputs.dataset_inputs: what the version is made from
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -170,6 +171,7 @@ class PreparedDataset:
             "profile": self.profile,
             "token_roles": self.token_roles,
             "files": self.files,
+            "inputs": self.inputs,
         }
 
     @classmethod
@@ -183,4 +185,5 @@ class PreparedDataset:
             token_roles=data["token_roles"],
             files=data.get("files", {}),
             rows_read=data.get("rows_read", data["stats"]["total"]),
+            inputs=data.get("inputs", {}),
         )

@@ -34,6 +34,9 @@ def fleet_utilisation(reports: list[GenerationReport], fleet: list[dict[str, Any
 
 def log_summary(published: list[dict[str, Any]], missing: list[str], fleet_usage: dict[str, Any]) -> None:
     for p in published:
+        if p.get("unchanged"):
+            log.info("%s: unchanged since version %s, not regenerated -> %s", p["dataset"], p["version"], p["manifest"])
+            continue
         g, v = p["stages"]["generate"], p["stages"]["validate"]
         log.info(
             "%s: %d rows read, %d prompts, %d answered, %d valid (failed: %s), %d training records -> %s",

@@ -198,9 +198,11 @@ def run_prepare(
     *,
     s3_client: S3ClientFactory | None = None,
     workers: int | None = None,
+    inputs: dict[str, Any] | None = None,
 ) -> PreparedDataset:
     """`s3_client` makes the boto3 client for `s3://` sources; `workers` tokenises in that many processes (None:
-    all cores, 1: in this process)."""
+    all cores, 1: in this process); `inputs` (regen.inputs.dataset_inputs) is recorded as what the version is made
+    from."""
     existing = prepare_manifest_key(location)
     if storage.exists(existing):
         log.info("%s already prepared; reusing %s", location.dataset, storage.uri(existing))
@@ -229,6 +231,7 @@ def run_prepare(
         token_roles=renderer.roles.as_record(),
         files=files,
         rows_read=tally.rows_read,
+        inputs=inputs or {},
     )
     record = {**prepared.to_dict(), "turns": config.turns}
     storage.put_bytes(existing, json.dumps(record, indent=1).encode())

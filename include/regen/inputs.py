@@ -1,0 +1,102 @@
+"""What a dataset version is made from, as one digest: its sources' content, the dataset's config, the profile with
+its template and tokenizer files, the sampling and the limit.
+
+A nightly run skips a dataset whose digest equals that of its last published version: the same inputs would only
+spend GPU time on another draw of the same distribution. `latest.json` beside a dataset's versions names the last
+published one and its digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from regen.config import DatasetConfig
+from regen.datasets.sources import S3ClientFactory, expand_files
+from regen.storage import Storage, sha256_file
+
+log = logging.getLogger(__name__)
+
+
+def canonical_digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def source_digests(
+    config: DatasetConfig, resolve_path: Callable[[str], str], s3_client: S3ClientFactory | None = None
+) -> dict[str, str] | None:
+    """Each source file's content identity: sha256 of a local file, the ETag of an S3 object (S3 computes it from the
+    content), every file of a `save_to_disk` folder. None when it cannot be known (a hub dataset at no pinned
+    revision): such a dataset is never taken as unchanged."""
+    if config.hf is not None:
+        if config.hf.path is not None:
+            folder = Path(resolve_path(config.hf.path))
+            if not folder.is_dir():
+                return None  # prepare says it is missing, with its own message
+            return {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+        return {f"hf://{config.hf.id}": config.hf.revision} if config.hf.revision else None
+    files = expand_files([resolve_path(p) for p in config.paths or []], s3_client)
+    digests: dict[str, str] = {}
+    client: Any = None
+    for file in files:
+        parsed = urlparse(file.uri)
+        if parsed.scheme == "s3":
+            client = client or (s3_client() if s3_client else None)
+            if client is None:
+                import boto3
+
+                client = boto3.client("s3")
+            head = client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))
+            digests[file.uri] = f"etag:{head['ETag'].strip(chr(34))}:{head['ContentLength']}"
+        else:
+            digests[file.uri] = sha256_file(Path(file.uri.removeprefix("file://")))
+    return digests
+
+
+def dataset_inputs(
+    config: DatasetConfig,
+    profile: dict[str, Any],
+    sampling: dict[str, Any],
+    limit: int | None,
+    resolve_path: Callable[[str], str],
+    s3_client: S3ClientFactory | None = None,
+) -> dict[str, Any]:
+    """Everything that decides what a version holds, and its digest (None when a source cannot be pinned).
+    `profile`: the profile's record with its template and tokenizer-file hashes (ChatRenderer.fingerprint)."""
+    sources = source_digests(config, resolve_path, s3_client)
+    # Library versions are recorded in manifests but are not inputs: an upgrade that renders the same ids is no change.
+    pinned_profile = {k: v for k, v in profile.items() if not k.endswith("_version")}
+    inputs = {
+        "sources": sources,
+        "dataset": config.model_dump(mode="json", exclude={"description"}),
+        "profile": pinned_profile,
+        "sampling": sampling,
+        "limit": limit,
+    }
+    return {**inputs, "digest": canonical_digest(inputs) if sources is not None else None}
+
+
+def latest_key(profile: str, dataset: str) -> str:
+    return f"{profile}/{dataset}/latest.json"
+
+
+def latest_published(storage: Storage, profile: str, dataset: str) -> dict[str, Any] | None:
+    """The last published version of a dataset (version, manifest URI, inputs digest), if its manifest still exists."""
+    key = latest_key(profile, dataset)
+    if not storage.exists(key):
+        return None
+    latest = json.loads(storage.get_bytes(key))
+    if not storage.exists(f"{profile}/{dataset}/{latest['version']}/manifest.json"):
+        log.warning("%s: latest.json names version %s, whose manifest is gone; ignoring it", dataset, latest["version"])
+        return None
+    return dict(latest)
+
+
+def record_published(storage: Storage, profile: str, dataset: str, entry: dict[str, Any]) -> None:
+    """Written after the manifest: `entry` holds version, manifest, inputs_digest, published_at, records."""
+    storage.put_bytes(latest_key(profile, dataset), json.dumps(entry, indent=1).encode())
