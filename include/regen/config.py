@@ -120,11 +120,20 @@ class Defaults(BaseModel):
     shard_tasks: int = Field(4, ge=1, description="shard tasks generating at once: the sglang_fleet pool's slots")
     request_timeout_s: float = Field(3600.0, gt=0)
     max_attempts: int = Field(5, ge=1)
+    fleet_wait_s: float = Field(120.0, gt=0, description="how long a shard waits for an evicted fleet to come back")
+    checkpoint_every: int = Field(256, ge=1, description="answers per checkpoint part (what a killed task redoes)")
+    checkpoint_s: float = Field(30.0, gt=0, description="and at least this often")
     tokenize_workers: int | None = Field(None, ge=1, description="prepare's tokeniser processes; null: all cores")
     sampling: Sampling = Sampling()
     export: ExportConfig = ExportConfig()
     validation: ValidationConfig = ValidationConfig()
-    schedule: str | None = None
+    schedule: str | None = Field(None, description="cron or preset for nightly runs; null: triggered runs only")
+    # Airflow's retries for transient faults (user errors never retry); the delay doubles each try, up to 10 min.
+    task_retries: int = Field(3, ge=0)
+    retry_delay_s: float = Field(30.0, gt=0)
+    # Airflow's [core] max_map_length, which the deployment sets to this value: a run with more shards than this
+    # fails before generating, saying which shard_size fits.
+    max_map_length: int = Field(1024, ge=1)
 
     @field_validator("profile")
     @classmethod
@@ -138,9 +147,19 @@ class Defaults(BaseModel):
         return -(-self.in_flight // self.shard_tasks)
 
 
+class AlertsConfig(BaseModel):
+    """A failed task always says which dataset or shard failed and why in its log; with `email_to`, also by mail
+    through the Airflow SMTP connection `smtp_conn_id`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    email_to: list[str] = Field(default_factory=list)
+    smtp_conn_id: str = "smtp_default"
+
+
 class RegenConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     defaults: Defaults = Defaults()
+    alerts: AlertsConfig = AlertsConfig()
     datasets: dict[str, DatasetConfig] = Field(min_length=1)
     base_dir: Path = Path(".")
 

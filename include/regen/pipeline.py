@@ -18,10 +18,11 @@ from pydantic import ValidationError
 
 from regen.chat import ChatRenderer, get_profile
 from regen.config import ConfigError, ExportConfig, RegenConfig, Sampling, load_config
-from regen.datasets.prepare import run_prepare
+from regen.datasets.prepare import prepare_manifest_key, run_prepare
 from regen.errors import FinalError
 from regen.export import ExportSettings, run_export
 from regen.generate import GenerateSettings, run_generate
+from regen.inputs import dataset_inputs, latest_published
 from regen.manifest import DatasetLocation, GenerationReport, PreparedDataset, ShardManifest, version_from_run_id
 from regen.publish import run_publish
 from regen.report import fleet_utilisation, log_summary
@@ -53,8 +54,12 @@ class RunSpec:
     concurrency: int
     request_timeout_s: float
     max_attempts: int
+    fleet_wait_s: float
+    checkpoint_every: int
+    checkpoint_s: float
     export: dict[str, bool]
     validation: dict[str, Any]
+    skip_unchanged: bool = True
 
     @classmethod
     def from_params(cls, params: dict[str, Any], run_id: str, config: RegenConfig | None = None) -> RunSpec:
@@ -106,8 +111,12 @@ class RunSpec:
             concurrency=-(-in_flight // d.shard_tasks),
             request_timeout_s=d.request_timeout_s,
             max_attempts=d.max_attempts,
+            fleet_wait_s=d.fleet_wait_s,
+            checkpoint_every=d.checkpoint_every,
+            checkpoint_s=d.checkpoint_s,
             export=ExportConfig(**{**d.export.model_dump(), **(params.get("export") or {})}).model_dump(),
             validation=d.validation.model_dump(),
+            skip_unchanged=bool(params.get("skip_unchanged", True)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +129,7 @@ class RunSpec:
 # What a run's params (the trigger form, or a REST conf) may hold; anything else is a typo that would be ignored.
 RUN_PARAMS = frozenset(
     {"datasets", "profile", "limit", "version", "endpoints", "storage_root", "shard_size", "in_flight", "export"}
+    | {"skip_unchanged"}
     | set(Sampling.model_fields)
 )
 
@@ -134,6 +144,12 @@ def plan(params: dict[str, Any], run_id: str, s3_client: S3ClientFactory | None 
     """The run's choices, checked in seconds before any work: params, the profile's tokenizer, a storage root that
     takes a write. Raises ConfigError with what to fix."""
     run = RunSpec.from_params(params, run_id)
+    max_shards = load_config().defaults.max_map_length
+    if run.limit is not None and len(run.datasets) * -(-run.limit // run.shard_size) > max_shards:
+        raise ConfigError(
+            f"{len(run.datasets)} datasets of up to {run.limit} prompts in shards of {run.shard_size} exceed "
+            f"max_map_length {max_shards} shards: raise shard_size"
+        )
     try:
         renderer_for(run.profile)
     except (OSError, ValueError, ImportError) as e:
@@ -158,23 +174,57 @@ def _storage(run: RunSpec, s3_client: S3ClientFactory | None) -> Storage:
 
 
 def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    """The dataset's prompt shards; or, when its inputs are those of its last published version (and the run skips
+    unchanged datasets), no shards and `unchanged_since` naming that version."""
     config = load_config()
+    location, storage, renderer = run.location(dataset), _storage(run, s3_client), renderer_for(run.profile)
+    inputs: dict[str, Any] = {}
+    if not storage.exists(prepare_manifest_key(location)):  # a new version, not a resumed one
+        profile = {**renderer.profile.as_record(), **renderer.fingerprint()}
+        inputs = dataset_inputs(config.dataset(dataset), profile, run.sampling, run.limit, config.resolve, s3_client)
+        latest = latest_published(storage, run.profile, dataset) if run.skip_unchanged else None
+        if latest and inputs["digest"] and latest["inputs_digest"] == inputs["digest"]:
+            log.info(
+                "%s: unchanged since version %s (same sources, profile, template and sampling): skipped, nothing "
+                "generated; trigger with skip_unchanged off to sample it again",
+                dataset,
+                latest["version"],
+            )
+            return {"location": asdict(location), "shards": [], "unchanged_since": latest}
+        if inputs["digest"] is None:
+            log.info("%s: a source without a pinned content identity: regenerated every run", dataset)
     prepared = run_prepare(
         config.dataset(dataset),
-        run.location(dataset),
-        _storage(run, s3_client),
-        renderer_for(run.profile),
+        location,
+        storage,
+        renderer,
         run.shard_size,
         run.limit,
         config.resolve,
         s3_client=s3_client,
         workers=config.defaults.tokenize_workers,
+        inputs=inputs,
     )
     return prepared.to_dict()
 
 
-def shards_of(prepared: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [shard for dataset in prepared for shard in dataset["shards"]]
+class TooManyShards(FinalError):
+    """More shards than the orchestrator maps in one run (Airflow's max_map_length)."""
+
+
+def shards_of(prepared: list[dict[str, Any]], max_shards: int | None = None) -> list[dict[str, Any]]:
+    """Every shard of the prepared datasets, one mapped task each; refused beyond `max_shards`, with the shard size
+    that fits."""
+    shards = [shard for dataset in prepared for shard in dataset["shards"]]
+    if max_shards is not None and len(shards) > max_shards:
+        prompts = sum(s["num_prompts"] for s in shards)
+        fits = -(-prompts // max_shards)
+        raise TooManyShards(
+            f"{len(shards)} shards ({prompts} prompts) exceed max_map_length {max_shards}: trigger again with "
+            f"shard_size >= {fits} (a new version), or raise max_map_length in the config together with Airflow's "
+            "[core] max_map_length"
+        )
+    return shards
 
 
 def check_server(run: RunSpec) -> list[dict[str, Any]]:
@@ -188,6 +238,9 @@ def generate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFacto
         concurrency=run.concurrency,
         request_timeout_s=run.request_timeout_s,
         max_attempts=run.max_attempts,
+        fleet_wait_s=run.fleet_wait_s,
+        checkpoint_every=run.checkpoint_every,
+        checkpoint_s=run.checkpoint_s,
     )
     return run_generate(ShardManifest.from_dict(shard), _storage(run, s3_client), settings).to_dict()
 
@@ -207,7 +260,17 @@ def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory
 def publish_dataset(
     run: RunSpec, prepared: dict[str, Any], fleet: list[dict[str, Any]], s3_client: S3ClientFactory | None = None
 ) -> dict[str, Any]:
+    """The published version's summary; for an unchanged dataset, its last version's, marked `unchanged`."""
+    if "unchanged_since" in prepared:
+        latest = prepared["unchanged_since"]
+        return {"dataset": prepared["location"]["dataset"], "unchanged": True, **latest}
     return run_publish(PreparedDataset.from_dict(prepared), _storage(run, s3_client), fleet, run.sampling)
+
+
+def asset_event(published: dict[str, Any]) -> dict[str, Any]:
+    """What a dataset's asset event carries: enough for a consumer to find and verify the version."""
+    keys = ("dataset", "version", "manifest", "records", "splits", "inputs_digest")
+    return {key: published[key] for key in keys if key in published}
 
 
 def report(
@@ -224,7 +287,8 @@ def report(
         "run": run.to_dict(),
         "fleet": fleet,
         "fleet_usage": fleet_usage,
-        "datasets": published,
+        "datasets": [p for p in published if not p.get("unchanged")],
+        "unchanged": [p for p in published if p.get("unchanged")],
         "unpublished": missing,
     }
     storage = _storage(run, s3_client)

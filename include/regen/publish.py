@@ -11,11 +11,13 @@ import dataclasses
 import json
 import logging
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from regen.errors import FinalError
 from regen.export import shard_report_key
-from regen.manifest import PreparedDataset, ShardManifest, StageStats
+from regen.inputs import record_published
+from regen.manifest import DatasetLocation, PreparedDataset, ShardManifest, StageStats
 from regen.quality import dataset_report, read_verdicts, write_dataset_report
 from regen.storage import Storage
 
@@ -30,6 +32,12 @@ class IncompleteDataset(FinalError):
 
 def manifest_key(prepared: PreparedDataset) -> str:
     return prepared.location.key("manifest.json")
+
+
+def dataset_uri(storage: Storage, location: DatasetLocation) -> str:
+    """Where every version of a dataset lives, as a URI: the identity of the dataset's Airflow asset."""
+    uri = storage.uri(f"{location.profile}/{location.dataset}")
+    return uri if "://" in uri else Path(uri).as_uri()
 
 
 def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], list[str]]:
@@ -77,6 +85,7 @@ def run_publish(
         "report": {"json": storage.uri(location.key("report.json")), "html": storage.uri(location.key("report.html"))},
         "retokenize_drift": report.get("retokenize_drift"),
         "sampling_params": sampling_params,
+        "inputs": prepared.inputs,
         "fleet": fleet,
         "shards": [
             {
@@ -92,6 +101,14 @@ def run_publish(
     }
     key = manifest_key(prepared)
     storage.put_bytes(key, json.dumps(manifest, indent=1).encode())
+    latest = {
+        "version": location.version,
+        "manifest": storage.uri(key),
+        "inputs_digest": prepared.inputs.get("digest"),
+        "published_at": manifest["published_at"],
+        "records": manifest["records"],
+    }
+    record_published(storage, location.profile, location.dataset, latest)
     log.info(
         "published %s %s: %d training records -> %s",
         location.dataset,
@@ -117,6 +134,8 @@ def run_publish(
     return {
         "dataset": location.dataset,
         "version": location.version,
+        "dataset_uri": dataset_uri(storage, location),
+        "inputs_digest": latest["inputs_digest"],
         "manifest": storage.uri(key),
         "report": manifest["report"]["html"],
         "records": manifest["records"],

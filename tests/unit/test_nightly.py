@@ -1,0 +1,157 @@
+"""A nightly run regenerates only what changed: a dataset whose sources, profile, template and sampling equal those
+of its last published version is skipped. Runs the library's stages exactly as the DAG's tasks call them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from regen import pipeline
+from regen.config import ConfigError
+from regen.inputs import dataset_inputs, latest_key
+from regen.verify import VerificationFailed, verify_published
+from tests.conftest import ROOT, Simulator
+
+DATASET = "B1_glaive"
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A config whose dataset file the test may edit, and a local storage root."""
+    source = tmp_path / "B1.jsonl"
+    shutil.copy(ROOT / "data" / "samples" / "B1_glaive.jsonl", source)
+    config = {
+        "defaults": {"storage_root": str(tmp_path / "storage"), "shard_size": 20, "tokenize_workers": 1},
+        "datasets": {DATASET: {"format": "openai_messages", "paths": [str(source)]}},
+    }
+    (tmp_path / "regen.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("REGEN_CONFIG", str(tmp_path / "regen.yaml"))
+    return tmp_path
+
+
+def run_stages(run_id: str, simulator: Simulator, **params: Any) -> dict[str, Any]:
+    """plan -> prepare -> every shard through generate, validate, export -> publish -> report, as the DAG does."""
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], **params}, run_id))
+    prepared = [pipeline.prepare_dataset(run, name) for name in run.datasets]
+    for shard in pipeline.shards_of(prepared):
+        generated = pipeline.generate_shard(run, shard)
+        pipeline.export_shard(run, pipeline.validate_shard(run, generated))
+    published = [pipeline.publish_dataset(run, p, []) for p in prepared]
+    return pipeline.report(run, published, [])
+
+
+def versions(deployment: Path) -> list[str]:
+    return sorted(p.name for p in (deployment / "storage" / "kimi-k2.5-mini" / DATASET).iterdir() if p.is_dir())
+
+
+def test_an_unchanged_dataset_is_skipped_and_the_run_is_green(deployment: Path, simulator: Simulator) -> None:
+    first = run_stages("night-1", simulator)
+    answered = simulator.stats()["answered"]
+    second = run_stages("night-2", simulator)
+
+    assert [d["version"] for d in first["datasets"]] == ["night-1"]
+    assert second["datasets"] == [] and second["unpublished"] == []
+    [unchanged] = second["unchanged"]
+    assert (unchanged["dataset"], unchanged["version"]) == (DATASET, "night-1")
+    assert unchanged["inputs_digest"] == first["datasets"][0]["inputs_digest"]
+    assert simulator.stats()["answered"] == answered  # not one request
+    assert versions(deployment) == ["night-1"]  # night-2 wrote nothing
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param("source", id="a-source-row-changed"),
+        pytest.param("sampling", id="sampling-changed"),
+        pytest.param("forced", id="skip-unchanged-off"),
+        pytest.param("manifest-gone", id="last-version-deleted"),
+    ],
+)
+def test_a_changed_dataset_is_regenerated(deployment: Path, simulator: Simulator, change: str) -> None:
+    run_stages("night-1", simulator)
+    params: dict[str, Any] = {}
+    if change == "source":
+        source = deployment / "B1.jsonl"
+        source.write_text(source.read_text().replace("Request 0:", "Request zero:", 1))
+    elif change == "sampling":
+        params["temperature"] = 0.7
+    elif change == "forced":
+        params["skip_unchanged"] = False
+    else:
+        (deployment / "storage" / "kimi-k2.5-mini" / DATASET / "night-1" / "manifest.json").unlink()
+    second = run_stages("night-2", simulator, **params)
+    assert [d["version"] for d in second["datasets"]] == ["night-2"] and second["unchanged"] == []
+    latest = json.loads((deployment / "storage" / latest_key("kimi-k2.5-mini", DATASET)).read_text())
+    assert latest["version"] == "night-2"
+
+
+def test_the_digest_covers_content_template_and_sampling(deployment: Path) -> None:
+    from regen.config import load_config
+
+    dataset = load_config().dataset(DATASET)
+    profile = {"name": "kimi-k2.5-mini", "chat_template_sha256": "a" * 64, "transformers_version": "5.0"}
+    base = dataset_inputs(dataset, profile, {"temperature": 1.0}, None, str)
+    assert base["digest"] == dataset_inputs(dataset, profile, {"temperature": 1.0}, None, str)["digest"]
+    assert (
+        base["digest"]
+        == dataset_inputs(dataset, {**profile, "transformers_version": "5.1"}, {"temperature": 1.0}, None, str)[
+            "digest"
+        ]
+    )  # a library upgrade alone is no change
+    template = {**profile, "chat_template_sha256": "b" * 64}
+    assert dataset_inputs(dataset, template, {"temperature": 1.0}, None, str)["digest"] != base["digest"]
+    assert dataset_inputs(dataset, profile, {"temperature": 1.0}, 5, str)["digest"] != base["digest"]
+
+
+def test_a_hub_dataset_at_no_pinned_revision_is_never_taken_as_unchanged() -> None:
+    from regen.config import DatasetConfig
+
+    unpinned = DatasetConfig(hf={"id": "org/prompts"})
+    pinned = DatasetConfig(hf={"id": "org/prompts", "revision": "abc123"})
+    assert dataset_inputs(unpinned, {}, {}, None, str)["digest"] is None
+    assert dataset_inputs(pinned, {}, {}, None, str)["sources"] == {"hf://org/prompts": "abc123"}
+
+
+def test_an_s3_source_is_identified_by_its_etag(s3_client: Any) -> None:
+    from regen.config import DatasetConfig
+
+    s3_client.create_bucket(Bucket="nightly-src")
+    s3_client.put_object(Bucket="nightly-src", Key="p/a.jsonl", Body=b'{"prompt": "hi"}\n')
+    dataset = DatasetConfig(paths=["s3://nightly-src/p/*.jsonl"])
+    before = dataset_inputs(dataset, {}, {}, None, str, lambda: s3_client)
+    s3_client.put_object(Bucket="nightly-src", Key="p/a.jsonl", Body=b'{"prompt": "hello"}\n')
+    after = dataset_inputs(dataset, {}, {}, None, str, lambda: s3_client)
+    assert list(before["sources"]) == ["s3://nightly-src/p/a.jsonl"]
+    assert before["digest"] != after["digest"]
+
+
+def test_a_published_version_verifies_and_tampering_is_named(deployment: Path, simulator: Simulator) -> None:
+    [published] = run_stages("night-1", simulator)["datasets"]
+    verified = verify_published(published["manifest"])
+    assert (verified["version"], verified["records"]) == ("night-1", published["records"])
+
+    manifest = json.loads(Path(published["manifest"]).read_text())
+    train = deployment / "storage" / manifest["shards"][0]["train"]
+    shutil.copy(deployment / "storage" / manifest["shards"][1]["train"], train)  # a real Parquet file, the wrong one
+    (deployment / "storage" / manifest["shards"][1]["raw"]).unlink()
+    with pytest.raises(VerificationFailed) as failed:
+        verify_published(published["manifest"])
+    assert f"{manifest['shards'][0]['train']}: sha256" in str(failed.value)
+    assert f"{manifest['shards'][1]['raw']}: missing" in str(failed.value)
+
+
+def test_more_shards_than_airflow_maps_fail_with_the_shard_size_that_fits() -> None:
+    prepared = [{"shards": [{"num_prompts": 10}] * 30}, {"shards": [{"num_prompts": 10}] * 5}]
+    assert len(pipeline.shards_of(prepared, 35)) == 35
+    with pytest.raises(pipeline.TooManyShards, match=r"35 shards .350 prompts. exceed max_map_length 20: .* >= 18"):
+        pipeline.shards_of(prepared, 20)
+
+
+def test_plan_refuses_a_limit_whose_shards_cannot_be_mapped(deployment: Path) -> None:
+    with pytest.raises(ConfigError, match="exceed max_map_length 1024 shards: raise shard_size"):
+        pipeline.plan({"limit": 20_000_000}, "manual__1")
