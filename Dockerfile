@@ -4,8 +4,8 @@ ENV AIRFLOW_HOME=/opt/airflow PYTHONUNBUFFERED=1
 WORKDIR /opt/eagle3-regen
 COPY requirements.txt constraints.txt pyproject.toml ./
 COPY include ./include
+COPY plugins ./plugins
 RUN pip install --no-cache-dir -r requirements.txt -c constraints.txt -e .
 COPY dags ./dags
-COPY plugins ./plugins
 COPY config ./config
 COPY data ./data

@@ -1,14 +1,13 @@
 """eagle3_regen: regenerate EAGLE-3 drafter training data with the target model's own token ids.
 
 Wiring only: every task calls one function of `regen.pipeline`, and tasks pass small manifests, never records.
-prepare (per dataset) -> check_server -> [generate -> validate -> export] (per shard, pool-limited) -> publish (per
-dataset, manifest.json last) -> report.
+plan -> check_server -> prepare (per dataset) -> [generate -> validate -> export] (per shard, pool-limited) ->
+publish (per dataset, manifest.json last, one asset event each) -> report. The run is red unless every selected
+dataset was published or is unchanged since its last version.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,32 +15,13 @@ from airflow.sdk import Asset, Param, TriggerRule, dag, get_current_context, tas
 
 from regen.chat import PROFILES
 from regen.config import load_config
+from regen_airflow.alerts import failure_notifiers
+from regen_airflow.tasks import PUBLISHED_DATASETS, final_errors_fail_now, s3_client
 
 # The deployment's config is a local file read at parse time: it fills the trigger form (no network, no storage).
 CONFIG = load_config()
 SAMPLING = CONFIG.defaults.sampling
 FLEET_POOL = "sglang_fleet"
-TRAINING_DATA = Asset(name="eagle3_regen_training_data", uri="regen://training-data")
-
-
-def _s3_client() -> Any:
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-    return S3Hook(aws_conn_id="aws_default").get_conn()
-
-
-@contextmanager
-def _final_errors_fail_now(prefix: str = "") -> Iterator[None]:
-    """What a retry cannot mend (regen.errors.FinalError) fails the task at once with its message; the rest is
-    retried by the task's policy."""
-    from airflow.sdk.exceptions import AirflowFailException
-
-    from regen.errors import FinalError
-
-    try:
-        yield
-    except FinalError as e:
-        raise AirflowFailException(f"{prefix}{e}") from e
 
 
 def _run(run: dict[str, Any]) -> Any:
@@ -53,16 +33,18 @@ def _run(run: dict[str, Any]) -> Any:
 @dag(
     dag_id="eagle3_regen",
     description="Regenerate EAGLE-3 drafter data: SGLang /generate on pre-tokenised prompts, raw output_ids kept",
+    doc_md=__doc__,
     schedule=CONFIG.defaults.schedule,
     start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=4,
+    catchup=False,  # a nightly schedule never starts a storm of missed nights; backfill them on purpose
+    max_active_runs=1,  # runs share one fleet: a second run waits its turn rather than halve the first's share
     tags=["eagle3", "sglang", "training-data"],
     default_args={
-        "retries": 3,
-        "retry_delay": timedelta(seconds=30),
+        "retries": CONFIG.defaults.task_retries,
+        "retry_delay": timedelta(seconds=CONFIG.defaults.retry_delay_s),
         "retry_exponential_backoff": 2.0,
         "max_retry_delay": timedelta(minutes=10),
+        "on_failure_callback": failure_notifiers(CONFIG.alerts),
     },
     params={
         "datasets": Param(
@@ -97,6 +79,14 @@ def _run(run: dict[str, Any]) -> Any:
             maxLength=200,
             title="Version",
             description="Empty: this run's id. An earlier run's id (or version) resumes or completes that version.",
+            section="What to run",
+        ),
+        "skip_unchanged": Param(
+            True,
+            type="boolean",
+            title="Skip unchanged datasets",
+            description="Skip a dataset whose sources, profile, template and sampling are those of its last "
+            "published version (nothing is generated, its asset is not updated). Off: sample it again.",
             section="What to run",
         ),
         "endpoints": Param(
@@ -192,8 +182,8 @@ def eagle3_regen() -> None:
     def plan(**context: Any) -> dict[str, Any]:
         from regen import pipeline
 
-        with _final_errors_fail_now():  # a user error: say what to fix, at once
-            return pipeline.plan(context["params"], context["dag_run"].run_id, _s3_client)
+        with final_errors_fail_now():  # a user error: say what to fix, at once
+            return pipeline.plan(context["params"], context["dag_run"].run_id, s3_client)
 
     @task
     def dataset_names(run: dict[str, Any]) -> list[str]:
@@ -204,14 +194,14 @@ def eagle3_regen() -> None:
         from regen import pipeline
 
         get_current_context()["label"] = dataset  # type: ignore[typeddict-unknown-key]
-        with _final_errors_fail_now(f"{dataset}: "):  # a missing or damaged source reads the same on a retry
-            return pipeline.prepare_dataset(_run(run), dataset, _s3_client)
+        with final_errors_fail_now(f"{dataset}: "):  # a missing or damaged source reads the same on a retry
+            return pipeline.prepare_dataset(_run(run), dataset, s3_client)
 
     @task
     def check_server(run: dict[str, Any]) -> list[dict[str, Any]]:
         from regen import pipeline
 
-        with _final_errors_fail_now():  # the wrong fleet stays wrong
+        with final_errors_fail_now():  # the wrong fleet stays wrong
             return pipeline.check_server(_run(run))
 
     # A dataset whose prepare failed must not hold back the others: shards are listed from the datasets that were
@@ -224,7 +214,8 @@ def eagle3_regen() -> None:
 
         if not fleet:
             raise AirflowFailException("check_server did not pass: no shard is sent to the fleet")
-        return pipeline.shards_of([p for p in prepared if p])
+        with final_errors_fail_now():  # more shards than Airflow maps: the message says which shard_size fits
+            return pipeline.shards_of([p for p in prepared if p], CONFIG.defaults.max_map_length)
 
     def _label(shard: dict[str, Any]) -> None:
         label = f"{shard['location']['dataset']}/shard-{shard['shard']:05d}"
@@ -235,36 +226,39 @@ def eagle3_regen() -> None:
         from regen import pipeline
 
         _label(shard)
-        return pipeline.generate_shard(_run(run), shard, _s3_client)
+        return pipeline.generate_shard(_run(run), shard, s3_client)
 
     @task(map_index_template="{{ label }}")
     def validate_shard(run: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
         from regen import pipeline
 
         _label(shard)
-        with _final_errors_fail_now():  # a changed template renders the same way on a retry
-            return pipeline.validate_shard(_run(run), shard, _s3_client)
+        with final_errors_fail_now():  # a changed template renders the same way on a retry
+            return pipeline.validate_shard(_run(run), shard, s3_client)
 
     @task(map_index_template="{{ label }}")
     def export_shard(run: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
         from regen import pipeline
 
         _label(shard)
-        return pipeline.export_shard(_run(run), shard, _s3_client)
+        return pipeline.export_shard(_run(run), shard, s3_client)
 
     @task_group
     def process_shard(run: dict[str, Any], shard: dict[str, Any]) -> Any:
         return export_shard(run, validate_shard(run, generate_shard(run, shard)))
 
     # Publish and report run even when some shards failed: complete datasets are published, the rest say why.
-    @task(outlets=[TRAINING_DATA], trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
+    @task(outlets=[PUBLISHED_DATASETS], trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
     def publish_dataset(run: dict[str, Any], prepared: dict[str, Any], fleet: list[dict[str, Any]]) -> dict[str, Any]:
         from regen import pipeline
 
-        get_current_context()["label"] = prepared["location"]["dataset"]  # type: ignore[typeddict-unknown-key]
-        with _final_errors_fail_now():  # cannot succeed until the failed shards are cleared
-            published = pipeline.publish_dataset(_run(run), prepared, fleet or [], _s3_client)
-        get_current_context()["outlet_events"][TRAINING_DATA].extra = published
+        context = get_current_context()
+        context["label"] = prepared["location"]["dataset"]  # type: ignore[typeddict-unknown-key]
+        with final_errors_fail_now():  # cannot succeed until the failed shards are cleared
+            published = pipeline.publish_dataset(_run(run), prepared, fleet or [], s3_client)
+        if not published.get("unchanged"):  # an unchanged dataset has no new version: its asset is not updated
+            asset = Asset(name=published["dataset_uri"], uri=published["dataset_uri"])
+            context["outlet_events"][PUBLISHED_DATASETS].add(asset, extra=pipeline.asset_event(published))
         return published
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
@@ -275,12 +269,13 @@ def eagle3_regen() -> None:
 
         if run is None:
             raise AirflowFailException("plan failed: nothing ran; its log says what to fix")
-        with _final_errors_fail_now():  # the report is written; the run is red
-            return pipeline.report(_run(run), [p for p in published or [] if p], fleet or [], _s3_client)
+        with final_errors_fail_now():  # the report is written; the run is red
+            return pipeline.report(_run(run), [p for p in published or [] if p], fleet or [], s3_client)
 
     run = plan()
-    prepared = prepare_dataset.partial(run=run).expand(dataset=dataset_names(run))
     fleet = check_server(run)
+    prepared = prepare_dataset.partial(run=run).expand(dataset=dataset_names(run))
+    fleet >> prepared  # nothing is written for a fleet that cannot serve the run
     shards = list_shards(prepared, fleet)
     processed = process_shard.partial(run=run).expand(shard=shards)
     published = publish_dataset.partial(run=run, fleet=fleet).expand(prepared=prepared)

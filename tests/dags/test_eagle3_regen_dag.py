@@ -12,12 +12,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def dag():  # type: ignore[no-untyped-def]
+def bag():  # type: ignore[no-untyped-def]
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(ROOT / "dags"))
-    assert bag.import_errors == {}
+    dags = DagBag(dag_folder=str(ROOT / "dags"))
+    assert dags.import_errors == {}
+    return dags
+
+
+@pytest.fixture(scope="module")
+def dag(bag):  # type: ignore[no-untyped-def]
     return bag.dags["eagle3_regen"]
+
+
+def test_every_dag_file_parses_with_tags_retries_and_docs(bag) -> None:  # type: ignore[no-untyped-def]
+    assert sorted(bag.dags) == ["eagle3_regen", "eagle3_training_handoff"]
+    assert len(bag.dags) == len(list((ROOT / "dags").glob("*.py")))
+    for dag in bag.dags.values():
+        assert "eagle3" in dag.tags and dag.doc_md and not dag.catchup
+        assert all(t.retries >= 1 for t in dag.tasks), dag.dag_id
 
 
 def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
@@ -25,7 +38,7 @@ def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
     assert upstream == {
         "plan": [],
         "dataset_names": ["plan"],
-        "prepare_dataset": ["dataset_names", "plan"],
+        "prepare_dataset": ["check_server", "dataset_names", "plan"],
         "check_server": ["plan"],
         "list_shards": ["check_server", "prepare_dataset"],
         "process_shard.generate_shard": ["list_shards", "plan"],
@@ -36,12 +49,37 @@ def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
     }
 
 
-def test_policy_tags_retries_pool_and_asset(dag) -> None:  # type: ignore[no-untyped-def]
+def test_policy_pool_one_run_at_a_time_and_an_asset_per_dataset(dag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk import AssetAlias
+
+    from regen_airflow.alerts import FailureLog
+
     assert set(dag.tags) >= {"eagle3", "sglang"}
-    assert all(t.retries >= 1 for t in dag.tasks)
+    assert dag.max_active_runs == 1
     assert dag.get_task("process_shard.generate_shard").pool == "sglang_fleet"
-    assert [a.name for a in dag.get_task("publish_dataset").outlets] == ["eagle3_regen_training_data"]
+    assert dag.get_task("publish_dataset").outlets == [AssetAlias("eagle3_regen_datasets")]
     assert dag.get_task("publish_dataset").trigger_rule == "all_done"
+    assert all(any(isinstance(n, FailureLog) for n in t.on_failure_callback) for t in dag.tasks)
+
+
+def test_the_handoff_dag_is_scheduled_on_every_published_dataset(bag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk import AssetAlias
+
+    handoff = bag.dags["eagle3_training_handoff"]
+    assert handoff.timetable.asset_condition.objects == (AssetAlias("eagle3_regen_datasets"),)
+    assert handoff.get_task("published_versions").inlets == [AssetAlias("eagle3_regen_datasets")]
+
+
+def test_mail_alerts_are_added_when_the_config_names_recipients() -> None:
+    from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+
+    from regen.config import AlertsConfig
+    from regen_airflow.alerts import FailureLog, failure_notifiers
+
+    assert [type(n) for n in failure_notifiers(AlertsConfig())] == [FailureLog]
+    log_only, mail = failure_notifiers(AlertsConfig(email_to=["oncall@example.org"], smtp_conn_id="smtp_oncall"))
+    assert isinstance(log_only, FailureLog) and isinstance(mail, SmtpNotifier)
+    assert (mail.to, mail.smtp_conn_id) == (["oncall@example.org"], "smtp_oncall")
 
 
 def test_params_make_a_valid_trigger_form(dag) -> None:  # type: ignore[no-untyped-def]
@@ -117,9 +155,12 @@ def test_docker_compose_agrees_with_the_config_and_the_profile() -> None:
     import yaml
 
     from regen.chat import get_profile
+    from regen.config import load_config
 
     compose = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
     command = compose["services"]["airflow-init"]["command"]
     assert "pools set sglang_fleet $$(python -c 'from regen.config import load_config; " in command
     assert "print(load_config().defaults.shard_tasks)')" in command
     assert f"--revision {get_profile('kimi-k2.5').revision}" in compose["services"]["sglang"]["command"]
+    env = compose["x-airflow"]["environment"]
+    assert env["AIRFLOW__CORE__MAX_MAP_LENGTH"] == str(load_config().defaults.max_map_length)

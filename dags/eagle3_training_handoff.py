@@ -1,0 +1,46 @@
+"""eagle3_training_handoff: the hand-off from eagle3_regen to drafter training.
+
+Scheduled on the datasets eagle3_regen publishes (one asset per dataset, announced through the alias
+`eagle3_regen_datasets`), it verifies every newly published version against its manifest (each file's sha256, each
+shard's record count) before training may read it. An example to extend: put the training job's trigger after
+`verify_version`, or schedule on a single dataset's asset instead of the alias.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from airflow.sdk import dag, get_current_context, task
+
+from regen_airflow.tasks import PUBLISHED_DATASETS, final_errors_fail_now, s3_client_for
+
+
+@dag(
+    dag_id="eagle3_training_handoff",
+    doc_md=__doc__,
+    schedule=[PUBLISHED_DATASETS],
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    tags=["eagle3", "training-data"],
+    default_args={"retries": 2},
+)
+def eagle3_training_handoff() -> None:
+    @task(inlets=[PUBLISHED_DATASETS])
+    def published_versions(**context: Any) -> list[str]:
+        """The manifests of the versions whose publication triggered this run."""
+        events = context["triggering_asset_events"]
+        return sorted({e.extra["manifest"] for asset in events for e in events[asset] if "manifest" in e.extra})
+
+    @task(map_index_template="{{ label }}")
+    def verify_version(manifest: str) -> dict[str, Any]:
+        from regen.verify import verify_published
+
+        get_current_context()["label"] = manifest  # type: ignore[typeddict-unknown-key]
+        with final_errors_fail_now():  # a version that does not match its manifest stays wrong
+            return verify_published(manifest, s3_client_for(manifest))
+
+    verify_version.expand(manifest=published_versions())
+
+
+eagle3_training_handoff()

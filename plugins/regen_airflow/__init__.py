@@ -1,0 +1,1 @@
+"""Airflow glue for eagle3-regen: connections, fail-now, failure notifiers. Business rules live in `regen`."""

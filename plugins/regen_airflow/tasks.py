@@ -1,0 +1,41 @@
+"""What every eagle3-regen task needs from Airflow: storage credentials from a connection, and the rule that an error a
+retry cannot mend fails the task at once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from airflow.sdk import AssetAlias
+
+AWS_CONN_ID = "aws_default"
+# One asset per dataset (its URI is where the dataset's versions live), announced through this alias when a version
+# is published: a training DAG is scheduled on the alias (every dataset) or on one dataset's asset.
+PUBLISHED_DATASETS = AssetAlias("eagle3_regen_datasets")
+
+
+def s3_client_for(uri: str) -> Any:
+    """The S3 client when `uri` is on S3; None for a local path (no connection needed)."""
+    return s3_client() if uri.startswith("s3://") else None
+
+
+def s3_client() -> Any:
+    """boto3 S3 client from the `aws_default` connection (credentials and endpoint_url live there, never in code)."""
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    return S3Hook(aws_conn_id=AWS_CONN_ID).get_conn()
+
+
+@contextmanager
+def final_errors_fail_now(prefix: str = "") -> Iterator[None]:
+    """What a retry cannot mend (regen.errors.FinalError) fails the task at once with its message; the rest is
+    retried by the task's policy."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from regen.errors import FinalError
+
+    try:
+        yield
+    except FinalError as e:
+        raise AirflowFailException(f"{prefix}{e}") from e
