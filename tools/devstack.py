@@ -28,6 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DAG_ID = "eagle3_regen"
 ADMIN = ("admin", "admin")
+CELERY_REDIS_DB = 7  # the broker's database on the machine's Redis, flushed when a Celery stack starts
+
+
+def worker_hostname() -> str:
+    """Airflow's hostname_callable for the local Celery workers: every worker runs on this one host, so each reports
+    its own name instead."""
+    return os.environ.get("REGEN_WORKER_NAME") or socket.getfqdn()
 
 
 def free_port() -> int:
@@ -109,7 +116,9 @@ class Stack:
     api_port: int = 0  # 0: a free port
     simulator_port: int | None = None  # the first simulator's; None: a free port
     with_triggerer: bool = False  # the UI's health page expects one; the pipeline defers nothing to it
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    executor: str = "LocalExecutor"  # or CeleryExecutor: Redis on loopback as the broker, `celery_workers` workers
+    celery_workers: int = 2
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     fleet: list[Simulator] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -120,9 +129,12 @@ class Stack:
         self._token: str | None = None
 
     @property
+    def config(self) -> Any:
+        return load_config(Path(os.environ.get("REGEN_CONFIG", ROOT / "config" / "regen.yaml")))
+
+    @property
     def slots(self) -> int:
-        config = Path(os.environ.get("REGEN_CONFIG", ROOT / "config" / "regen.yaml"))
-        return self.pool_slots or load_config(config).defaults.shard_tasks
+        return self.pool_slots or self.config.defaults.shard_tasks
 
     @property
     def simulator(self) -> str:
@@ -147,7 +159,10 @@ class Stack:
             "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__EXECUTOR": self.executor,
+            "AIRFLOW__CORE__MAX_MAP_LENGTH": str(self.config.defaults.max_map_length),  # the config's, as deployed
+            "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:6379/{CELERY_REDIS_DB}",
+            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.sql_conn.replace('+psycopg2', '')}",
             # Room for every pool slot plus the validate/export tasks of finished shards, and no more (2 cores).
             "AIRFLOW__CORE__PARALLELISM": str(self.slots + 2),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
@@ -166,12 +181,38 @@ class Stack:
             "PYTHONUNBUFFERED": "1",
         }
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], **env: str) -> None:
         log = (self.home / f"{name}.log").open("ab")
         # A process group per component, so stopping it takes its children (gunicorn/uvicorn workers) too.
-        self.processes.append(
-            subprocess.Popen(argv, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes[name] = subprocess.Popen(
+            argv, env={**self.env(), **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+    def _start_executor(self) -> None:
+        self._spawn("scheduler", [str(BIN / "airflow"), "scheduler"])
+        if self.executor != "CeleryExecutor":
+            return
+        import redis
+
+        redis.Redis(host="127.0.0.1", port=6379, db=CELERY_REDIS_DB).flushdb()  # no task left from another stack
+        for n in range(1, self.celery_workers + 1):
+            name = f"celery-{n}"
+            argv = [str(BIN / "airflow"), "celery", "worker", "--concurrency", "2", "--skip-serve-logs"]
+            # Each worker records its own name as the task instances' hostname, so a test sees who ran what.
+            self._spawn(
+                name,
+                [*argv, "--celery-hostname", f"{name}@%h"],
+                AIRFLOW__CORE__HOSTNAME_CALLABLE="tools.devstack.worker_hostname",
+                REGEN_WORKER_NAME=name,
+                PYTHONPATH=str(ROOT),
+            )
+
+    def use_executor(self, executor: str) -> None:
+        """Restart the scheduler (and workers) on another executor; the metadata DB, API and DAGs stay."""
+        for name in [n for n in self.processes if n == "scheduler" or n.startswith("celery-")]:
+            self._stop(self.processes.pop(name))
+        self.executor = executor
+        self._start_executor()
 
     def _airflow(self, *args: str) -> None:
         subprocess.run([str(BIN / "airflow"), *args], env=self.env(), check=True, capture_output=True)
@@ -182,12 +223,12 @@ class Stack:
         self._airflow(
             "pools", "set", "sglang_fleet", str(self.slots), "Shard tasks generating against the SGLang fleet"
         )
-        ports = [self.simulator_port] + [None] * (self.simulators - 1)
+        ports = ([self.simulator_port] + [None] * (self.simulators - 1))[: self.simulators]
         self.fleet = [start_simulator(self.home, *self.simulator_args, port=port) for port in ports]
         if self.with_s3:
             self._spawn("s3", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.s3_port)])
         self._spawn("api-server", [str(BIN / "airflow"), "api-server", "--port", str(self.api_port)])
-        self._spawn("scheduler", [str(BIN / "airflow"), "scheduler"])
+        self._start_executor()
         self._spawn("dag-processor", [str(BIN / "airflow"), "dag-processor"])
         if self.with_triggerer:
             self._spawn("triggerer", [str(BIN / "airflow"), "triggerer"])
@@ -199,16 +240,23 @@ class Stack:
     def stop(self) -> None:
         for simulator in self.fleet:
             simulator.stop()
-        for process in self.processes:
+        for process in self.processes.values():
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        for process in self.processes.values():
+            self._stop(process)
         self.processes.clear()
         self._stop_task_processes()
+
+    @staticmethod
+    def _stop(process: subprocess.Popen[bytes]) -> None:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
 
     def _stop_task_processes(self) -> None:
         """Task processes run in process groups of their own: find them by this stack's AIRFLOW_HOME."""
@@ -273,6 +321,19 @@ class Stack:
     def task_states(self, run_id: str) -> list[tuple[str, int, str]]:
         items = self.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
         return sorted((t["task_id"], t["map_index"], t["state"]) for t in items["task_instances"])
+
+    def task_log(self, run_id: str, task_id: str, map_index: int = -1, try_number: int = 1) -> str:
+        path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
+        return json.dumps(self.call("GET", path, params={"map_index": map_index, "full_content": True}))
+
+    def cli(self, *args: str, **env: str) -> str:
+        """An `airflow` CLI command against this stack, as an operator on one of its hosts would run it."""
+        done = subprocess.run(
+            [str(BIN / "airflow"), *args], env={**self.env(), **env}, capture_output=True, text=True, timeout=120
+        )
+        if done.returncode:
+            raise RuntimeError(f"airflow {' '.join(args)}: exit {done.returncode}\n{done.stdout}\n{done.stderr}")
+        return done.stdout
 
     def xcom(self, run_id: str, task_id: str, map_index: int = -1) -> Any:
         path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value"
@@ -351,7 +412,7 @@ def ui(argv: list[str]) -> int:
             print(f"S3 API: {stack.s3_endpoint} (connection aws_default), bucket eagle3-regen")
         print("Ctrl-C stops everything.", flush=True)
         try:
-            while all(p.poll() is None for p in stack.processes):
+            while all(p.poll() is None for p in stack.processes.values()):
                 time.sleep(2)
             print("a component stopped; see var/airflow/*.log")
             return 1

@@ -1,0 +1,279 @@
+"""Day-to-day operations through a real scheduler, as the README tells an operator to do them: a fleet that dies
+mid-run, a task process killed mid-generate, a failed run completed from a new run, nights backfilled. The recovery
+commands are taken from the README and run exactly as written there.
+
+The stack's config is a nightly deployment's: a schedule, the fleet at a fixed local port (started and killed by the
+tests), an S3 storage root, short retry delays so that a failure shows within seconds.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from regen.manifest import version_from_run_id
+from tools.devstack import ADMIN, DAG_ID, Simulator, Stack, free_port, start_simulator, wait_until
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+BUCKET = "regen-ops"
+PROMPTS = {"B1_glaive": 36, "B2_opencodeinstruct": 48}
+SLOW = ("--decode-ms-per-token", "20", "--max-running", "8")  # about 25 s for both datasets: time to kill it
+IN_FLIGHT, SHARD_TASKS, CHECKPOINT_EVERY = 16, 4, 4
+
+
+class Operations:
+    def __init__(self, stack: Stack, port: int) -> None:
+        self.stack, self.port = stack, port
+
+    def fleet(self, *args: str) -> Simulator:
+        return start_simulator(self.stack.home, *args, port=self.port)
+
+    def readme(self, *blocks: str, **env: str) -> str:
+        """The README's recovery blocks, run by bash exactly as written, with the token block first."""
+        script = "\n".join(readme_block(name) for name in ("token", *blocks))
+        path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+        variables = {"AIRFLOW_URL": self.stack.api, "AIRFLOW_USER": ADMIN[0], "AIRFLOW_PASSWORD": ADMIN[1], **env}
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            env={**self.stack.env(), "PATH": path, **variables},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, f"{blocks}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    def runs(self) -> list[dict[str, Any]]:
+        return list(self.stack.call("GET", f"/dags/{DAG_ID}/dagRuns", params={"limit": 100})["dag_runs"])
+
+    def wait_until_rerun(self, run_id: str, timeout_s: float = 300) -> str:
+        """The run's state once it left `failed` (a clear re-queues it) and finished again."""
+        wait_until(f"{run_id} re-queued", lambda: self.state(run_id) != "failed", 60)
+        return self.stack.wait_for_run(run_id, timeout_s)
+
+    def state(self, run_id: str) -> str:
+        return str(self.stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"])
+
+    def train_ids(self, report: dict[str, Any]) -> Counter[str]:
+        """Every published training record's sample id, over the run's datasets."""
+        s3, ids = self.stack.s3_client(), Counter[str]()
+        for dataset in report["datasets"]:
+            manifest_key = dataset["manifest"].removeprefix(f"s3://{BUCKET}/")
+            manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=manifest_key)["Body"].read())
+            root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
+            for shard in manifest["shards"]:
+                body = s3.get_object(Bucket=BUCKET, Key=root + shard["train"])["Body"].read()
+                ids.update(pq.read_table(io.BytesIO(body), columns=["id"]).column("id").to_pylist())
+        return ids
+
+
+def readme_block(name: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    found = re.search(rf"<!-- recovery:{name} -->\n```bash\n(.*?)```", text, re.S)
+    assert found, f"README has no recovery block {name!r}"
+    return found.group(1)
+
+
+def requested(sim: Simulator) -> Counter[str]:
+    """Sample ids the server answered (a rid is sample id, nonce, attempt)."""
+    return Counter(r["rid"].rsplit("-", 2)[0] for r in sim.records())
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
+    project = ROOT / "config" / "regen.yaml"
+    config = yaml.safe_load(project.read_text())
+    for dataset in config["datasets"].values():
+        dataset["paths"] = [str((project.parent / path).resolve()) for path in dataset["paths"]]
+    port = free_port()
+    config["defaults"].update(
+        endpoints=[f"http://127.0.0.1:{port}"],
+        storage_root=f"s3://{BUCKET}/nightly",
+        schedule="0 2 * * *",
+        shard_size=24,
+        in_flight=IN_FLIGHT,
+        shard_tasks=SHARD_TASKS,
+        task_retries=1,
+        retry_delay_s=1,
+        fleet_wait_s=5,
+        max_attempts=3,
+        checkpoint_every=CHECKPOINT_EVERY,
+        checkpoint_s=1,
+    )
+    config_path = tmp_path_factory.mktemp("config") / "regen.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setenv("REGEN_CONFIG", str(config_path))
+        stack = Stack(tmp_path_factory.mktemp("ops"), database="eagle3_regen_ops", with_s3=True, simulators=0)
+        with stack:
+            stack.s3_client().create_bucket(Bucket=BUCKET)
+            yield Operations(stack, port)
+
+
+def test_the_first_scheduled_run_with_no_fleet_is_red_and_writes_nothing(ops: Operations) -> None:
+    """Unpaused, a scheduled DAG runs its latest night at once (and only it: no catch-up). Nothing listens yet."""
+    stack = ops.stack
+    wait_until("DAG parsed", lambda: stack.call("GET", f"/dags/{DAG_ID}"), 180)
+    stack.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+    scheduled = wait_until("a scheduled run", lambda: [r for r in ops.runs() if r["run_type"] == "scheduled"], 120)
+    assert len(scheduled) == 1
+    assert stack.wait_for_run(scheduled[0]["dag_run_id"], 180) == "failed"
+    states = {task: state for task, _, state in stack.task_states(scheduled[0]["dag_run_id"])}
+    assert states["check_server"] == "failed" and states["prepare_dataset"] == "upstream_failed"
+    assert "Contents" not in stack.s3_client().list_objects_v2(Bucket=BUCKET, Prefix="nightly/kimi-k2.5-mini/B")
+
+
+def test_a_run_whose_fleet_dies_is_red_and_clearing_it_completes_it(ops: Operations) -> None:
+    stack, sim = ops.stack, ops.fleet(*SLOW)
+    try:
+        run_id = stack.trigger({"storage_root": f"s3://{BUCKET}/clear"})
+        wait_until("answers before the fleet dies", lambda: sim.stats()["answered"] >= 24, 180)
+        sim.stop()
+        assert stack.wait_for_run(run_id, 300) == "failed"
+        before = requested(sim)
+        failed = [
+            t
+            for t in stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+            if t["task_id"] == "process_shard.generate_shard" and t["state"] == "failed"
+        ]
+        assert failed, stack.task_states(run_id)
+        alert = stack.task_log(run_id, failed[0]["task_id"], failed[0]["map_index"], failed[0]["try_number"])
+        assert f"eagle3-regen FAILED: process_shard.generate_shard [{failed[0]['rendered_map_index']}]" in alert
+        assert "FleetUnavailable" in alert
+
+        sim = ops.fleet(*SLOW)  # the fleet is back
+        ops.readme("clear", RUN_ID=run_id)
+        assert ops.wait_until_rerun(run_id) == "success", stack.task_states(run_id)
+        after = requested(sim) - before  # the port's record file is shared by both servers
+    finally:
+        sim.stop()
+    report = stack.xcom(run_id, "report")
+    published = ops.train_ids(report)
+    assert report["unpublished"] == [] and sorted(d["dataset"] for d in report["datasets"]) == sorted(PROMPTS)
+    assert set(published.values()) == {1}  # every sample exactly once
+    assert sum(PROMPTS.values()) - len(published) == sum(d["stages"]["validate"]["dropped"] for d in report["datasets"])
+    # Answers finished before the fleet died were not requested again: at most one the server recorded but was
+    # killed before it could send.
+    assert len(set(before) & set(after)) <= 1
+    assert set(before) | set(after) >= set(published)
+
+
+def test_a_failed_run_is_completed_by_a_new_run_with_its_id_as_version(ops: Operations) -> None:
+    stack = ops.stack
+    run_id = stack.trigger({"storage_root": f"s3://{BUCKET}/resume", "datasets": ["B2_opencodeinstruct"]})
+    assert stack.wait_for_run(run_id, 180) == "failed"  # nothing listens: check_server fails
+    sim = ops.fleet()
+    try:
+        response = json.loads(ops.readme("new-run", RUN_ID=run_id).strip().splitlines()[-1])
+        new_run = response["dag_run_id"]
+        assert response["conf"]["version"] == run_id and response["conf"]["storage_root"].endswith("/resume")
+        assert stack.wait_for_run(new_run, 300) == "success", stack.task_states(new_run)
+    finally:
+        sim.stop()
+    [dataset] = stack.xcom(new_run, "report")["datasets"]
+    assert dataset["version"] == version_from_run_id(run_id)
+    assert dataset["manifest"].startswith(
+        f"s3://{BUCKET}/resume/kimi-k2.5-mini/B2_opencodeinstruct/{dataset['version']}/"
+    )
+
+
+def _generating_task_process(stack: Stack, port: int) -> psutil.Process | None:
+    """A task process of this stack's scheduler with a connection open to the fleet: a shard task mid-generate."""
+    for process in psutil.Process(stack.processes["scheduler"].pid).children(recursive=True):
+        try:
+            if any(c.raddr and c.raddr.port == port for c in process.net_connections(kind="tcp")):
+                return process
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return None
+
+
+def test_sigkill_mid_generate_is_resumed_by_airflows_retry_exactly_once_per_sample(ops: Operations) -> None:
+    stack, sim = ops.stack, ops.fleet(*SLOW)
+    try:
+        run_id = stack.trigger({"storage_root": f"s3://{BUCKET}/sigkill"})
+        wait_until("answers checkpointed", lambda: sim.stats()["answered"] >= 12, 180)
+        victim = wait_until("a generating task process", lambda: _generating_task_process(stack, ops.port), 60)
+        victim.send_signal(signal.SIGKILL)
+        assert stack.wait_for_run(run_id, 300) == "success", stack.task_states(run_id)
+        answered = requested(sim)
+    finally:
+        sim.stop()
+    report = stack.xcom(run_id, "report")
+    published = ops.train_ids(report)
+    assert set(published.values()) == {1}
+    retried = [
+        t
+        for t in stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        if t["task_id"] == "process_shard.generate_shard" and t["try_number"] == 2
+    ]
+    assert len(retried) == 1
+    resumed = stack.task_log(run_id, retried[0]["task_id"], retried[0]["map_index"], 2)
+    checkpointed = int(re.search(r"(\d+) checkpointed", resumed).group(1))  # type: ignore[union-attr]
+    assert checkpointed > 0  # the retry resumed from the killed attempt's checkpoints
+    # Redone: only the killed attempt's requests in flight and its unflushed answers.
+    redone = [sample for sample, count in answered.items() if count > 1]
+    assert len(redone) <= IN_FLIGHT // SHARD_TASKS + CHECKPOINT_EVERY
+
+
+def test_a_backfill_over_two_nights_reprocesses_only_the_failed_night(ops: Operations) -> None:
+    stack = ops.stack
+
+    def night(date: str) -> dict[str, Any]:
+        runs = [r for r in ops.runs() if r["run_type"] == "backfill" and r["logical_date"].startswith(date)]
+        assert len(runs) == 1, runs
+        return runs[0]
+
+    def backfill_finished(date: str) -> str:
+        wait_until(
+            f"backfill run {date}",
+            lambda: [r for r in ops.runs() if r["logical_date"] and r["logical_date"].startswith(date)],
+            120,
+        )
+        return stack.wait_for_run(night(date)["dag_run_id"], 300)
+
+    def backfills_done() -> bool:  # Airflow runs one backfill per DAG at a time
+        backfills = stack.call("GET", "/backfills", params={"dag_id": DAG_ID})["backfills"]
+        return all(b["completed_at"] for b in backfills)
+
+    def backfill(day: str) -> None:
+        wait_until("earlier backfills completed", backfills_done, 120)
+        stack.cli("backfill", "create", "--dag-id", DAG_ID, "--from-date", day, "--to-date", f"{day}T23:00")
+
+    backfill("2026-11-01")
+    assert backfill_finished("2026-11-01") == "failed"  # the fleet is down that night
+    sim = ops.fleet()
+    try:
+        backfill("2026-11-02")
+        assert backfill_finished("2026-11-02") == "success"
+        second_night = night("2026-11-02")
+        answered = sim.stats()["answered"]
+
+        wait_until("earlier backfills completed", backfills_done, 120)
+        ops.readme("backfill", FROM="2026-11-01", TO="2026-11-02T23:00")
+        assert ops.wait_until_rerun(night("2026-11-01")["dag_run_id"]) == "success"
+        first_report = stack.xcom(night("2026-11-01")["dag_run_id"], "report")
+        assert sim.stats()["answered"] == answered + 1  # check_server's probe; nothing changed, nothing generated
+    finally:
+        sim.stop()
+    fields = ("dag_run_id", "state", "start_date", "end_date")
+    assert [night("2026-11-02")[f] for f in fields] == [second_night[f] for f in fields]  # the good night: untouched
+    assert first_report["datasets"] == [] and first_report["unpublished"] == []
+    assert {(d["dataset"], d["version"]) for d in first_report["unchanged"]} == {
+        (name, version_from_run_id(second_night["dag_run_id"])) for name in PROMPTS
+    }
