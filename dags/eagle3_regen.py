@@ -207,45 +207,46 @@ def eagle3_regen() -> None:
     # A dataset whose prepare failed must not hold back the others: shards are listed from the datasets that were
     # prepared, once the fleet check passed.
     @task(trigger_rule=TriggerRule.ALL_DONE)
-    def list_shards(prepared: list[dict[str, Any]], fleet: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    def list_shards(prepared: list[dict[str, Any]], fleet: list[dict[str, Any]] | None) -> list[list[dict[str, Any]]]:
         from airflow.sdk.exceptions import AirflowFailException
 
         from regen import pipeline
 
         if not fleet:
             raise AirflowFailException("check_server did not pass: no shard is sent to the fleet")
-        with final_errors_fail_now():  # more shards than Airflow maps: the message says which shard_size fits
-            return pipeline.shards_of([p for p in prepared if p], CONFIG.defaults.max_map_length)
+        return pipeline.shard_groups([p for p in prepared if p], CONFIG.defaults.shard_task_limit)
 
-    def _label(shard: dict[str, Any]) -> None:
-        label = f"{shard['location']['dataset']}/shard-{shard['shard']:05d}"
-        get_current_context()["label"] = label  # type: ignore[typeddict-unknown-key]
+    # Each mapped task handles one shard, or a group of consecutive shards in turn when a run has more shards than
+    # the config's shard_task_limit.
+    def _label(shards: list[dict[str, Any]]) -> None:
+        label = f"{shards[0]['location']['dataset']}/shard-{shards[0]['shard']:05d}"
+        get_current_context()["label"] = label + (f" +{len(shards) - 1}" if len(shards) > 1 else "")  # type: ignore[typeddict-unknown-key]
 
     @task(pool=FLEET_POOL, map_index_template="{{ label }}")
-    def generate_shard(run: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
+    def generate_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
         from regen import pipeline
 
-        _label(shard)
-        return pipeline.generate_shard(_run(run), shard, s3_client)
+        _label(shards)
+        return [pipeline.generate_shard(_run(run), shard, s3_client) for shard in shards]
 
     @task(map_index_template="{{ label }}")
-    def validate_shard(run: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
+    def validate_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
         from regen import pipeline
 
-        _label(shard)
+        _label(shards)
         with final_errors_fail_now():  # a changed template renders the same way on a retry
-            return pipeline.validate_shard(_run(run), shard, s3_client)
+            return [pipeline.validate_shard(_run(run), shard, s3_client) for shard in shards]
 
     @task(map_index_template="{{ label }}")
-    def export_shard(run: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
+    def export_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
         from regen import pipeline
 
-        _label(shard)
-        return pipeline.export_shard(_run(run), shard, s3_client)
+        _label(shards)
+        return [pipeline.export_shard(_run(run), shard, s3_client) for shard in shards]
 
     @task_group
-    def process_shard(run: dict[str, Any], shard: dict[str, Any]) -> Any:
-        return export_shard(run, validate_shard(run, generate_shard(run, shard)))
+    def process_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> Any:
+        return export_shard(run, validate_shard(run, generate_shard(run, shards)))
 
     # Publish and report run even when some shards failed: complete datasets are published, the rest say why.
     @task(outlets=[PUBLISHED_DATASETS], trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
@@ -277,7 +278,7 @@ def eagle3_regen() -> None:
     prepared = prepare_dataset.partial(run=run).expand(dataset=dataset_names(run))
     fleet >> prepared  # nothing is written for a fleet that cannot serve the run
     shards = list_shards(prepared, fleet)
-    processed = process_shard.partial(run=run).expand(shard=shards)
+    processed = process_shard.partial(run=run).expand(shards=shards)
     published = publish_dataset.partial(run=run, fleet=fleet).expand(prepared=prepared)
     processed >> published
     report(run, published, fleet)

@@ -160,7 +160,6 @@ class Stack:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": self.executor,
-            "AIRFLOW__CORE__MAX_MAP_LENGTH": str(self.config.defaults.max_map_length),  # the config's, as deployed
             "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:6379/{CELERY_REDIS_DB}",
             "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.sql_conn.replace('+psycopg2', '')}",
             # Room for every pool slot plus the validate/export tasks of finished shards, and no more (2 cores).

@@ -131,9 +131,10 @@ class Defaults(BaseModel):
     # Airflow's retries for transient faults (user errors never retry); the delay doubles each try, up to 10 min.
     task_retries: int = Field(3, ge=0)
     retry_delay_s: float = Field(30.0, gt=0)
-    # Airflow's [core] max_map_length, which the deployment sets to this value: a run with more shards than this
-    # fails before generating, saying which shard_size fits.
-    max_map_length: int = Field(1024, ge=1)
+    # Mapped shard tasks per stage in one run. Beyond it, consecutive shards are grouped, several per task, handled
+    # in turn: the scheduler's work per loop grows with a run's task instances (bench/bench_scheduler.py), and Airflow
+    # maps at most [core] max_map_length (1024) anyway.
+    shard_task_limit: int = Field(256, ge=1, le=1024)
 
     @field_validator("profile")
     @classmethod

@@ -144,12 +144,6 @@ def plan(params: dict[str, Any], run_id: str, s3_client: S3ClientFactory | None 
     """The run's choices, checked in seconds before any work: params, the profile's tokenizer, a storage root that
     takes a write. Raises ConfigError with what to fix."""
     run = RunSpec.from_params(params, run_id)
-    max_shards = load_config().defaults.max_map_length
-    if run.limit is not None and len(run.datasets) * -(-run.limit // run.shard_size) > max_shards:
-        raise ConfigError(
-            f"{len(run.datasets)} datasets of up to {run.limit} prompts in shards of {run.shard_size} exceed "
-            f"max_map_length {max_shards} shards: raise shard_size"
-        )
     try:
         renderer_for(run.profile)
     except (OSError, ValueError, ImportError) as e:
@@ -208,23 +202,12 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
     return prepared.to_dict()
 
 
-class TooManyShards(FinalError):
-    """More shards than the orchestrator maps in one run (Airflow's max_map_length)."""
-
-
-def shards_of(prepared: list[dict[str, Any]], max_shards: int | None = None) -> list[dict[str, Any]]:
-    """Every shard of the prepared datasets, one mapped task each; refused beyond `max_shards`, with the shard size
-    that fits."""
+def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[list[dict[str, Any]]]:
+    """Every shard of the prepared datasets, in at most `limit` groups of consecutive shards: one mapped task per
+    group, which handles its shards in turn. Up to `limit` shards, every group is one shard."""
     shards = [shard for dataset in prepared for shard in dataset["shards"]]
-    if max_shards is not None and len(shards) > max_shards:
-        prompts = sum(s["num_prompts"] for s in shards)
-        fits = -(-prompts // max_shards)
-        raise TooManyShards(
-            f"{len(shards)} shards ({prompts} prompts) exceed max_map_length {max_shards}: trigger again with "
-            f"shard_size >= {fits} (a new version), or raise max_map_length in the config together with Airflow's "
-            "[core] max_map_length"
-        )
-    return shards
+    size = max(1, -(-len(shards) // limit))
+    return [shards[i : i + size] for i in range(0, len(shards), size)]
 
 
 def check_server(run: RunSpec) -> list[dict[str, Any]]:

@@ -155,12 +155,9 @@ def test_docker_compose_agrees_with_the_config_and_the_profile() -> None:
     import yaml
 
     from regen.chat import get_profile
-    from regen.config import load_config
 
     compose = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
     command = compose["services"]["airflow-init"]["command"]
     assert "pools set sglang_fleet $$(python -c 'from regen.config import load_config; " in command
     assert "print(load_config().defaults.shard_tasks)')" in command
     assert f"--revision {get_profile('kimi-k2.5').revision}" in compose["services"]["sglang"]["command"]
-    env = compose["x-airflow"]["environment"]
-    assert env["AIRFLOW__CORE__MAX_MAP_LENGTH"] == str(load_config().defaults.max_map_length)

@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from regen import pipeline
-from regen.config import ConfigError
 from regen.inputs import dataset_inputs, latest_key
 from regen.verify import VerificationFailed, verify_published
 from tests.conftest import ROOT, Simulator
@@ -38,7 +37,7 @@ def run_stages(run_id: str, simulator: Simulator, **params: Any) -> dict[str, An
     """plan -> prepare -> every shard through generate, validate, export -> publish -> report, as the DAG does."""
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], **params}, run_id))
     prepared = [pipeline.prepare_dataset(run, name) for name in run.datasets]
-    for shard in pipeline.shards_of(prepared):
+    for shard in [s for group in pipeline.shard_groups(prepared, 256) for s in group]:
         generated = pipeline.generate_shard(run, shard)
         pipeline.export_shard(run, pipeline.validate_shard(run, generated))
     published = [pipeline.publish_dataset(run, p, []) for p in prepared]
@@ -145,13 +144,10 @@ def test_a_published_version_verifies_and_tampering_is_named(deployment: Path, s
     assert f"{manifest['shards'][1]['raw']}: missing" in str(failed.value)
 
 
-def test_more_shards_than_airflow_maps_fail_with_the_shard_size_that_fits() -> None:
-    prepared = [{"shards": [{"num_prompts": 10}] * 30}, {"shards": [{"num_prompts": 10}] * 5}]
-    assert len(pipeline.shards_of(prepared, 35)) == 35
-    with pytest.raises(pipeline.TooManyShards, match=r"35 shards .350 prompts. exceed max_map_length 20: .* >= 18"):
-        pipeline.shards_of(prepared, 20)
-
-
-def test_plan_refuses_a_limit_whose_shards_cannot_be_mapped(deployment: Path) -> None:
-    with pytest.raises(ConfigError, match="exceed max_map_length 1024 shards: raise shard_size"):
-        pipeline.plan({"limit": 20_000_000}, "manual__1")
+def test_more_shards_than_the_task_limit_are_grouped_in_order_and_none_is_lost() -> None:
+    prepared = [{"shards": [{"shard": i} for i in range(30)]}, {"shards": [{"shard": 100 + i} for i in range(5)]}]
+    assert pipeline.shard_groups(prepared, 35) == [[shard] for p in prepared for shard in p["shards"]]
+    groups = pipeline.shard_groups(prepared, 20)
+    assert len(groups) == 18 and {len(g) for g in groups[:-1]} == {2}
+    assert [s for g in groups for s in g] == [shard for p in prepared for shard in p["shards"]]
+    assert pipeline.shard_groups([{"shards": []}], 20) == []
