@@ -17,7 +17,7 @@ import yaml
 import zstandard
 
 from regen.simulator.defects import BY_NAME
-from tools.devstack import DAG_ID, Simulator, Stack, start_simulator
+from tools.devstack import DAG_ID, Simulator, Stack, start_simulator, wait_until
 
 pytestmark = pytest.mark.e2e
 BUCKET = "regen-e2e"
@@ -107,10 +107,31 @@ def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, 
         assert len(rejected) == manifest["prepare"]["dropped"] > 0
 
 
-def test_publishing_records_asset_events(stack: Stack, finished_run: dict[str, Any]) -> None:
+def test_each_dataset_is_an_asset_and_the_handoff_dag_verifies_what_was_published(
+    stack: Stack, finished_run: dict[str, Any]
+) -> None:
     events = stack.call("GET", "/assets/events", params={"limit": 100})["asset_events"]
-    mine = [e for e in events if e["source_run_id"] == finished_run["run_id"]]
-    assert sorted(e["extra"]["dataset"] for e in mine) == sorted(EXPECTED_PROMPTS)
+    mine = {e["extra"]["dataset"]: e for e in events if e["source_run_id"] == finished_run["run_id"]}
+    published = {d["dataset"]: d for d in finished_run["report"]["datasets"]}
+    assert sorted(mine) == sorted(EXPECTED_PROMPTS)
+    for dataset, event in mine.items():
+        assert event["uri"] == f"s3://{BUCKET}/runs/kimi-k2.5-mini/{dataset}"  # one asset per dataset
+        assert event["extra"]["manifest"] == published[dataset]["manifest"]
+        assert event["extra"]["records"] == published[dataset]["records"]
+
+    def verified() -> set[str]:
+        runs = stack.call("GET", "/dags/eagle3_training_handoff/dagRuns", params={"limit": 100})["dag_runs"]
+        manifests: set[str] = set()
+        for run in runs:
+            path = f"/dags/eagle3_training_handoff/dagRuns/{run['dag_run_id']}/taskInstances"
+            for ti in stack.call("GET", path, params={"limit": 100})["task_instances"]:
+                if ti["task_id"] == "verify_version" and ti["state"] == "success":
+                    xcom = f"{path}/verify_version/xcomEntries/return_value"
+                    value = stack.call("GET", xcom, params={"map_index": ti["map_index"], "deserialize": True})
+                    manifests.add(value["value"]["manifest"])
+        return manifests if {d["manifest"] for d in published.values()} <= manifests else set()
+
+    assert wait_until("the hand-off DAG verified both versions", verified, 300)
 
 
 def s3_keys(stack: Stack, prefix: str, suffix: str) -> list[str]:
@@ -251,3 +272,38 @@ def test_a_dataset_that_fails_holds_back_no_other_and_the_run_is_red(stack: Stac
     assert [d["dataset"] for d in report["datasets"]] == ["B2_opencodeinstruct"] and report["datasets"][0]["records"]
     assert report["unpublished"] == ["B3_missing"]
     assert s3_keys(stack, "partial/kimi-k2.5-mini/B2_opencodeinstruct/", "manifest.json")
+
+
+def published_records(stack: Stack, report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    records = {}
+    for dataset in report["datasets"]:
+        manifest_key = dataset["manifest"].removeprefix(f"s3://{BUCKET}/")
+        manifest = s3_json(stack, manifest_key)
+        root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
+        for shard in manifest["shards"]:
+            records.update({r["id"]: r for r in s3_table(stack, root + shard["train"])})
+    return records
+
+
+def test_on_two_celery_workers_the_shards_are_shared_and_the_output_is_the_local_executors(
+    stack: Stack, finished_run: dict[str, Any]
+) -> None:
+    """Last in this module: it moves the stack to CeleryExecutor (the machine's Redis as broker, PostgreSQL as
+    metadata DB and result backend) with two workers, and runs what `finished_run` ran on LocalExecutor, in shards
+    small enough for both workers to share."""
+    stack.use_executor("CeleryExecutor")
+    conf = {"datasets": GOOD, "endpoints": [stack.simulator], "storage_root": f"s3://{BUCKET}/celery", "shard_size": 24}
+    run_id = stack.trigger(conf)
+    assert stack.wait_for_run(run_id, timeout_s=600) == "success", stack.task_states(run_id)
+
+    instances = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
+    shard_tasks = [t for t in instances["task_instances"] if t["task_id"].startswith("process_shard.")]
+    assert len(shard_tasks) == 12  # four shards, three stages each
+    assert {t["hostname"] for t in shard_tasks} == {"celery-1", "celery-2"}  # both Celery workers took shards
+
+    local = published_records(stack, finished_run["report"])
+    distributed = published_records(stack, stack.xcom(run_id, "report"))
+    assert len(local) > 0 and sorted(distributed) == sorted(local)
+    for sample_id, record in local.items():
+        for column in ("input_ids", "loss_mask", "verdict", "finish_reason"):
+            assert distributed[sample_id][column] == record[column], (sample_id, column)
