@@ -99,6 +99,9 @@ class RunSpec:
         for name, value in (("in_flight", in_flight), ("shard_size", shard_size)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}")
+        skip_unchanged = params.get("skip_unchanged", True)
+        if not isinstance(skip_unchanged, bool):
+            raise ConfigError(f"skip_unchanged must be true or false, got {skip_unchanged!r}")
         return cls(
             datasets=datasets,
             endpoints=endpoints,
@@ -116,7 +119,7 @@ class RunSpec:
             checkpoint_s=d.checkpoint_s,
             export=ExportConfig(**{**d.export.model_dump(), **(params.get("export") or {})}).model_dump(),
             validation=d.validation.model_dump(),
-            skip_unchanged=bool(params.get("skip_unchanged", True)),
+            skip_unchanged=skip_unchanged,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,8 +131,8 @@ class RunSpec:
 
 # What a run's params (the trigger form, or a REST conf) may hold; anything else is a typo that would be ignored.
 RUN_PARAMS = frozenset(
-    {"datasets", "profile", "limit", "version", "endpoints", "storage_root", "shard_size", "in_flight", "export"}
-    | {"skip_unchanged"}
+    {"datasets", "profile", "limit", "version", "skip_unchanged", "endpoints", "storage_root", "shard_size"}
+    | {"in_flight", "export"}
     | set(Sampling.model_fields)
 )
 

@@ -69,6 +69,7 @@ def test_run_spec_merges_params_over_defaults() -> None:
         pytest.param({"profile": "kimi-k3"}, "unknown profile 'kimi-k3'", id="profile"),
         pytest.param({"in_flight": 0}, "in_flight must be a whole number of at least 1", id="in-flight"),
         pytest.param({"shard_size": 0}, "shard_size must be a whole number of at least 1", id="shard-size"),
+        pytest.param({"skip_unchanged": "false"}, "skip_unchanged must be true or false", id="skip-unchanged"),
     ],
 )
 def test_bad_params_fail_fast_with_what_to_fix(params: dict, message: str) -> None:
