@@ -21,6 +21,11 @@ class Reason(StrEnum):
     # prepare: the source row or the conversation in it
     MALFORMED_JSON = "malformed_json"
     INVALID_UTF8 = "invalid_utf8"
+    BLANK_LINE = "blank_line"  # counted, so that every line of a file is accounted for
+    ROW_TOO_LARGE = "row_too_large"  # a line over 32 MiB
+    TOO_DEEP = "too_deep"  # nested deeper than 64 levels
+    NUMBER_TOO_LONG = "number_too_long"  # an integer literal past Python's 4,300 digits
+    NON_FINITE_NUMBER = "non_finite_number"  # NaN or Infinity: not JSON, and metadata stays strict JSON
     NOT_AN_OBJECT = "not_an_object"
     UNKNOWN_FORMAT = "unknown_format"
     MISSING_MESSAGES = "missing_messages"

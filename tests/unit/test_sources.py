@@ -85,9 +85,10 @@ def test_bad_lines_become_bad_rows_and_reading_goes_on(tmp_path: Path) -> None:
         ("SourceRow", 0, "rows.jsonl:1"),
         ("BadRow", 1, "rows.jsonl:2"),
         ("BadRow", 2, "rows.jsonl:3"),
-        ("SourceRow", 3, "rows.jsonl:5"),
+        ("BadRow", 3, "rows.jsonl:4"),  # every line is accounted for, a blank one too
+        ("SourceRow", 4, "rows.jsonl:5"),
     ]
-    assert [r.reason for r in rows if isinstance(r, BadRow)] == ["malformed_json", "invalid_utf8"]
+    assert [r.reason for r in rows if isinstance(r, BadRow)] == ["malformed_json", "invalid_utf8", "blank_line"]
     assert values(rows) == [{"input": "a"}, {"input": "b"}]
 
 

@@ -208,6 +208,10 @@ def run_prepare(
         log.info("%s already prepared; reusing %s", location.dataset, storage.uri(existing))
         return PreparedDataset.from_dict(json.loads(storage.get_bytes(existing)))
 
+    # A prepare that failed part-way (a damaged source, a killed task) left shards with no prepare.json: they are
+    # not this version's prompts, and a source fixed since may give fewer shards.
+    for stale in storage.list_keys(location.key("prompts")):
+        storage.delete(stale)
     tally = _Tally(location.dataset)
     rejections = RejectionWriter(storage, location.key("rejected", "prepare.jsonl"))
     with tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp, rejections:

@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import logging
+import math
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +28,9 @@ from regen.errors import FinalError
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1024 * 1024
+# Bounds that no chat row comes near and that keep a hostile row from exhausting the stack or memory.
+MAX_DEPTH = 64
+MAX_ROW_BYTES = 32 * 1024 * 1024
 PARQUET_BATCH = 1024
 S3ClientFactory = Callable[[], Any]
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -216,21 +220,116 @@ def _open_bytes(file: SourceFile, s3_client: S3ClientFactory | None) -> Iterator
         raw.close()
 
 
+class _Unreadable(ValueError):
+    """A value the reader refuses, with the reason it is rejected for."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _Unreadable("non_finite_number", f"{name} is not a JSON number (metadata must stay strict JSON)")
+
+
+def _value_problem(value: Any) -> _Unreadable | None:
+    """Nesting deeper than MAX_DEPTH, found without recursion (a hostile row must not exhaust the stack), or a NaN or
+    infinity (Parquet and hub rows hold them natively; they are not JSON, and metadata stays strict JSON)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > MAX_DEPTH:
+                return _Unreadable("too_deep", f"nested deeper than {MAX_DEPTH} levels")
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+        elif isinstance(node, float) and not math.isfinite(node):
+            return _Unreadable("non_finite_number", f"{node} is not a JSON number (metadata must stay strict JSON)")
+    return None
+
+
 def _decode_line(line: bytes) -> Any:
-    return json.loads(line.decode("utf-8").removeprefix("\ufeff"))
+    text = line.decode("utf-8").removeprefix("\ufeff")
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise _Unreadable("too_deep", f"nested deeper than {MAX_DEPTH} levels") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # an integer literal past Python's digit limit
+        if isinstance(e, _Unreadable):
+            raise
+        raise _Unreadable("number_too_long", str(e)[:200]) from None
+    if problem := _value_problem(value):
+        raise problem
+    return value
+
+
+def _lines(stream: IO[bytes]) -> Iterator[bytes | None]:
+    """Lines of at most MAX_ROW_BYTES; a longer one is read past in chunks (memory stays bounded) and given as None."""
+    while line := stream.readline(MAX_ROW_BYTES + 1):
+        if len(line) <= MAX_ROW_BYTES or line.endswith(b"\n"):
+            yield line if len(line) <= MAX_ROW_BYTES else None
+            continue
+        while (rest := stream.readline(READ_CHUNK)) and not rest.endswith(b"\n"):
+            pass
+        yield None
 
 
 def _jsonl_values(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any] | BadRow]:
-    for line_number, line in enumerate(stream, start=1):
-        if not line.strip():
-            continue
+    """Every line is accounted for: a value, or a rejection with its reason (a blank line included)."""
+    for line_number, line in enumerate(_lines(stream), start=1):
         where = f"{name}:{line_number}"
+        if line is None:
+            yield BadRow(-1, where, "row_too_large", f"a line over {MAX_ROW_BYTES} bytes")
+            continue
+        if not line.strip():
+            yield BadRow(-1, where, "blank_line", "an empty line")
+            continue
         try:
             yield where, _decode_line(line)
         except UnicodeDecodeError as e:
             yield BadRow(-1, where, "invalid_utf8", str(e))
         except json.JSONDecodeError as e:
             yield BadRow(-1, where, "malformed_json", str(e))
+        except _Unreadable as e:
+            yield BadRow(-1, where, e.reason, str(e))
+
+
+def _build_item(event: str, value: Any, events: Iterator[tuple[str, Any]]) -> Any:
+    """One array item from ijson's flat events, built without recursion; deeper than MAX_DEPTH, it is read past
+    (counting depth only, so memory stays flat) and returned as an _Unreadable."""
+    if event not in ("start_map", "start_array"):
+        return value
+    root: Any = {} if event == "start_map" else []
+    stack, keys, depth, too_deep = [root], [None], 1, False
+    for event, value in events:
+        if event in ("start_map", "start_array"):
+            depth += 1
+            too_deep = too_deep or depth > MAX_DEPTH
+            if not too_deep:
+                child: Any = {} if event == "start_map" else []
+                _add(stack[-1], keys[-1], child)
+                stack.append(child)
+                keys.append(None)
+        elif event in ("end_map", "end_array"):
+            depth -= 1
+            if depth == 0:
+                return _Unreadable("too_deep", f"nested deeper than {MAX_DEPTH} levels") if too_deep else root
+            if not too_deep:
+                stack.pop()
+                keys.pop()
+        elif event == "map_key":
+            keys[-1] = value
+        elif not too_deep:
+            _add(stack[-1], keys[-1], value)
+    raise ValueError("the JSON array ended inside an item")
+
+
+def _add(container: Any, key: Any, value: Any) -> None:
+    if isinstance(container, dict):
+        container[key] = value
+    else:
+        container.append(value)
 
 
 def _json_array_values(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any] | BadRow]:
@@ -238,14 +337,25 @@ def _json_array_values(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any]
     and no later item boundary can be trusted, so the rest of the file becomes that one rejected row."""
     import ijson
 
-    item = 0
+    reading = 1  # the item being read, for the message when the file breaks off
+    events = ijson.basic_parse(stream, use_float=True)
     try:
-        for item, value in enumerate(ijson.items(stream, "item", use_float=True), start=1):
-            yield f"{name}[{item}]", value
+        next(events)  # the array's start, seen when the file was peeked
+        for item, (event, value) in enumerate(events, start=1):
+            if event == "end_array":
+                return
+            built = _build_item(event, value, events)
+            if isinstance(built, _Unreadable):
+                yield BadRow(-1, f"{name}[{item}]", built.reason, str(built))
+            else:
+                yield f"{name}[{item}]", built
+            reading = item + 1
     except ijson.JSONError as e:
         detail = e.args[0].decode("utf-8", "replace") if e.args and isinstance(e.args[0], bytes) else str(e)
         reason = "invalid_utf8" if "UTF8" in detail or "utf-8" in detail else "malformed_json"
-        yield BadRow(-1, f"{name}[{item + 1}]", reason, f"{detail.strip()[:300]} (rest of the file skipped)")
+        yield BadRow(-1, f"{name}[{reading}]", reason, f"{detail.strip()[:300]} (rest of the file skipped)")
+    except ValueError as e:  # a number past Python's digit limit, from ijson's Python backends (yajl says overflow)
+        yield BadRow(-1, f"{name}[{reading}]", "number_too_long", f"{str(e)[:200]} (rest of the file skipped)")
 
 
 def _text_values(file: SourceFile, s3_client: S3ClientFactory | None) -> Iterator[tuple[str, Any] | BadRow]:
@@ -257,6 +367,7 @@ def _text_values(file: SourceFile, s3_client: S3ClientFactory | None) -> Iterato
 
 def _parquet_values(file: SourceFile, s3_client: S3ClientFactory | None) -> Iterator[tuple[str, Any] | BadRow]:
     """Record batch by record batch. Parquet needs random access, so an S3 object is first copied to local disk."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     with tempfile.TemporaryDirectory(prefix="regen-source-") as tmp:
@@ -266,10 +377,13 @@ def _parquet_values(file: SourceFile, s3_client: S3ClientFactory | None) -> Iter
             path = str(Path(tmp) / "source.parquet")
             _s3_client(s3_client).download_file(parsed.netloc, parsed.path.lstrip("/"), path)
         row = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH):
-            for value in batch.to_pylist():
-                row += 1
-                yield f"{file.name}:row {row}", value
+        try:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH):
+                for value in batch.to_pylist():
+                    row += 1
+                    yield f"{file.name}:row {row}", value
+        except (pa.ArrowException, OSError) as e:  # a damaged file reads the same on a retry: name it
+            raise CorruptSource(f"{file.uri}: not a readable Parquet file after row {row} ({e}); replace it") from e
 
 
 def _hub_rows(hf: HubDataset, resolve_path: Callable[[str], str]) -> Iterator[tuple[str, Any]]:
@@ -310,5 +424,7 @@ def iter_rows(
     for index, value in enumerate(values):
         if isinstance(value, BadRow):
             yield BadRow(index, value.source, value.reason, value.detail)
+        elif problem := _value_problem(value[1]):  # Parquet and hub rows are checked here; text rows when read
+            yield BadRow(index, value[0], problem.reason, str(problem))
         else:
             yield SourceRow(index, *value)
