@@ -8,6 +8,7 @@ the SGLang-protocol simulator, and optionally an S3 HTTP API (moto server). Used
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -208,8 +209,7 @@ class Stack:
 
     def use_executor(self, executor: str) -> None:
         """Restart the scheduler (and workers) on another executor; the metadata DB, API and DAGs stay."""
-        for name in [n for n in self.processes if n == "scheduler" or n.startswith("celery-")]:
-            self._stop(self.processes.pop(name))
+        self._stop([self.processes.pop(n) for n in list(self.processes) if n == "scheduler" or n.startswith("celery-")])
         self.executor = executor
         self._start_executor()
 
@@ -239,33 +239,35 @@ class Stack:
     def stop(self) -> None:
         for simulator in self.fleet:
             simulator.stop()
-        for process in self.processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes.values():
-            self._stop(process)
+        self._stop(list(self.processes.values()))
         self.processes.clear()
-        self._stop_task_processes()
 
     @staticmethod
-    def _stop(process: subprocess.Popen[bytes]) -> None:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-
-    def _stop_task_processes(self) -> None:
-        """Task processes run in process groups of their own: find them by this stack's AIRFLOW_HOME."""
+    def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+        """The components, their process groups, and every process below them: task runners sit in process groups
+        of their own (and rename themselves), so they are found as descendants, before their parents go."""
         import psutil
 
-        for process in psutil.process_iter():
+        below: list[psutil.Process] = []
+        for process in processes:
             try:
-                if process.environ().get("AIRFLOW_HOME") == str(self.home) and process.pid != os.getpid():
-                    process.kill()
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                below += psutil.Process(process.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+        for child in below:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
                 continue
 
     def __enter__(self) -> Stack:
