@@ -206,11 +206,15 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
 
 
 def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[list[dict[str, Any]]]:
-    """Every shard of the prepared datasets, in at most `limit` groups of consecutive shards: one mapped task per
-    group, which handles its shards in turn. Up to `limit` shards, every group is one shard."""
-    shards = [shard for dataset in prepared for shard in dataset["shards"]]
-    size = max(1, -(-len(shards) // limit))
-    return [shards[i : i + size] for i in range(0, len(shards), size)]
+    """Every shard of the prepared datasets, in at most `limit` groups of consecutive shards of one dataset: one
+    mapped task per group, which handles its shards in turn (a group never spans datasets, so one dataset's failed
+    shard holds back no other's). Up to `limit` shards, every group is one shard."""
+    per_dataset = [dataset["shards"] for dataset in prepared if dataset["shards"]]
+    size = max(1, -(-sum(map(len, per_dataset)) // limit))
+    largest = max(map(len, per_dataset), default=1)
+    while size < largest and sum(-(-len(shards) // size) for shards in per_dataset) > limit:
+        size += 1  # (a limit below the number of datasets still gives one group per dataset)
+    return [shards[i : i + size] for shards in per_dataset for i in range(0, len(shards), size)]
 
 
 def check_server(run: RunSpec) -> list[dict[str, Any]]:

@@ -144,10 +144,12 @@ def test_a_published_version_verifies_and_tampering_is_named(deployment: Path, s
     assert f"{manifest['shards'][1]['raw']}: missing" in str(failed.value)
 
 
-def test_more_shards_than_the_task_limit_are_grouped_in_order_and_none_is_lost() -> None:
+def test_more_shards_than_the_task_limit_are_grouped_in_order_within_a_dataset() -> None:
     prepared = [{"shards": [{"shard": i} for i in range(30)]}, {"shards": [{"shard": 100 + i} for i in range(5)]}]
     assert pipeline.shard_groups(prepared, 35) == [[shard] for p in prepared for shard in p["shards"]]
     groups = pipeline.shard_groups(prepared, 20)
-    assert len(groups) == 18 and {len(g) for g in groups[:-1]} == {2}
+    assert len(groups) == 18 and [len(g) for g in groups] == [2] * 15 + [2, 2, 1]
     assert [s for g in groups for s in g] == [shard for p in prepared for shard in p["shards"]]
+    assert all(len({s["shard"] >= 100 for s in g}) == 1 for g in groups)  # no group spans two datasets
+    assert len(pipeline.shard_groups(prepared, 2)) == len(pipeline.shard_groups(prepared, 1)) == 2  # one per dataset
     assert pipeline.shard_groups([{"shards": []}], 20) == []
