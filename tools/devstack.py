@@ -356,7 +356,8 @@ def demo(argv: list[str]) -> int:
     print("starting Airflow, the SGLang simulator" + (" and an S3 API" if args.s3 else "") + "; logs in var/airflow/")
     with stack:
         print(f"Airflow {stack.api}, simulator {stack.simulator}" + (f", S3 {stack.s3_endpoint}" if args.s3 else ""))
-        conf: dict[str, Any] = {"endpoints": [stack.simulator], "limit": args.limit}
+        # The demo always generates (a nightly run would skip datasets unchanged since the last demo).
+        conf: dict[str, Any] = {"endpoints": [stack.simulator], "limit": args.limit, "skip_unchanged": False}
         if args.s3:
             stack.s3_client().create_bucket(Bucket="eagle3-regen")
             conf["storage_root"] = "s3://eagle3-regen/demo"
