@@ -12,7 +12,7 @@ import operator
 import random
 import re
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +249,12 @@ class ChatRenderer:
         if not self._decoder_built:
             self._decoder, self._decoder_built = ByteTableDecoder.build(self.tokenizer), True
         return self._decoder
+
+    @cached_property
+    def record(self) -> dict[str, Any]:
+        """The profile and its fingerprint, as manifests record them: computed once per renderer (hashing the
+        tokenizer files is not free, and prepare needs it both for the inputs digest and the manifest)."""
+        return {**self.profile.as_record(), **self.fingerprint()}
 
     def fingerprint(self) -> dict[str, Any]:
         """Exactly which template and tokenizer render this run's prompts: recorded in every manifest, and compared

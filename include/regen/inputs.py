@@ -17,7 +17,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from regen.config import DatasetConfig
-from regen.datasets.sources import S3ClientFactory, expand_files
+from regen.datasets.sources import S3ClientFactory, expand_files, s3_client_of
+from regen.manifest import DatasetLocation
 from regen.storage import Storage, sha256_file
 
 log = logging.getLogger(__name__)
@@ -46,11 +47,7 @@ def source_digests(
     for file in files:
         parsed = urlparse(file.uri)
         if parsed.scheme == "s3":
-            client = client or (s3_client() if s3_client else None)
-            if client is None:
-                import boto3
-
-                client = boto3.client("s3")
+            client = client or s3_client_of(s3_client)
             head = client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))
             digests[file.uri] = f"etag:{head['ETag'].strip(chr(34))}:{head['ContentLength']}"
         else:
@@ -91,7 +88,7 @@ def latest_published(storage: Storage, profile: str, dataset: str) -> dict[str, 
     if not storage.exists(key):
         return None
     latest = json.loads(storage.get_bytes(key))
-    if not storage.exists(f"{profile}/{dataset}/{latest['version']}/manifest.json"):
+    if not storage.exists(DatasetLocation(storage.root_uri, profile, dataset, latest["version"]).key("manifest.json")):
         log.warning("%s: latest.json names version %s, whose manifest is gone; ignoring it", dataset, latest["version"])
         return None
     return dict(latest)

@@ -177,8 +177,9 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
     location, storage, renderer = run.location(dataset), _storage(run, s3_client), renderer_for(run.profile)
     inputs: dict[str, Any] = {}
     if not storage.exists(prepare_manifest_key(location)):  # a new version, not a resumed one
-        profile = {**renderer.profile.as_record(), **renderer.fingerprint()}
-        inputs = dataset_inputs(config.dataset(dataset), profile, run.sampling, run.limit, config.resolve, s3_client)
+        inputs = dataset_inputs(
+            config.dataset(dataset), renderer.record, run.sampling, run.limit, config.resolve, s3_client
+        )
         latest = latest_published(storage, run.profile, dataset) if run.skip_unchanged else None
         if latest and inputs["digest"] and latest["inputs_digest"] == inputs["digest"]:
             log.info(

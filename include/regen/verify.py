@@ -28,6 +28,7 @@ def verify_published(manifest_uri: str, s3_client: Any = None) -> dict[str, Any]
     folder, name = manifest_uri.rsplit("/", 1)
     manifest = json.loads(open_storage(folder, s3_client).get_bytes(name))
     storage = open_storage(manifest["root"], s3_client)
+    records_of = {s["train"]: s["records"] for s in manifest["shards"]}  # train/ key -> records it must hold
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="regen-verify-") as tmp:
         for key, expected in sorted(manifest["files"].items()):
@@ -38,14 +39,10 @@ def verify_published(manifest_uri: str, s3_client: Any = None) -> dict[str, Any]
             storage.get_file(key, local)
             if (actual := sha256_file(local)) != expected:
                 problems.append(f"{key}: sha256 {actual}, manifest says {expected}")
-            elif key in {s["train"] for s in manifest["shards"]}:
-                shard = next(s for s in manifest["shards"] if s["train"] == key)
-                if (rows := pq.read_metadata(local).num_rows) != shard["records"]:
-                    problems.append(f"{key}: {rows} records, manifest says {shard['records']}")
-    if sum(s["records"] for s in manifest["shards"]) != manifest["records"]:
-        problems.append(
-            f"shards hold {sum(s['records'] for s in manifest['shards'])} records, manifest says {manifest['records']}"
-        )
+            elif key in records_of and (rows := pq.read_metadata(local).num_rows) != records_of[key]:
+                problems.append(f"{key}: {rows} records, manifest says {records_of[key]}")
+    if (held := sum(records_of.values())) != manifest["records"]:
+        problems.append(f"shards hold {held} records, manifest says {manifest['records']}")
     if problems:
         raise VerificationFailed(f"{manifest_uri}: " + "; ".join(problems))
     verified = {

@@ -231,7 +231,7 @@ def run_prepare(
         shards=shards.shards,
         stats=tally.stats,
         duplicates=tally.duplicates,
-        profile={**renderer.profile.as_record(), **renderer.fingerprint()},
+        profile=renderer.record,
         token_roles=renderer.roles.as_record(),
         files=files,
         rows_read=tally.rows_read,

@@ -85,7 +85,8 @@ def file_kind(uri: str) -> tuple[str, str | None]:
     return kind, compression
 
 
-def _s3_client(factory: S3ClientFactory | None) -> Any:
+def s3_client_of(factory: S3ClientFactory | None) -> Any:
+    """The caller's S3 client, or boto3's default one."""
     if factory is not None:
         return factory()
     import boto3
@@ -125,7 +126,7 @@ def expand_files(patterns: list[str], s3_client: S3ClientFactory | None = None) 
     for pattern in patterns:
         scheme = urlparse(pattern).scheme
         if scheme == "s3":
-            client = client or _s3_client(s3_client)
+            client = client or s3_client_of(s3_client)
             matches = _expand_s3(pattern, client)
         elif scheme in ("", "file"):
             matches = _expand_local(pattern.removeprefix("file://"))
@@ -200,7 +201,7 @@ def _open_bytes(file: SourceFile, s3_client: S3ClientFactory | None) -> Iterator
     """A buffered, decompressed byte stream: read as it goes, never whole."""
     if file.uri.startswith("s3://"):
         parsed = urlparse(file.uri)
-        body = _s3_client(s3_client).get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
+        body = s3_client_of(s3_client).get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
         raw: IO[bytes] = io.BufferedReader(_ReadableStream(body), READ_CHUNK)
     else:
         raw = open(file.uri.removeprefix("file://"), "rb")  # noqa: SIM115  (closed below, with the decompressor)
@@ -375,7 +376,7 @@ def _parquet_values(file: SourceFile, s3_client: S3ClientFactory | None) -> Iter
         if file.uri.startswith("s3://"):
             parsed = urlparse(file.uri)
             path = str(Path(tmp) / "source.parquet")
-            _s3_client(s3_client).download_file(parsed.netloc, parsed.path.lstrip("/"), path)
+            s3_client_of(s3_client).download_file(parsed.netloc, parsed.path.lstrip("/"), path)
         row = 0
         try:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH):
