@@ -121,8 +121,10 @@ class Defaults(BaseModel):
     request_timeout_s: float = Field(3600.0, gt=0)
     max_attempts: int = Field(5, ge=1)
     fleet_wait_s: float = Field(120.0, gt=0, description="how long a shard waits for an evicted fleet to come back")
-    checkpoint_every: int = Field(256, ge=1, description="answers per checkpoint part (what a killed task redoes)")
-    checkpoint_s: float = Field(30.0, gt=0, description="and at least this often")
+    checkpoint_s: float = Field(
+        1.0, gt=0, le=60, description="finished answers are flushed this often: a killed task redoes at most these"
+    )
+    checkpoint_every: int = Field(1024, ge=1, description="or as soon as this many wait (bounds the buffer)")
     tokenize_workers: int | None = Field(None, ge=1, description="prepare's tokeniser processes; null: all cores")
     sampling: Sampling = Sampling()
     export: ExportConfig = ExportConfig()

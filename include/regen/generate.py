@@ -1,19 +1,23 @@
 """Stage 3: one shard of prompts -> raw answers, kept exactly as /generate returned them.
 
-Durable and exactly-once per sample id: finished answers (and permanent rejections) are checkpointed to part files
-every `checkpoint_every` records or `checkpoint_s` seconds; a retried or cleared task reads the parts and requests
-only what is missing. The shard's raw file is written once, from the parts, when nothing is missing.
+Durable and exactly-once per sample id: finished answers (and permanent rejections) are flushed to small part files
+at least every `checkpoint_s` seconds; a retried or cleared task reads the parts and requests only what is missing,
+so a killed task redoes only its requests in flight and its last second or so of answers. Every part also carries the
+try's generation counts, so the shard's report covers every try, the killed ones included. The shard's raw file is
+written once, from the parts, when nothing is missing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,24 +43,32 @@ class GenerateSettings:
     concurrency: int = 64  # this shard task's share of the fleet's in-flight budget
     request_timeout_s: float = 3600.0
     max_attempts: int = 5
-    checkpoint_every: int = 256
-    checkpoint_s: float = 30.0
+    checkpoint_every: int = 1024
+    checkpoint_s: float = 1.0
     progress_s: float = 10.0
     fleet_wait_s: float = 120.0
     backoff_max_s: float = 30.0
+
+
+MERGE_AFTER = 32  # small parts of one try merged into one: a long shard leaves dozens of parts to resume from
 
 
 def _parts_prefix(shard: ShardManifest) -> str:
     return shard.location.key("raw", shard.name) + "/"
 
 
+def _generation_key(shard: ShardManifest) -> str:
+    return shard.key("raw", ".generation.json")
+
+
 @dataclass
 class Checkpoints:
-    """What earlier attempts finished for a shard. Answers stay JSON lines: a shard's worth of parsed token lists
+    """What earlier tries finished for a shard. Answers stay JSON lines: a shard's worth of parsed token lists
     would cost several times the memory."""
 
     answers: dict[str, bytes] = field(default_factory=dict)  # sample id -> raw answer line
     rejected: dict[str, dict[str, Any]] = field(default_factory=dict)  # sample id -> rejection
+    tries: dict[int, GenerationReport] = field(default_factory=dict)  # each try's counts at its last flush
     next_part: int = 0
 
     def __contains__(self, sample_id: object) -> bool:
@@ -72,9 +84,14 @@ def load_checkpoints(storage: Storage, shard: ShardManifest) -> Checkpoints:
     for key in keys:
         for line in storage.get_bytes(key).splitlines():
             record = msgspec.json.decode(line)
-            if record["id"] in found:
-                continue  # first one wins; a part is never rewritten, so this only guards a double flush
-            if "rejected" in record:
+            if "try" in record:  # counts are cumulative within a try: the latest flush has them all
+                report = GenerationReport.from_dict(record["generation"])
+                earlier = found.tries.get(record["try"])
+                if earlier is None or report.finished_at >= earlier.finished_at:
+                    found.tries[record["try"]] = report
+            elif record["id"] in found:
+                continue  # a merged part repeats its small parts until they are deleted: the same bytes
+            elif "rejected" in record:
                 found.rejected[record["id"]] = record["rejected"]
             else:
                 found.answers[record["id"]] = bytes(line)
@@ -83,29 +100,60 @@ def load_checkpoints(storage: Storage, shard: ShardManifest) -> Checkpoints:
 
 
 class _Checkpointer:
-    """Buffers finished records and writes them as part files, off the event loop (an S3 PUT must not stall
-    the responses of a thousand requests in flight)."""
+    """Finished records leave for storage as they arrive: one flusher task writes whatever is waiting as a small part
+    file every `seconds` (or sooner, once `every` records wait), off the event loop. However many requests are in
+    flight, that is one PUT a flush; a killed try loses only its requests in flight and its unflushed answers. Each
+    part ends with the try's counts so far. Every `MERGE_AFTER` parts the try's small parts are merged into one (the
+    merged part is written before the small ones are deleted), so a resume reads dozens of parts, not thousands."""
 
     def __init__(self, storage: Storage, shard: ShardManifest, next_part: int, every: int, seconds: float) -> None:
         self.storage, self.shard, self.part = storage, shard, next_part
+        self.try_id = next_part  # unique: part numbers only grow over a shard's tries
         self.every, self.seconds = every, seconds
         self.pending: list[bytes] = []
-        self.last_flush = time.monotonic()
+        self.unmerged: list[tuple[str, bytes]] = []
+        self.wake = asyncio.Event()
+        self.stopping = False
 
-    async def add(self, record: bytes) -> None:
+    def add(self, record: bytes) -> None:
         self.pending.append(record)
-        if len(self.pending) >= self.every or time.monotonic() - self.last_flush >= self.seconds:
-            await self.flush()
+        if len(self.pending) >= self.every:
+            self.wake.set()
 
-    async def flush(self) -> None:
-        batch, self.pending, self.last_flush = self.pending, [], time.monotonic()
-        if batch:
-            part, self.part = self.part, self.part + 1  # numbered before the write: concurrent flushes never collide
-            await asyncio.to_thread(self._write, part, batch)
+    async def run(self, counts: Callable[[], GenerationReport]) -> None:
+        """Flush until `stop`, then once more: the only writer, so parts never race."""
+        while not self.stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.seconds)
+            self.wake.clear()
+            await self._flush(counts())
+        await self._flush(counts())
 
-    def _write(self, part: int, batch: list[bytes]) -> None:
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+
+    async def _flush(self, counts: GenerationReport) -> None:
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        batch.append(msgspec.json.encode({"try": self.try_id, "generation": dataclasses.asdict(counts)}))
         body = b"".join(line + b"\n" for line in batch)
-        self.storage.put_bytes(f"{_parts_prefix(self.shard)}part-{part:05d}.jsonl", body)
+        key = self._next_key()
+        await asyncio.to_thread(self.storage.put_bytes, key, body)
+        self.unmerged.append((key, body))
+        if len(self.unmerged) >= MERGE_AFTER:
+            merged, self.unmerged = self.unmerged, []
+            await asyncio.to_thread(self._merge, self._next_key(), merged)
+
+    def _next_key(self) -> str:
+        part, self.part = self.part, self.part + 1
+        return f"{_parts_prefix(self.shard)}part-{part:05d}.jsonl"
+
+    def _merge(self, key: str, parts: list[tuple[str, bytes]]) -> None:
+        self.storage.put_bytes(key, b"".join(body for _, body in parts))
+        for small, _ in parts:
+            self.storage.delete(small)
 
 
 class _Progress:
@@ -182,17 +230,17 @@ async def _worker(
         try:
             generation = await client.generate(prompt_ids, settings.sampling_params, sample_id)
         except PermanentError as e:
-            await checkpointer.add(rejection_line(sample_id, Reason.SERVER_REJECTED, str(e)))
+            checkpointer.add(rejection_line(sample_id, Reason.SERVER_REJECTED, str(e)))
             progress.done += 1
             continue
         except TransientError as e:
             if e.cause not in RECORD_FAULTS:
                 raise  # the fleet, not this sample: the task fails and Airflow retries it
             reason = Reason.SERVER_ABORTED if e.cause == "abort" else Reason.COUNT_MISMATCH
-            await checkpointer.add(rejection_line(sample_id, reason, f"{settings.max_attempts} attempts: {e}"))
+            checkpointer.add(rejection_line(sample_id, reason, f"{settings.max_attempts} attempts: {e}"))
             progress.done += 1
             continue
-        await checkpointer.add(encode_answer(raw_answer(sample_id, generation)))
+        checkpointer.add(encode_answer(raw_answer(sample_id, generation)))
         progress.answer(generation)
 
 
@@ -219,6 +267,7 @@ async def _generate_missing(
             for _ in range(min(settings.concurrency, len(todo)))
         ]
         ticker = asyncio.create_task(_ticker(progress, client, settings.progress_s))
+        flusher = asyncio.create_task(checkpointer.run(lambda: progress.report(client)))
         try:
             await asyncio.gather(*workers)
         except TransientError as e:
@@ -231,7 +280,8 @@ async def _generate_missing(
                 task.cancel()
             await asyncio.gather(*workers, ticker, return_exceptions=True)
             await pool.close()
-            await checkpointer.flush()
+            checkpointer.stop()
+            await flusher  # the last answers, and this try's final counts
             progress.log_line(client)
         return progress.report(client)
 
@@ -252,12 +302,14 @@ def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSetti
         len(done),
         len(todo),
     )
-    report = None
     if todo:
         checkpointer = _Checkpointer(storage, shard, done.next_part, settings.checkpoint_every, settings.checkpoint_s)
         progress = _Progress(shard, len(ids), len(done))
-        report = asyncio.run(_generate_missing(settings, prompts, todo, checkpointer, progress))
+        asyncio.run(_generate_missing(settings, prompts, todo, checkpointer, progress))
         done = load_checkpoints(storage, shard)
+    report = GenerationReport.combined(list(done.tries.values()))
+    if report is not None:  # beside the raw file, for a try that finds the shard already done
+        storage.put_bytes(_generation_key(shard), msgspec.json.encode(dataclasses.asdict(report)))
     files = _write_raw(storage, shard, raw_key, ids, done)
     for key in storage.list_keys(_parts_prefix(shard)):  # the raw file holds every part's answers now
         storage.delete(key)
@@ -308,4 +360,8 @@ def _summarise_existing(storage: Storage, shard: ShardManifest, raw_key: str, id
         body = storage.get_bytes(rejected_key)
         rejected = {r["id"]: r["reason"] for r in map(json.loads, body.decode("utf-8").splitlines())}
         files[rejected_key] = hashlib.sha256(body).hexdigest()
-    return shard.with_stage("generate", _stats(ids, set(answered), rejected), files, raw_key=raw_key)
+    report = None
+    if storage.exists(_generation_key(shard)):
+        report = GenerationReport.from_dict(msgspec.json.decode(storage.get_bytes(_generation_key(shard))))
+    stats = _stats(ids, set(answered), rejected)
+    return shard.with_stage("generate", stats, files, raw_key=raw_key, generation=report)

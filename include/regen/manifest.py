@@ -70,19 +70,39 @@ class StageStats:
 
 @dataclass(frozen=True)
 class GenerationReport:
-    """How one shard's generation went: what the fleet utilisation and the progress lines are computed from."""
+    """How one shard's generation went, over every try that generated (a killed try counts up to its last
+    checkpoint): what the fleet utilisation and the progress lines are computed from."""
 
-    started_at: float  # unix time of the first request, this task attempt
+    started_at: float  # unix time of the first request of the first try
     finished_at: float
     requests: int  # HTTP requests, retries included
-    answered: int
+    answered: int  # answers received, including those a killed try never checkpointed and a later try redid
     request_seconds: float  # summed over requests: time the fleet spent on this shard's requests
     output_tokens: int
     retries_by_cause: dict[str, int] = field(default_factory=dict)
+    tries: int = 1  # task tries that sent requests
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GenerationReport:
         return cls(**data)
+
+    @classmethod
+    def combined(cls, tries: list[GenerationReport]) -> GenerationReport | None:
+        if not tries:
+            return None
+        retries: Counter[str] = Counter()
+        for t in tries:
+            retries.update(t.retries_by_cause)
+        return cls(
+            started_at=min(t.started_at for t in tries),
+            finished_at=max(t.finished_at for t in tries),
+            requests=sum(t.requests for t in tries),
+            answered=sum(t.answered for t in tries),
+            request_seconds=round(sum(t.request_seconds for t in tries), 3),
+            output_tokens=sum(t.output_tokens for t in tries),
+            retries_by_cause=dict(retries),
+            tries=sum(t.tries for t in tries),
+        )
 
 
 @dataclass(frozen=True)

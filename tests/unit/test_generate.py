@@ -29,13 +29,16 @@ def test_rerun_after_a_crash_requests_only_the_missing_samples(
         with pytest.raises(SystemExit):
             run_generate(shard, storage, settings)
     parts = storage.list_keys(location.key("raw", "shard-00000/"))
-    assert len(parts) >= 48 // 5
+    assert len(parts) >= 4  # flushed as they finished, not at the end
     assert not storage.exists(shard.key("raw", ".jsonl.zst"))
 
     # ... and lost its last three checkpoints too.
     for key in parts[-3:]:
         storage.delete(key)
-    survived = load_checkpoints(storage, shard).answers
+    found = load_checkpoints(storage, shard)
+    survived = found.answers
+    [first_try] = found.tries.values()
+    assert first_try.answered == len(survived)  # the try's counts as of its last surviving part
     requests_before = len(simulator.records())
 
     second = run_generate(shard, storage, settings)
@@ -47,6 +50,9 @@ def test_rerun_after_a_crash_requests_only_the_missing_samples(
         by_id[i]["rid"] == json.loads(line)["rid"] for i, line in survived.items()
     )  # finished answers were not redone
     assert second.stats["generate"].kept == 48
+    # The report counts both tries: the first up to its last surviving checkpoint, the second whole.
+    assert second.generation is not None and second.generation.tries == 2
+    assert second.generation.answered == 48 and second.generation.requests >= 48
     assert storage.list_keys(location.key("raw", "shard-00000/")) == []  # the raw file replaced the checkpoints
 
 
@@ -58,3 +64,42 @@ def test_a_finished_shard_is_not_generated_again(tmp_path: Path, renderer: ChatR
     again = run_generate(prepared.shards[0], storage, settings)
     assert len(simulator.records()) == before
     assert again.stats["generate"].total == 8
+
+
+def test_answers_are_flushed_within_the_interval_even_when_no_more_arrive(tmp_path: Path) -> None:
+    """A lull (every request left in flight is a long one) must not hold finished answers back."""
+    import asyncio
+    import time
+
+    from regen.generate import MERGE_AFTER, _Checkpointer
+    from regen.manifest import DatasetLocation, GenerationReport, ShardManifest
+    from regen.storage import LocalStorage
+
+    storage = LocalStorage(tmp_path)
+    shard = ShardManifest(DatasetLocation(str(tmp_path), "p", "d", "v1"), 0, "", "", 100)
+    counts = GenerationReport(time.time(), time.time(), requests=1, answered=1, request_seconds=0.1, output_tokens=5)
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        checkpointer = _Checkpointer(storage, shard, next_part=7, every=1000, seconds=0.02)
+        flusher = asyncio.create_task(checkpointer.run(lambda: counts))
+        checkpointer.add(b'{"id": "a", "output_ids": [1]}')
+        await asyncio.sleep(0.3)  # nothing else arrives
+        after_lull = storage.list_keys("p/d/v1/raw/shard-00000/")
+        for n in range(MERGE_AFTER + 3):  # one part each: enough parts for a merge
+            checkpointer.add(answer_line(f"s{n}"))
+            await asyncio.sleep(0.035)
+        merged = storage.list_keys("p/d/v1/raw/shard-00000/")
+        checkpointer.stop()
+        await flusher
+        return after_lull, merged
+
+    after_lull, merged = asyncio.run(scenario())
+    assert after_lull == ["p/d/v1/raw/shard-00000/part-00007.jsonl"]
+    assert len(merged) < MERGE_AFTER  # the try's small parts were merged into one
+    found = load_checkpoints(storage, shard)
+    assert set(found.answers) == {"a", *(f"s{n}" for n in range(MERGE_AFTER + 3))}
+    assert found.tries == {7: counts} and found.next_part > 7 + MERGE_AFTER
+
+
+def answer_line(sample_id: str) -> bytes:
+    return json.dumps({"id": sample_id, "output_ids": [1, 2]}).encode()

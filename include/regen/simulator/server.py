@@ -244,6 +244,7 @@ async def _one(
             "output_ids": output_ids,
             "finish_reason": finish_reason,
             "defect": defect,
+            "answered_at": time.time(),  # wall clock: a test compares it with when it killed a client
         }
         state.record_file.write(json.dumps(record) + "\n")
         state.record_file.flush()
