@@ -231,6 +231,27 @@ class ChatRenderer:
             )
         )
 
+    @cached_property
+    def max_token_bytes(self) -> int | None:
+        """The most bytes of text one token can stand for: prepare rejects text too long for `max_prompt_tokens`
+        before tokenising it. Read from the vocabulary: a byte-level entry's characters are its bytes, and any other
+        entry's UTF-8 length is at least the text it decodes to (SentencePiece's `▁`, byte fallback's `<0x41>`).
+        A Unicode-composing normaliser (NFC, NFKC) shrinks text at most threefold (three Hangul jamo, one syllable).
+        None, so no cheap bound, when another normaliser could shrink text without limit (whitespace stripping)."""
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        normalizer = getattr(backend, "normalizer", None)
+        shrink = 1 if normalizer is None else 3 if type(normalizer).__name__ in ("NFC", "NFKC") else None
+        if shrink is None:
+            return None
+        byte_chars = set(bytes_to_unicode().values())
+        longest = max(
+            len(token) if set(token) <= byte_chars else len(token.encode("utf-8", "surrogatepass"))
+            for token in self.tokenizer.get_vocab()
+        )
+        return longest * shrink
+
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """`tokenizer.decode(ids, skip_special_tokens=...)`; for a byte-level vocabulary (Kimi's, Qwen's, GPT-2's)
         through a byte table that is proven to give the same text when it is built (validate decodes every output,

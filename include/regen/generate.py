@@ -358,7 +358,7 @@ def _summarise_existing(storage: Storage, shard: ShardManifest, raw_key: str, id
     rejected_key = shard.key("rejected", "-generate.jsonl")
     if storage.exists(rejected_key):
         body = storage.get_bytes(rejected_key)
-        rejected = {r["id"]: r["reason"] for r in map(json.loads, body.decode("utf-8").splitlines())}
+        rejected = {r["id"]: r["reason"] for r in map(json.loads, body.splitlines())}  # bytes: only \n, \r split
         files[rejected_key] = hashlib.sha256(body).hexdigest()
     report = None
     if storage.exists(_generation_key(shard)):

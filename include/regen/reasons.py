@@ -94,7 +94,9 @@ class RejectionWriter:
 
     def add(self, sample_id: str | None, reason: Reason, detail: str, **extra: Any) -> None:
         record = {"id": sample_id, "stage": reason.stage, "reason": reason.value, "detail": detail, **extra}
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        line = json.dumps(record, ensure_ascii=False)
+        # A detail quoting undecodable input carries lone surrogates, which UTF-8 cannot hold: written as `\udcff`.
+        self._file.write(line.encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
         self.count += 1
 
     def upload(self) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -148,3 +149,49 @@ def test_a_prepare_broken_off_by_a_damaged_file_leaves_nothing_a_rerun_keeps(tmp
     assert sorted(storage.list_keys(location.key("prompts"))) == sorted(
         [s.prompts_key for s in prepared.shards] + [location.key("prompts", "prepare.json")]
     )
+
+
+def test_a_message_too_long_for_any_tokenisation_is_rejected_before_tokenising(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from regen.chat import ChatRenderer, get_profile
+    from regen.datasets.tokenise import render
+
+    renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+    per_token, limit = renderer.max_token_bytes, renderer.profile.max_prompt_tokens
+    assert per_token is not None
+    # The bound holds: no token of the vocabulary decodes to more bytes (special tokens included).
+    table = renderer._byte_table()
+    assert table is not None and max(len(entry) for entry in table.table) == per_token
+
+    def no_tokenising(*args: object) -> list[int]:
+        raise AssertionError("tokenised a message that cannot fit")
+
+    huge = [{"role": "user", "content": "ten megabytes " * 750_000}]
+    with monkeypatch.context() as patched:
+        patched.setattr(renderer, "render_ids", no_tokenising)
+        rejected = render(renderer, huge, [])
+    assert not isinstance(rejected, list) and rejected.reason == "prompt_too_long"
+    assert f"more than {limit} tokens however it is tokenised" in rejected.detail
+    # Just past the limit in tokens but under the byte bound: tokenised, and rejected by its count.
+    words = [{"role": "user", "content": "word " * (limit + 10)}]
+    counted = render(renderer, words, [])
+    assert not isinstance(counted, list) and counted.detail.endswith(f"tokens > {limit}")
+
+
+def test_no_cheap_bound_when_a_normaliser_could_shrink_text_without_limit() -> None:
+    from tokenizers import normalizers
+
+    from regen.chat import ChatRenderer, get_profile
+
+    def with_normaliser(normaliser: normalizers.Normalizer) -> ChatRenderer:
+        renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+        renderer.tokenizer = copy.deepcopy(renderer.tokenizer)  # the loaded tokenizer is shared: change a copy
+        renderer.tokenizer.backend_tokenizer.normalizer = normaliser
+        return renderer
+
+    plain = ChatRenderer(get_profile("kimi-k2.5-mini")).max_token_bytes
+    assert plain is not None
+    assert with_normaliser(normalizers.Strip()).max_token_bytes is None
+    assert with_normaliser(normalizers.NFC()).max_token_bytes == 3 * plain
+    assert ChatRenderer(get_profile("kimi-k2.5-mini")).tokenizer.backend_tokenizer.normalizer is None

@@ -9,6 +9,7 @@ re-importing the parent's `__main__` (see `_WorkerProcess`).
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import multiprocessing.context
@@ -56,14 +57,35 @@ def render(
     renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
 ) -> list[int] | Rejection:
     """Prompt ids, or a rejection when the template refuses the conversation or it exceeds the profile's limit."""
+    limit = renderer.profile.max_prompt_tokens
     try:
+        if too_long := _certainly_too_long(renderer, messages, tools):
+            return too_long
         ids = renderer.render_ids(messages, tools)
     except TemplateError as e:
         return Rejection("template_error", str(e)[:300])
-    limit = renderer.profile.max_prompt_tokens
     if len(ids) > limit:
         return Rejection("prompt_too_long", f"{len(ids)} tokens > {limit}")
     return ids
+
+
+def _certainly_too_long(
+    renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> Rejection | None:
+    """A conversation whose text cannot fit `max_prompt_tokens` at any tokenisation is not tokenised: one 10 MB message
+    costs gigabytes and seconds there. Only a conversation whose JSON alone is past the bound is rendered to text to
+    measure; every other one goes straight to the tokenizer."""
+    per_token, limit = renderer.max_token_bytes, renderer.profile.max_prompt_tokens
+    if per_token is None or len(json.dumps([messages, tools])) <= limit * per_token:
+        return None
+    size = len(renderer.render_text(messages, tools).encode("utf-8", "surrogatepass"))
+    if size <= limit * per_token:
+        return None
+    return Rejection(
+        "prompt_too_long",
+        f"{size} bytes of prompt text: more than {limit} tokens however it is tokenised (a token of this vocabulary "
+        f"holds at most {per_token} bytes), so it was not tokenised",
+    )
 
 
 def _start_worker(profile: ModelProfile) -> None:
