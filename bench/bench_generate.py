@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_generate.py throughput   # fraction of capacity at 64, 256, 1024 in flight
     .venv/bin/python bench/bench_generate.py cpu          # client CPU per 1,000 requests vs a bare aiohttp loop
     .venv/bin/python bench/bench_generate.py stage        # the whole generate stage vs a bare aiohttp loop
+    .venv/bin/python bench/bench_generate.py checkpoints  # flushing answers every second vs once, 1,024 in flight
 
 Throughput: the simulator serves `in_flight` running slots with a fixed service time (fixed answer length, a fixed
 decode time per token), so its capacity is in_flight / service_time requests per second and its busy fraction
@@ -232,6 +233,56 @@ def stage_benchmark(requests: int = 2000, rounds: int = 3) -> dict[str, Any]:
     }
 
 
+class CountingStorage(LocalStorage):
+    """Local storage that counts checkpoint parts as they are written."""
+
+    parts = 0
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        self.parts += "/part-" in key
+        return super().put_bytes(key, data)
+
+
+def checkpoint_benchmark(requests: int = 3072, in_flight: int = 1024, rounds: int = 3) -> dict[str, Any]:
+    """run_generate at 1,024 in flight with answers flushed every second (the default) against the same run with
+    one flush at the end (checkpoint_s past the run's length): what checkpointing costs, alternating, best of three."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = start_simulator(
+            Path(tmp),
+            *("--min-tokens", "100", "--max-tokens", "200", "--max-running", str(in_flight)),
+            *("--decode-ms-per-token", "10"),
+        )
+        try:
+            storage, shard = write_shard(Path(tmp) / "prompts-root", requests, 2000)
+            runs: dict[str, list[tuple[float, float]]] = {"flush_at_end": [], "flush_every_1s": []}
+            parts: dict[str, int] = {}
+            for round_ in range(rounds):
+                for name, every_s in (("flush_at_end", 1e9), ("flush_every_1s", 1.0)):
+                    fresh = CountingStorage(Path(tmp) / f"{name}-{round_}")
+                    fresh.put_file(shard.prompts_key, Path(storage.uri(shard.prompts_key)))
+                    settings = GenerateSettings(
+                        [sim.url], SAMPLING, concurrency=in_flight, checkpoint_s=every_s, checkpoint_every=10**9
+                    )
+                    runs[name].append(_timed(lambda: run_generate(shard, fresh, settings)))  # noqa: B023
+                    parts[name] = fresh.parts
+        finally:
+            sim.stop()
+    best = {name: (min(w for w, _ in values), min(c for _, c in values)) for name, values in runs.items()}
+    (end_wall, end_cpu), (often_wall, often_cpu) = best["flush_at_end"], best["flush_every_1s"]
+    return {
+        "requests": requests,
+        "in_flight": in_flight,
+        "parts_written": parts,
+        "answers_per_s": {
+            "flush_at_end": round(requests / end_wall, 1),
+            "flush_every_1s": round(requests / often_wall, 1),
+        },
+        "cpu_s": {"flush_at_end": round(end_cpu, 3), "flush_every_1s": round(often_cpu, 3)},
+        "throughput_ratio": round(end_wall / often_wall, 3),
+        "cpu_ratio": round(often_cpu / end_cpu, 3),
+    }
+
+
 def _timed(fn: Any) -> tuple[float, float]:
     wall, cpu = time.monotonic(), time.process_time()
     fn()
@@ -253,6 +304,8 @@ def main() -> None:
         print("cpu", json.dumps(cpu_benchmark()), flush=True)
     if what in ("all", "stage"):
         print("stage", json.dumps(stage_benchmark()), flush=True)
+    if what in ("all", "checkpoints"):
+        print("checkpoints", json.dumps(checkpoint_benchmark()), flush=True)
 
 
 if __name__ == "__main__":

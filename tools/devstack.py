@@ -119,6 +119,9 @@ class Stack:
     with_triggerer: bool = False  # the UI's health page expects one; the pipeline defers nothing to it
     executor: str = "LocalExecutor"  # or CeleryExecutor: Redis on loopback as the broker, `celery_workers` workers
     celery_workers: int = 2
+    # Seconds without a supervisor's heartbeat before the scheduler fails (and retries) its task; Airflow's default is
+    # 300. A killed supervisor's task runner dies with it (regen_airflow.supervision), so nothing is gained by waiting.
+    heartbeat_timeout_s: int = 60
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     fleet: list[Simulator] = field(default_factory=list)
 
@@ -175,6 +178,7 @@ class Stack:
             "AIRFLOW__API_AUTH__JWT_SECRET": "eagle3-regen-local-stack",
             "AIRFLOW__API__SECRET_KEY": "eagle3-regen-local-stack",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(self.heartbeat_timeout_s),
             "AIRFLOW__SCHEDULER__LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(s3_conn),
             "REGEN_CONFIG": str(os.environ.get("REGEN_CONFIG", ROOT / "config" / "regen.yaml")),
