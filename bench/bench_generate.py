@@ -97,7 +97,7 @@ def throughput_level(in_flight: int, waves: int = 10) -> dict[str, Any]:
         )
         try:
             storage, shard = write_shard(Path(tmp) / "root", in_flight * waves, 2000)
-            settings = GenerateSettings([sim.url], SAMPLING, concurrency=in_flight, checkpoint_every=512)
+            settings = GenerateSettings([sim.url], SAMPLING, concurrency=in_flight)  # default checkpoint cadence
             reads: list[dict[str, Any]] = []
             window = (1.5 * service_s, (waves - 2) * service_s)
             timers = [threading.Timer(t, lambda: reads.append(sim.stats())) for t in window]
