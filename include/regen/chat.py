@@ -380,7 +380,46 @@ def _load_tokenizer(source: str, revision: str | None, trust_remote_code: bool) 
         raise ValueError(f"unknown builtin tokenizer {source!r}")
     from transformers import AutoTokenizer
 
+    if trust_remote_code:
+        restore_transformers4_imports()
     return AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
+
+
+def why_tokenizer_fails(profile: ModelProfile, error: BaseException) -> str:
+    """What to fix when a profile's tokenizer does not load: the missing module and what to install, the import that
+    broke and which transformers the code needs, or the files that are not there."""
+    import transformers
+
+    where = f"profile {profile.name!r}: tokenizer {profile.tokenizer!r}" + (
+        f" (revision {profile.revision})" if profile.revision else ""
+    )
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        top = error.name.split(".")[0]
+        return (
+            f"{where} does not load: its code imports the module {error.name!r}, which is not installed. Install it "
+            f"(pip install {top}) or, if it is part of transformers, use a transformers release that has it "
+            f"(installed: {transformers.__version__})"
+        )
+    if isinstance(error, ImportError):
+        return (
+            f"{where} does not load: an import in its code failed ({error}). Its code was written for another "
+            f"transformers release (installed: {transformers.__version__}): pin the one it was written for"
+        )
+    if isinstance(error, OSError):
+        return f"{where} does not load: its files cannot be found or read ({error})"
+    return f"{where} does not load: {error!r}"
+
+
+def restore_transformers4_imports() -> None:
+    """Remote tokenizer code written against transformers 4, Kimi-K2.5's `tokenization_kimi.py` among it, imports
+    `bytes_to_unicode` from `transformers.models.gpt2.tokenization_gpt2`. transformers 5 moved it to
+    `transformers.convert_slow_tokenizer` (the same function), so that import fails at load. Put the name back where
+    the published code looks for it; nothing else is changed. Tested with the pinned transformers (5.24)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from transformers.models.gpt2 import tokenization_gpt2
+
+    if not hasattr(tokenization_gpt2, "bytes_to_unicode"):
+        tokenization_gpt2.bytes_to_unicode = bytes_to_unicode  # type: ignore[attr-defined]
 
 
 def canonical_json(value: Any) -> str:

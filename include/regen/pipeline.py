@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from regen.chat import ChatRenderer, get_profile
+from regen.chat import ChatRenderer, get_profile, why_tokenizer_fails
 from regen.config import ConfigError, ExportConfig, RegenConfig, Sampling, load_config
 from regen.datasets.prepare import prepare_manifest_key, run_prepare
 from regen.errors import FinalError
@@ -149,8 +149,10 @@ def plan(params: dict[str, Any], run_id: str, s3_client: S3ClientFactory | None 
     run = RunSpec.from_params(params, run_id)
     try:
         renderer_for(run.profile)
-    except (OSError, ValueError, ImportError) as e:
-        raise ConfigError(f"profile {run.profile!r}: its tokenizer does not load: {e!r}") from e
+    except (OSError, ImportError) as e:
+        raise ConfigError(why_tokenizer_fails(get_profile(run.profile), e)) from e
+    except ValueError as e:  # a token role the tokenizer does not have
+        raise ConfigError(str(e)) from e
     try:
         check_writable(_storage(run, s3_client), f"{run.profile}/.write-check-{uuid.uuid4().hex}")
     except PermissionError as e:

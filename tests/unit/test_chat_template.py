@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from regen.assets.kimi_mini import ensure_tiktoken_tokenizer
 from regen.assets.slow_kimi import ensure_slow_tokenizer
 from regen.chat import ChatRenderer, get_profile
 
@@ -308,3 +309,20 @@ def test_token_roles_resolve_to_kimi_ids(renderer: ChatRenderer) -> None:
 def test_unknown_profile_says_which_exist() -> None:
     with pytest.raises(ValueError, match=r"known profiles: kimi-k2\.5, kimi-k2\.5-mini"):
         get_profile("kimi-k3")
+
+
+@pytest.mark.parametrize("messages,tools,thinking,expected", CASES)
+def test_a_tokenizer_in_kimis_remote_code_layout_renders_the_same_ids(
+    renderer: ChatRenderer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    thinking: bool,
+    expected: str,
+) -> None:
+    """tiktoken.model, auto_map and a TikTokenTokenizer module shaped like Kimi-K2.5's, loaded through AutoTokenizer
+    with trust_remote_code: the production loading path, under the pinned transformers."""
+    remote = renderer_with(renderer, thinking, tokenizer=str(ensure_tiktoken_tokenizer()), trust_remote_code=True)
+    assert type(remote.tokenizer).__name__ == "TikTokenTokenizer"
+    assert remote.render_text(messages, tools) == expected
+    assert remote.render_ids(messages, tools) == renderer_with(renderer, thinking).render_ids(messages, tools)
+    assert remote.roles == renderer_with(renderer, thinking).roles

@@ -210,3 +210,49 @@ def build_once(target: Path, marker: str, build: Callable[[Path], None]) -> Path
 
 def ensure_mini_tokenizer() -> Path:
     return build_once(cache_root() / f"kimi-k2.5-mini-{_source_digest()}", "tokenizer.json", save_pretrained)
+
+
+# Kimi-K2.5's remote-code layout (tiktoken_kimi.py says why it is built): the module's name in Kimi's repository.
+TIKTOKEN_MODULE, TIKTOKEN_CLASS = "tokenization_kimi", "TikTokenTokenizer"
+
+
+def write_tiktoken_directory(target: Path) -> None:
+    """Kimi's layout over the mini vocabulary: tiktoken.model (base64 token bytes and rank, in rank order),
+    tokenizer_config.json (auto_map, the special tokens), chat_template.jinja, and the two Python modules."""
+    import base64
+
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    fast = json.loads((ensure_mini_tokenizer() / "tokenizer.json").read_text(encoding="utf-8"))
+    byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+    lines = []
+    for token, rank in sorted(fast["model"]["vocab"].items(), key=lambda item: item[1]):
+        raw = bytes(byte_of[c] for c in token) if all(c in byte_of for c in token) else token.encode("utf-8")
+        lines.append(f"{base64.b64encode(raw).decode()} {rank}\n")
+    (target / "tiktoken.model").write_text("".join(lines), encoding="ascii")
+    flags = {"lstrip": False, "rstrip": False, "normalized": False, "single_word": False}
+    added = {
+        str(t["id"]): {"content": t["content"], "special": t["content"] not in NON_SPECIAL, **flags}
+        for t in fast["added_tokens"]
+    }
+    config = {
+        **TOKENIZER_SETTINGS,
+        "tokenizer_class": TIKTOKEN_CLASS,
+        "auto_map": {"AutoTokenizer": [f"{TIKTOKEN_MODULE}.{TIKTOKEN_CLASS}", None]},
+        "added_tokens_decoder": added,
+    }
+    (target / "tokenizer_config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False), encoding="utf-8")
+    (target / "chat_template.jinja").write_text(chat_template(), encoding="utf-8")
+    remote = resources.files("regen.assets").joinpath("tiktoken_kimi.py")
+    (target / f"{TIKTOKEN_MODULE}.py").write_bytes(remote.read_bytes())
+    copy_tool_declaration(target)
+
+
+def ensure_tiktoken_tokenizer() -> Path:
+    """A directory with Kimi-K2.5's tokenizer layout that `AutoTokenizer.from_pretrained(path,
+    trust_remote_code=True)` loads (with tiktoken installed); built once into the asset cache."""
+    remote = resources.files("regen.assets").joinpath("tiktoken_kimi.py").read_bytes()
+    digest = hashlib.sha256(remote + ensure_mini_tokenizer().name.encode()).hexdigest()[:12]
+    return build_once(
+        cache_root() / f"kimi-k2.5-mini-tiktoken-{digest}", "tokenizer_config.json", write_tiktoken_directory
+    )
