@@ -13,7 +13,6 @@ from typing import Any
 
 from airflow.sdk import Asset, Param, TriggerRule, dag, get_current_context, task, task_group
 
-from regen.chat import PROFILES
 from regen.config import load_config
 from regen_airflow.alerts import failure_notifiers
 from regen_airflow.tasks import PUBLISHED_DATASETS, final_errors_fail_now, s3_client
@@ -60,7 +59,7 @@ def _run(run: dict[str, Any]) -> Any:
         "profile": Param(
             CONFIG.defaults.profile,
             type="string",
-            enum=sorted(PROFILES),
+            enum=CONFIG.profile_names,
             title="Model profile",
             description="The target model: its tokenizer, chat template and token roles.",
             section="What to run",

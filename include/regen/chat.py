@@ -44,6 +44,7 @@ class ModelProfile:
     tokenizer: str  # hub id, local directory, or "builtin:kimi-k2.5-mini"
     revision: str | None = None
     trust_remote_code: bool = False
+    chat_template_file: str | None = None  # a Jinja file rendered instead of the tokenizer's own template
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # Token roles, by string; resolved to ids against the loaded tokenizer.
     generation_suffix: str = ""  # what every prompt ends with (add_generation_prompt=True)
@@ -72,6 +73,7 @@ class ModelProfile:
             "name": self.name,
             "tokenizer": self.tokenizer,
             "revision": self.revision,
+            "chat_template_file": self.chat_template_file,
             "chat_template_kwargs": self.chat_template_kwargs,
             "generation_suffix": self.generation_suffix,
             "reasoning_start": self.reasoning_start,
@@ -175,19 +177,33 @@ class ChatRenderer:
     """Renders conversations into prompt ids exactly as the served model expects them."""
 
     def __init__(self, profile: ModelProfile) -> None:
+        """Loads the tokenizer and checks the profile against it: every role is one token, and the generation suffix
+        is what the template appends for add_generation_prompt=True. A ValueError names the profile and the field."""
         self.profile = profile
         self.tokenizer = load_tokenizer(profile)
+        self.template_kwargs = dict(profile.chat_template_kwargs)
+        if profile.chat_template_file:
+            try:  # passed to apply_chat_template, never set on the tokenizer: loaded tokenizers are shared
+                self.template_kwargs["chat_template"] = Path(profile.chat_template_file).read_text(encoding="utf-8")
+            except OSError as e:
+                raise ValueError(f"profile {profile.name!r}: chat_template: cannot read {e.filename}: {e}") from e
         self.roles = self._resolve_roles()
+        self._check_generation_suffix()
         self._decoder: ByteTableDecoder | None = None
         self._decoder_built = False
 
-    def token_id(self, token: str) -> int:
+    @property
+    def chat_template(self) -> str | None:
+        template = self.template_kwargs.get("chat_template", self.tokenizer.chat_template)
+        return template if isinstance(template, str) or template is None else canonical_json(template)
+
+    def token_id(self, token: str, role: str = "token") -> int:
         """A role token must be ONE id: a string the tokenizer splits into pieces cannot mark anything."""
         ids = self.tokenizer.encode(token, add_special_tokens=False)
         if len(ids) != 1 or ids[0] == self.tokenizer.unk_token_id:
             raise ValueError(
-                f"profile {self.profile.name!r}: token {token!r} is not one token of the tokenizer's vocabulary "
-                f"(it encodes to {ids[:8]})"
+                f"profile {self.profile.name!r}: {role}: {token!r} is not one token of the tokenizer's vocabulary "
+                f"(it encodes to {len(ids)} ids: {ids[:8]})"
             )
         return int(ids[0])
 
@@ -196,18 +212,31 @@ class ChatRenderer:
         grammar = p.tool_call_grammar
         return TokenRoles(
             generation_suffix=tuple(self.tokenizer.encode(p.generation_suffix, add_special_tokens=False)),
-            eos_ids=frozenset(self.token_id(t) for t in p.eos_tokens),
+            eos_ids=frozenset(self.token_id(t, "eos_tokens") for t in p.eos_tokens),
             vocab_size=len(self.tokenizer),
-            reasoning_start=self.token_id(p.reasoning_start) if p.reasoning_start else None,
-            reasoning_end=self.token_id(p.reasoning_end) if p.reasoning_end else None,
-            role_ids=frozenset(self.token_id(t) for t in p.role_tokens),
+            reasoning_start=self.token_id(p.reasoning_start, "reasoning_start") if p.reasoning_start else None,
+            reasoning_end=self.token_id(p.reasoning_end, "reasoning_end") if p.reasoning_end else None,
+            role_ids=frozenset(self.token_id(t, "role_tokens") for t in p.role_tokens),
             tool_calls=ToolCallIds(
-                **{role: self.token_id(token) for role, token in grammar.tokens().items()},
+                **{role: self.token_id(token, f"tool_calls.{role}") for role, token in grammar.tokens().items()},
                 call_id=p.call_id_pattern(),
             )
             if grammar
             else None,
         )
+
+    def _check_generation_suffix(self) -> None:
+        """Validation finds the answer after the suffix, and the simulator answers after it: it must be exactly what
+        the template appends for a new assistant turn."""
+        probe = [{"role": "user", "content": "Hi"}]
+        turn = str(self.tokenizer.apply_chat_template(probe, tokenize=False, **self.template_kwargs))
+        prompt = self.render_text(probe, None)
+        appended = prompt[len(turn) :] if prompt.startswith(turn) else None
+        if appended != self.profile.generation_suffix:
+            raise ValueError(
+                f"profile {self.profile.name!r}: generation_suffix {self.profile.generation_suffix!r} is not what the "
+                f"chat template appends for add_generation_prompt=True: {appended!r}"
+            )
 
     def render_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         ids = self.tokenizer.apply_chat_template(
@@ -216,7 +245,7 @@ class ChatRenderer:
             add_generation_prompt=True,
             tokenize=True,
             return_dict=False,
-            **self.profile.chat_template_kwargs,
+            **self.template_kwargs,
         )
         return [int(i) for i in ids]
 
@@ -227,7 +256,7 @@ class ChatRenderer:
                 tools=tools or None,
                 add_generation_prompt=True,
                 tokenize=False,
-                **self.profile.chat_template_kwargs,
+                **self.template_kwargs,
             )
         )
 
@@ -283,10 +312,8 @@ class ChatRenderer:
         import tokenizers
         import transformers
 
-        template = self.tokenizer.chat_template
-        template_text = template if isinstance(template, str) else canonical_json(template)
         return {
-            "chat_template_sha256": hashlib.sha256((template_text or "").encode("utf-8")).hexdigest(),
+            "chat_template_sha256": hashlib.sha256((self.chat_template or "").encode("utf-8")).hexdigest(),
             "tokenizer_files_sha256": tokenizer_files_digest(self.tokenizer.name_or_path, self.profile.revision),
             "transformers_version": transformers.__version__,
             "tokenizers_version": tokenizers.__version__,

@@ -1,20 +1,22 @@
-"""The deployment's configuration file: datasets and run defaults. Validated when loaded; errors say what to fix.
+"""The deployment's configuration file: datasets, run defaults and model profiles. Validated when loaded; errors say
+what to fix.
 
 `REGEN_CONFIG` points at the file (each deployment has its own); the default is the project's `config/regen.yaml`.
-Relative dataset paths are resolved against the config file's folder.
+Relative dataset paths, tokenizer directories and chat-template files are resolved against the config file's folder.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from regen.chat import PROFILES
+from regen.chat import PROFILE_NAME, PROFILES, ModelProfile, ToolCallGrammar
 from regen.errors import FinalError
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -108,6 +110,62 @@ class ValidationConfig(BaseModel):
     retokenize_minimum: int = Field(16, ge=0, description="and at least this many per shard")
 
 
+class SectionToolCalls(BaseModel):
+    """Tool calls as special tokens (Kimi's grammar): `section_begin (call_begin ID argument_begin JSON call_end)+
+    section_end`, each ID written by `call_id_format` from {name}, {index} and {id}."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    section_begin: str
+    section_end: str
+    call_begin: str
+    argument_begin: str
+    call_end: str
+    call_id_format: str = "{id}"
+
+
+class ProfileConfig(BaseModel):
+    """A target model, declared as data: its tokenizer, its template and the roles of its tokens, by string. Loading
+    checks every role against the tokenizer (regen.chat.ChatRenderer)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tokenizer: str = Field(description="a hub id (with `revision`), a local directory, or builtin:kimi-k2.5-mini")
+    revision: str | None = Field(None, description="the hub revision to pin: a moved branch never changes prompts")
+    trust_remote_code: bool = False
+    chat_template: str | None = Field(None, description="a Jinja file used instead of the tokenizer's own template")
+    chat_template_kwargs: dict[str, object] = Field(default_factory=dict)
+    generation_suffix: str = Field(description="what the template appends for add_generation_prompt=True")
+    reasoning_start: str | None = None
+    reasoning_end: str | None = None
+    eos_tokens: list[str] = Field(min_length=1)
+    role_tokens: list[str] = Field(default_factory=list, description="turn markers no output may contain")
+    tool_calls: SectionToolCalls | None = None
+    max_prompt_tokens: int = Field(131_072, ge=1)
+    served_model_names: list[str] = Field(default_factory=list)
+
+    def to_profile(self, name: str, resolve: Callable[[str], str]) -> ModelProfile:
+        calls = self.tool_calls
+        local = not self.tokenizer.startswith("builtin:") and (
+            self.tokenizer.startswith((".", "/")) or Path(resolve(self.tokenizer)).is_dir()
+        )
+        return ModelProfile(
+            name=name,
+            tokenizer=resolve(self.tokenizer) if local else self.tokenizer,
+            revision=self.revision,
+            trust_remote_code=self.trust_remote_code,
+            chat_template_file=resolve(self.chat_template) if self.chat_template else None,
+            chat_template_kwargs=dict(self.chat_template_kwargs),
+            generation_suffix=self.generation_suffix,
+            reasoning_start=self.reasoning_start,
+            reasoning_end=self.reasoning_end,
+            eos_tokens=tuple(self.eos_tokens),
+            role_tokens=tuple(self.role_tokens),
+            tool_call_grammar=ToolCallGrammar(**calls.model_dump(exclude={"call_id_format"})) if calls else None,
+            tool_call_id_format=calls.call_id_format if calls else "{id}",
+            max_prompt_tokens=self.max_prompt_tokens,
+            served_model_names=tuple(self.served_model_names),
+        )
+
+
 class Defaults(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     profile: str = "kimi-k2.5-mini"
@@ -138,13 +196,6 @@ class Defaults(BaseModel):
     # maps at most [core] max_map_length (1024) anyway.
     shard_task_limit: int = Field(256, ge=1, le=1024)
 
-    @field_validator("profile")
-    @classmethod
-    def _known_profile(cls, value: str) -> str:
-        if value not in PROFILES:
-            raise ValueError(f"unknown profile {value!r}; known: {', '.join(sorted(PROFILES))}")
-        return value
-
     @property
     def shard_concurrency(self) -> int:
         return -(-self.in_flight // self.shard_tasks)
@@ -164,6 +215,8 @@ class RegenConfig(BaseModel):
     defaults: Defaults = Defaults()
     alerts: AlertsConfig = AlertsConfig()
     datasets: dict[str, DatasetConfig] = Field(min_length=1)
+    # Target models beside the built-in kimi-k2.5 and kimi-k2.5-mini: a second model is an entry here, not code.
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
     base_dir: Path = Path(".")
 
     @model_validator(mode="after")
@@ -173,7 +226,31 @@ class RegenConfig(BaseModel):
                 raise ValueError(
                     f"dataset name {name!r}: use letters, digits, '_', '.', '-' (it becomes a storage key)"
                 )
+        for name in self.profiles:
+            if name in PROFILES:
+                raise ValueError(f"profile {name!r} is built in; give yours another name")
+            if not PROFILE_NAME.match(name):
+                raise ValueError(f"profile name {name!r}: use lowercase letters, digits, '.', '_' or '-'")
+        if self.defaults.profile not in self.profile_names:
+            raise ValueError(
+                f"defaults.profile: unknown profile {self.defaults.profile!r}; known: {', '.join(self.profile_names)}"
+            )
         return self
+
+    @property
+    def profile_names(self) -> list[str]:
+        return sorted({*PROFILES, *self.profiles})
+
+    def profile(self, name: str) -> ModelProfile:
+        """A built-in or declared profile; ConfigError naming the ones there are."""
+        if name in PROFILES:
+            return PROFILES[name]
+        if name not in self.profiles:
+            raise ConfigError(f"unknown profile {name!r}; known: {', '.join(self.profile_names)}")
+        try:
+            return self.profiles[name].to_profile(name, self.resolve)
+        except ValueError as e:
+            raise ConfigError(f"profiles.{name}: {e}") from e
 
     def dataset(self, name: str) -> DatasetConfig:
         try:
@@ -206,3 +283,8 @@ def load_config(path: Path | None = None) -> RegenConfig:
         return RegenConfig(**raw, base_dir=path.resolve().parent)
     except ValidationError as e:
         raise ConfigError(f"config file {path} is invalid:\n{e}") from e
+
+
+def find_profile(name: str) -> ModelProfile:
+    """A built-in profile, or one the deployment's config declares."""
+    return PROFILES[name] if name in PROFILES else load_config().profile(name)

@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from regen.chat import ChatRenderer, get_profile, why_tokenizer_fails
-from regen.config import ConfigError, ExportConfig, RegenConfig, Sampling, load_config
+from regen.chat import ChatRenderer, why_tokenizer_fails
+from regen.config import ConfigError, ExportConfig, RegenConfig, Sampling, find_profile, load_config
 from regen.datasets.prepare import prepare_manifest_key, run_prepare
 from regen.errors import FinalError
 from regen.export import ExportSettings, run_export
@@ -84,10 +84,7 @@ class RunSpec:
         for name in datasets:
             config.dataset(name)
         profile = params.get("profile") or d.profile
-        try:
-            get_profile(profile)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        config.profile(profile)  # known, and its declaration is sound
         limit = params.get("limit")
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise ConfigError(f"limit must be a positive integer or null, got {limit!r}")
@@ -150,7 +147,7 @@ def plan(params: dict[str, Any], run_id: str, s3_client: S3ClientFactory | None 
     try:
         renderer_for(run.profile)
     except (OSError, ImportError) as e:
-        raise ConfigError(why_tokenizer_fails(get_profile(run.profile), e)) from e
+        raise ConfigError(why_tokenizer_fails(find_profile(run.profile), e)) from e
     except ValueError as e:  # a token role the tokenizer does not have
         raise ConfigError(str(e)) from e
     try:
@@ -163,7 +160,7 @@ def plan(params: dict[str, Any], run_id: str, s3_client: S3ClientFactory | None 
 
 @cache
 def renderer_for(profile: str) -> ChatRenderer:
-    return ChatRenderer(get_profile(profile))
+    return ChatRenderer(find_profile(profile))
 
 
 def _storage(run: RunSpec, s3_client: S3ClientFactory | None) -> Storage:

@@ -25,6 +25,30 @@ EXPECTED_PROMPTS = {"B1_glaive": 36, "B2_opencodeinstruct": 48}
 
 
 GOOD = list(EXPECTED_PROMPTS)  # the config also has B3_missing, whose source does not exist
+USER_PROFILE = "my-model"
+USER_TEMPLATE = (  # a user's own template (ChatML-shaped, no reasoning, no tools) over the mini vocabulary
+    "{% for m in messages %}<|im_system|>{{ m['role'] }}<|im_middle|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}"
+)
+
+
+def user_profile(folder: Path) -> dict[str, Any]:
+    """A profile declared only in the config: a tokenizer directory and a template file, no code."""
+    from regen.assets.kimi_mini import ensure_mini_tokenizer
+
+    (folder / "tokenizer").mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / "tokenizer" / name).write_bytes((ensure_mini_tokenizer() / name).read_bytes())
+    (folder / "template.jinja").write_text(USER_TEMPLATE)
+    return {
+        "tokenizer": "tokenizer",
+        "chat_template": "template.jinja",
+        "generation_suffix": "<|im_assistant|>assistant<|im_middle|>",
+        "eos_tokens": ["<|im_end|>"],
+        "role_tokens": ["<|im_system|>", "<|im_assistant|>"],
+        "max_prompt_tokens": 4096,
+        "served_model_names": [USER_PROFILE],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +59,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     for dataset in config["datasets"].values():
         dataset["paths"] = [str((project.parent / path).resolve()) for path in dataset["paths"]]
     config["datasets"]["B3_missing"] = {"format": "input_output", "paths": [str(project.parent / "absent.jsonl")]}
-    config_path = tmp_path_factory.mktemp("config") / "regen.yaml"
+    folder = tmp_path_factory.mktemp("config")
+    config["profiles"] = {USER_PROFILE: user_profile(folder)}
+    config_path = folder / "regen.yaml"
     config_path.write_text(yaml.safe_dump(config))
     with pytest.MonkeyPatch.context() as patched:
         patched.setenv("REGEN_CONFIG", str(config_path))
@@ -105,6 +131,40 @@ def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, 
         assert manifest["prepare"]["rows_read"] == manifest["prepare"]["total"]  # turns: final, one prompt per row
         rejected = s3_lines(stack, prefix + "rejected/prepare.jsonl")
         assert len(rejected) == manifest["prepare"]["dropped"] > 0
+
+
+def test_a_profile_declared_only_in_the_config_runs_end_to_end_bit_exact(stack: Stack) -> None:
+    """A user's own model: its profile, tokenizer directory and template are config data; the simulator answers as
+    that profile (no reasoning, its own EOS), and every record is what the server sent."""
+    sim = start_simulator(stack.home, "--profile", USER_PROFILE)
+    try:
+        run_id = stack.trigger(
+            {
+                "datasets": ["B2_opencodeinstruct"],
+                "profile": USER_PROFILE,
+                "endpoints": [sim.url],
+                "storage_root": f"s3://{BUCKET}/user-profile",
+            }
+        )
+        assert stack.wait_for_run(run_id, 300) == "success", stack.task_states(run_id)
+        sent = {r["rid"]: r for r in sim.records()}
+    finally:
+        sim.stop()
+    [published] = stack.xcom(run_id, "report")["datasets"]
+    manifest_key = published["manifest"].removeprefix(f"s3://{BUCKET}/")
+    assert manifest_key.startswith(f"user-profile/{USER_PROFILE}/B2_opencodeinstruct/")
+    manifest = s3_json(stack, manifest_key)
+    assert manifest["profile"]["name"] == USER_PROFILE and manifest["profile"]["reasoning_end"] is None
+    root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
+    raw = {r["id"]: r for shard in manifest["shards"] for r in s3_raw(stack, root + shard["raw"])}
+    train = [r for shard in manifest["shards"] for r in s3_table(stack, root + shard["train"])]
+    assert len(train) == manifest["records"] == EXPECTED_PROMPTS["B2_opencodeinstruct"]
+    suffix = manifest["token_roles"]["generation_suffix_ids"]
+    for record in train:
+        server = sent[raw[record["id"]]["rid"]]
+        assert record["input_ids"] == server["input_ids"] + server["output_ids"]  # bit-exact, prompt and answer
+        assert server["input_ids"][-len(suffix) :] == suffix  # rendered by the user's template
+        assert record["input_ids"][-1] == 163586 and 163606 not in server["output_ids"]  # its EOS; no reasoning
 
 
 def test_each_dataset_is_an_asset_and_the_handoff_dag_verifies_what_was_published(

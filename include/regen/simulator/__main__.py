@@ -8,7 +8,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from regen.chat import get_profile
+from regen.config import find_profile
 from regen.simulator.defects import DEFECTS, DefectModel
 from regen.simulator.faults import FaultModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel
@@ -78,7 +78,7 @@ def defect_model(args: argparse.Namespace) -> DefectModel:
 
 
 def build_state(args: argparse.Namespace) -> SimulatorState:
-    profile = get_profile(args.profile)
+    profile = find_profile(args.profile)
     behaviour = ModelBehaviour(
         seed=args.seed,
         min_tokens=args.min_tokens,
