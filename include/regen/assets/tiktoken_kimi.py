@@ -13,6 +13,8 @@ the transformers-4 imports that `regen.chat` restores under transformers 5) is e
 imported from the package: `regen.assets.kimi_mini.ensure_tiktoken_tokenizer` copies it into a directory with Kimi's
 layout, which renders the same ids as the mini tokenizer (a unit test checks): its ranks are the mini tokenizer's BPE
 ids, which the BPE trainer numbers in merge order, so tiktoken's lowest-rank-first merging makes the same merges.
+Standing alone in that directory, it carries its own copy of Kimi's split pattern (`kimi_mini.SPLIT_PATTERN`), as
+Kimi's module does; the test's identical ids are what keep the two equal.
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ class SimulatedModel:
     def answer(self, prompt_ids: list[int], seed: int | None = None) -> Answer:
         """The whole answer the model would give with no length limit, EOS included, and the defect planted in it."""
         rng, defect_rng = self._rng(prompt_ids, seed), self._rng(prompt_ids, seed, "defects")
-        thinking = self.reasoning_end is not None and prompt_ids[-1] != self.reasoning_end
+        thinking = self.roles.phase_after(prompt_ids[-len(self.roles.generation_suffix) :]) == "reasoning"
         tools = self._declared_tools(prompt_ids) if self.roles.tool_calls else []
         kind = self.behaviour.defects.draw(defect_rng)
         if kind is not None and not applies(BY_NAME[kind], bool(tools), thinking):
