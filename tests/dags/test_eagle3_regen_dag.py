@@ -86,7 +86,7 @@ def test_params_make_a_valid_trigger_form(dag) -> None:  # type: ignore[no-untyp
     params = dag.params
     params.validate()  # the defaults validate, as a schedule requires
     assert params.get_param("datasets").schema["items"]["enum"] == ["B1_glaive", "B2_opencodeinstruct"]
-    assert params.get_param("profile").schema["enum"] == ["kimi-k2.5", "kimi-k2.5-mini"]
+    assert params.get_param("profile").schema["enum"] == ["kimi-k2.5", "kimi-k2.5-mini", "qwen3.6"]  # + the config's
     assert params.get_param("limit").value is None
 
 
