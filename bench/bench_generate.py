@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from regen.chat import ChatRenderer, get_profile  # noqa: E402
 from regen.config import Sampling  # noqa: E402
 from regen.generate import GenerateSettings, run_generate  # noqa: E402
 from regen.manifest import DatasetLocation, ShardManifest  # noqa: E402
@@ -46,7 +47,8 @@ from regen.sglang.fleet import EndpointPool  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from tools.devstack import start_simulator  # noqa: E402
 
-GENERATION_SUFFIX = [163588, 866, 72, 266, 593, 163601, 163606]
+PROFILE = "kimi-k2.5-mini"  # the simulator's default; prompts end with its generation suffix, as rendered ones do
+GENERATION_SUFFIX = list(ChatRenderer(get_profile(PROFILE)).roles.generation_suffix)
 SAMPLING = {**Sampling(max_new_tokens=4096).as_params()}
 
 

@@ -4,7 +4,8 @@
     .venv/bin/python bench/bench_validate.py --records 500   # quicker
 
 A shard of Kimi-shaped records is built with the mini tokenizer: prompts rendered from messages by the profile's
-template, answers `reasoning </think> answer <|im_end|>` (a third of them a tool call), `text` as the server sends it.
+template, answers `reasoning, reasoning end, answer, EOS` (a third of them a tool call in the profile's grammar),
+`text` as the server sends it.
 Then, each timed as process CPU seconds (one core: nothing here runs threads that matter):
 - the floor: pyarrow reads the training records (train/shard.parquet) and writes them again, zstd, as export does;
 - validate (every check, with the re-render and re-tokenisation samples off) plus export: the stage pair's cost;
@@ -35,6 +36,19 @@ from regen.manifest import DatasetLocation, ShardManifest  # noqa: E402
 from regen.records import RawAnswer, ShardPrompts, encode_answer, text_digest, write_raw  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from regen.validate import ValidateSettings, check_render_drift, run_validate  # noqa: E402
+
+
+def tool_call_text(renderer: ChatRenderer, name: str, arguments: str) -> str:
+    """One call in the profile's section grammar, its id in the profile's format."""
+    grammar, profile = renderer.profile.tool_call_grammar, renderer.profile
+    if grammar is None:
+        raise ValueError(f"profile {profile.name!r} declares no tool-call grammar")
+    call_id = profile.tool_call_id_format.format(name=name, index=0, id=f"call_{name}")
+    return (
+        f"{grammar.section_begin}{grammar.call_begin}{call_id}{grammar.argument_begin}{arguments}"
+        f"{grammar.call_end}{grammar.section_end}"
+    )
+
 
 TOOL = {
     "type": "function",
@@ -67,6 +81,8 @@ def build_shard(root: Path, renderer: ChatRenderer, records: int, seed: int = 0)
     location = DatasetLocation(storage.root_uri, renderer.profile.name, "bench", "v1")
     tok = renderer.tokenizer
     think_end, eos = renderer.roles.reasoning_end, next(iter(sorted(renderer.roles.eos_ids, reverse=True)))
+    if think_end is None:
+        raise ValueError(f"profile {renderer.profile.name!r} does not reason: these records need a reasoning end")
     rows, answers = [], []
     for i in range(records):
         question = " ".join(rng.choice(words) for _ in range(rng.randint(900, 1300)))
@@ -75,10 +91,7 @@ def build_shard(root: Path, renderer: ChatRenderer, records: int, seed: int = 0)
         prompt_ids = renderer.render_ids(conversation.messages, tools or None)
         output = [*_prose(rng, words, rng.randint(900, 1300), renderer), think_end]
         if tools:
-            call = "<|tool_calls_section_begin|><|tool_call_begin|>functions.run_tests:0<|tool_call_argument_begin|>"
-            output += tok.encode(
-                call + '{"path": "a.py"}<|tool_call_end|><|tool_calls_section_end|>', add_special_tokens=False
-            )
+            output += tok.encode(tool_call_text(renderer, "run_tests", '{"path": "a.py"}'), add_special_tokens=False)
         else:
             output += _prose(rng, words, rng.randint(500, 900), renderer)
         output.append(eos)

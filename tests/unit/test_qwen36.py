@@ -174,3 +174,13 @@ def test_answers_start_in_the_reasoning_the_prompt_opened(qwen: ChatRenderer, re
     assert (
         qwen.roles.phase_after(qwen.tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)) == "answer"
     )
+
+
+def test_the_simulator_finds_the_tools_a_qwen_prompt_declares(qwen: ChatRenderer) -> None:
+    """Tool discovery follows no template: Qwen3.6 declares tools as JSON lines in its system turn."""
+    from regen.simulator.model import ModelBehaviour, SimulatedModel
+
+    model = SimulatedModel(qwen.profile, ModelBehaviour())
+    prompt = qwen.render_ids([{"role": "user", "content": "Weather in Paris?"}], TOOLS)
+    assert model._declared_tools(prompt) == [TOOLS[0]["function"]]
+    assert model._declared_tools(qwen.render_ids([{"role": "user", "content": "hi"}], None)) == []

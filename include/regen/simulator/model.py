@@ -24,7 +24,7 @@ WORDS = (
     "let me think about the edge cases compute verify code test simple efficient"
 ).split()
 SENTENCES = 512  # pre-encoded once: answering costs list slicing, not tokenisation
-TOOL_DECLARE_OPEN = "<|im_system|>tool_declare<|im_middle|>"
+TOOL_OBJECT = re.compile(r'\{\s*"(?:type|function)"\s*:')  # where a JSON tool declaration may start
 TS_FUNCTION = re.compile(r"^type ([A-Za-z_][\w.-]*) = \(")
 TS_PARAMETER = re.compile(r"^\s*([A-Za-z_]\w*)\??:\s*(.*?)[,;]?\s*$")
 ALWAYS = -1  # defect_at of a defect that shows whatever the cut
@@ -83,27 +83,18 @@ class SimulatedModel:
         return ids[:length]
 
     def _next_turn(self) -> list[int]:
-        """How the template opens a user turn (Kimi: `<|im_user|>user<|im_middle|>`): what a runaway answer writes."""
+        """How the template opens a user turn (its role markers and the role's name): what a runaway answer writes."""
         marker = "\ue000"  # private use: appears nowhere else in a rendered turn
         text = self.renderer.render_text([{"role": "user", "content": marker}], None)
         ids = [i for i in self._encode(text.split(marker)[0]) if i not in self.roles.eos_ids]
         return ids if self.roles.role_ids.intersection(ids) else [min(self.roles.role_ids), *ids]
 
     def _declared_tools(self, prompt_ids: list[int]) -> list[dict[str, Any]]:
-        """The functions the prompt declares, from the template's JSON or TypeScript (`namespace functions`) form."""
+        """The functions the prompt declares, whatever the template: JSON tool objects (`{"type": "function",
+        "function": {...}}`, as a list or one by one) wherever they appear, else a TypeScript `namespace functions`
+        block (Kimi's declaration)."""
         text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        start = text.find(TOOL_DECLARE_OPEN)
-        if start < 0:
-            return []
-        end = text.find(self.renderer.profile.eos_tokens[0], start)
-        body = text[start + len(TOOL_DECLARE_OPEN) : end if end >= 0 else len(text)]
-        try:
-            tools = json.loads(body)
-        except json.JSONDecodeError:
-            return typescript_functions(body)
-        if not isinstance(tools, list):
-            return []
-        return [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+        return json_functions(text) or typescript_functions(text)
 
     def answer(self, prompt_ids: list[int], seed: int | None = None) -> Answer:
         """The whole answer the model would give with no length limit, EOS included, and the defect planted in it."""
@@ -205,6 +196,24 @@ class SimulatedModel:
                 spaces_between_special_tokens=spaces_between_special_tokens,
             )
         )
+
+
+def json_functions(text: str) -> list[dict[str, Any]]:
+    """Every `{"type": "function", "function": {"name": ...}}` object in the text (keys in any order), each once."""
+    decoder, found, seen = json.JSONDecoder(), [], set()
+    position = 0
+    while match := TOOL_OBJECT.search(text, position):
+        try:
+            value, end = decoder.raw_decode(text, match.start())
+        except json.JSONDecodeError:
+            position = match.end()
+            continue
+        position = end
+        function = value.get("function") if isinstance(value, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"] not in seen:
+            seen.add(function["name"])
+            found.append(function)
+    return found
 
 
 def typescript_functions(body: str) -> list[dict[str, Any]]:
