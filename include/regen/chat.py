@@ -293,11 +293,9 @@ class ChatRenderer:
         shrink = 1 if normalizer is None else 3 if type(normalizer).__name__ in ("NFC", "NFKC") else None
         if shrink is None:
             return None
-        byte_chars = set(bytes_to_unicode().values())
-        longest = max(
-            len(token) if set(token) <= byte_chars else len(token.encode("utf-8", "surrogatepass"))
-            for token in self.tokenizer.get_vocab()
-        )
+        byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+        added = set(self.tokenizer.get_added_vocab())
+        longest = max(len(entry_bytes(token, byte_of, token in added)) for token in self.tokenizer.get_vocab())
         return longest * shrink
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -372,10 +370,7 @@ class ByteTableDecoder:
         table = []
         for token_id in range(len(tokenizer)):
             token = added.get(token_id) or backend.id_to_token(token_id) or ""
-            if token_id in added or any(c not in byte_of for c in token):
-                table.append(token.encode("utf-8"))
-            else:
-                table.append(bytes(byte_of[c] for c in token))
+            table.append(entry_bytes(token, byte_of, token_id in added))
         decoder = cls(table, backend)
         return decoder if decoder._agrees_with(backend, len(table)) else None
 
@@ -472,6 +467,14 @@ def restore_transformers4_imports() -> None:
 
     if not hasattr(tokenization_gpt2, "bytes_to_unicode"):
         tokenization_gpt2.bytes_to_unicode = bytes_to_unicode  # type: ignore[attr-defined]
+
+
+def entry_bytes(token: str, byte_of: dict[str, int], added: bool = False) -> bytes:
+    """The bytes a vocabulary entry stands for: in a byte-level vocabulary each character of a learnt entry is one byte
+    (`bytes_to_unicode`); an added token, or an entry outside that alphabet, is its own UTF-8 text."""
+    if added or any(c not in byte_of for c in token):
+        return token.encode("utf-8", "surrogatepass")
+    return bytes(byte_of[c] for c in token)
 
 
 def canonical_json(value: Any) -> str:

@@ -223,12 +223,13 @@ def write_tiktoken_directory(target: Path) -> None:
 
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+    from regen.chat import entry_bytes
+
     fast = json.loads((ensure_mini_tokenizer() / "tokenizer.json").read_text(encoding="utf-8"))
     byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
     lines = []
     for token, rank in sorted(fast["model"]["vocab"].items(), key=lambda item: item[1]):
-        raw = bytes(byte_of[c] for c in token) if all(c in byte_of for c in token) else token.encode("utf-8")
-        lines.append(f"{base64.b64encode(raw).decode()} {rank}\n")
+        lines.append(f"{base64.b64encode(entry_bytes(token, byte_of)).decode()} {rank}\n")
     (target / "tiktoken.model").write_text("".join(lines), encoding="ascii")
     flags = {"lstrip": False, "rstrip": False, "normalized": False, "single_word": False}
     added = {

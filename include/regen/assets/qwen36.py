@@ -12,7 +12,6 @@ Facts and sources: docs/qwen3.6-profile-notes.md.
 from __future__ import annotations
 
 import hashlib
-import json
 from importlib import resources
 from pathlib import Path
 
@@ -68,8 +67,3 @@ def _source_digest() -> str:
 def ensure_qwen36_tokenizer() -> Path:
     """The tokenizer directory (tokenizer.json, tokenizer_config.json, chat_template.jinja), built on first use."""
     return build_once(cache_root() / f"qwen3.6-{_source_digest()}", "tokenizer.json", save_pretrained)
-
-
-def special_tokens() -> dict[str, int]:
-    config = json.loads((ensure_qwen36_tokenizer() / "tokenizer_config.json").read_text(encoding="utf-8"))
-    return {t["content"]: int(i) for i, t in config["added_tokens_decoder"].items()}
