@@ -21,6 +21,9 @@ PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # snapshot of moonshotai/Kimi-K2.5 seen in public SGLang deployments (its tiktoken.model loads 163,840 ids); a
 # deployment that serves another snapshot sets its own, and check_server's tokenizer probe catches a mismatch.
 KIMI_K25_REVISION = "3367c8d1c68584429fab7faf845a32d5195b6ac1"
+# How messages and tools are shaped before they reach a template (as_served). A manifest records it, and a change makes
+# a nightly run regenerate: the same dataset now renders other prompts. 2: as SGLang's chat endpoint shapes them.
+TEMPLATE_INPUTS = "sglang-chat/2"
 
 
 @dataclass(frozen=True)
@@ -258,9 +261,10 @@ class ChatRenderer:
             )
 
     def render_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        messages, served_tools = as_served(messages, tools)
         ids = self.tokenizer.apply_chat_template(
             messages,
-            tools=tools or None,
+            tools=served_tools,
             add_generation_prompt=True,
             tokenize=True,
             return_dict=False,
@@ -269,10 +273,11 @@ class ChatRenderer:
         return [int(i) for i in ids]
 
     def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        messages, served_tools = as_served(messages, tools)
         return str(
             self.tokenizer.apply_chat_template(
                 messages,
-                tools=tools or None,
+                tools=served_tools,
                 add_generation_prompt=True,
                 tokenize=False,
                 **self.template_kwargs,
@@ -331,6 +336,7 @@ class ChatRenderer:
 
         return {
             "chat_template_sha256": hashlib.sha256((self.chat_template or "").encode("utf-8")).hexdigest(),
+            "template_inputs": TEMPLATE_INPUTS,
             "tokenizer_files_sha256": tokenizer_files_digest(self.tokenizer.name_or_path, self.profile.revision),
             "transformers_version": transformers.__version__,
             "tokenizers_version": tokenizers.__version__,
@@ -475,6 +481,63 @@ def entry_bytes(token: str, byte_of: dict[str, int], added: bool = False) -> byt
     if added or any(c not in byte_of for c in token):
         return token.encode("utf-8", "surrogatepass")
     return bytes(byte_of[c] for c in token)
+
+
+def as_served(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The conversation as SGLang's chat endpoint hands it to the chat template, so that a prompt rendered here is the
+    one production renders (read from sglang `entrypoints/openai/serving_chat.py` `_apply_jinja_template` and
+    `protocol.py`, 2026):
+    - tool-call `arguments` given as JSON text are parsed into an object with orjson
+      (`normalize_assistant_tool_call_arguments`): templates print the object (Kimi: `| tojson`, with its spacing, not
+      the dataset's), and orjson's reading is kept (an integer past 64 bits becomes a float);
+    - each tool call is the `ToolCall` model's dump (`id`, `index`: null, `type`, `function`);
+    - each tool is the `Tool` model's dump: `{"type", "function": {"description", "name", "parameters", "strict"},
+      "defer_loading"}`, absent fields null and `strict` false, in that key order (templates that `tojson` a tool,
+      Qwen3's among them, print exactly this).
+    A ValueError (arguments that are not a JSON object to orjson) is what SGLang answers with a 400."""
+    served = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            message = {**message, "tool_calls": [_served_call(call) for call in calls]}
+        served.append(message)
+    return served, [_served_tool(tool) for tool in tools] if tools else None
+
+
+def _served_call(call: dict[str, Any]) -> dict[str, Any]:
+    import orjson
+
+    function = call["function"]
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError as e:
+            raise ValueError(f"tool call {function.get('name')!r}: arguments are not valid JSON to SGLang: {e}") from e
+        if not isinstance(arguments, dict):
+            raise ValueError(f"tool call {function.get('name')!r}: arguments are not a JSON object")
+    return {
+        "id": call.get("id"),
+        "index": call.get("index"),
+        "type": call.get("type", "function"),
+        "function": {"name": function.get("name"), "arguments": arguments},
+    }
+
+
+def _served_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    function = tool.get("function", {})
+    return {
+        "type": tool.get("type", "function"),
+        "function": {
+            "description": function.get("description"),
+            "name": function.get("name"),
+            "parameters": function.get("parameters"),
+            "strict": function.get("strict", False),
+        },
+        "defer_loading": tool.get("defer_loading"),
+    }
 
 
 def canonical_json(value: Any) -> str:

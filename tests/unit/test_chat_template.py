@@ -216,7 +216,8 @@ CASES = [
         "<|im_user|>alice<|im_middle|>Bye<|im_end|>" + GEN,
         id="named-turns",
     ),
-    pytest.param(  # rule: a schema the encoder refuses -> compact JSON of the key-sorted tools
+    pytest.param(  # rule: a schema the encoder refuses -> compact JSON of the key-sorted tools, each tool as
+        # SGLang's chat endpoint dumps its `Tool` model (absent description null, strict false, defer_loading null)
         [{"role": "user", "content": "Hi"}],
         [
             {
@@ -232,8 +233,9 @@ CASES = [
             }
         ],
         True,
-        '<|im_system|>tool_declare<|im_middle|>[{"function":{"name":"search","parameters":{"properties":{"q":'
-        '{"description":"free-form, no type"}},"required":["q"],"type":"object"}},"type":"function"}]<|im_end|>'
+        '<|im_system|>tool_declare<|im_middle|>[{"defer_loading":null,"function":{"description":null,"name":"search",'
+        '"parameters":{"properties":{"q":{"description":"free-form, no type"}},"required":["q"],"type":"object"},'
+        '"strict":false},"type":"function"}]<|im_end|>'
         "<|im_user|>user<|im_middle|>Hi<|im_end|>" + GEN,
         id="tools-json-fallback-key-sorted",
     ),
@@ -322,3 +324,20 @@ def test_token_roles_resolve_to_kimi_ids(renderer: ChatRenderer) -> None:
 def test_unknown_profile_says_which_exist() -> None:
     with pytest.raises(ValueError, match=r"known profiles: kimi-k2\.5, kimi-k2\.5-mini"):
         get_profile("kimi-k3")
+
+
+def test_tool_call_arguments_are_printed_as_sglang_parses_them(renderer: ChatRenderer) -> None:
+    """SGLang's chat endpoint parses `arguments` text with orjson before templating (serving_chat.py,
+    normalize_assistant_tool_call_arguments), and Kimi's template prints the object with `tojson`: a dataset's compact
+    or indented JSON is re-spaced, and an integer past 64 bits is a float by then. The dataset's text never reaches the
+    prompt."""
+    history = [{"role": "user", "content": "Go"}]
+    for arguments, printed in [
+        ('{"city":"Paris","days":2}', '{"city": "Paris", "days": 2}'),
+        ('{\n  "city": "Paris"\n}', '{"city": "Paris"}'),
+        ('{"n": 123456789012345678901234567890}', '{"n": 1.2345678901234568e+29}'),
+        ({"city": "Zürich"}, '{"city": "Zürich"}'),
+    ]:
+        messages = [*history, {"role": "assistant", "content": "", "tool_calls": [call(0, arguments)]}]
+        text = renderer.render_text([*messages, result(0, "ok")], None)
+        assert f"<|tool_call_argument_begin|>{printed}<|tool_call_end|>" in text, arguments

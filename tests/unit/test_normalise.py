@@ -300,6 +300,16 @@ def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
             "bad_tool_call_arguments",
             id="arguments-not-object",
         ),
+        pytest.param(  # json.loads reads NaN; SGLang's orjson refuses it, and so would the server (a 400)
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": '{"x": NaN}'}}]},
+                ]
+            },
+            "bad_tool_call_arguments",
+            id="arguments-sglang-cannot-read",
+        ),
         pytest.param(
             {
                 "messages": [

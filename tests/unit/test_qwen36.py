@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from regen.chat import ChatRenderer
+from regen.chat import ChatRenderer, as_served
 from regen.config import load_config
 
 TOOLS = [
@@ -147,14 +147,6 @@ def test_history_reasoning_is_dropped_unless_preserved(qwen: ChatRenderer) -> No
     [
         pytest.param([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}], "at the beginning"),
         pytest.param([{"role": "system", "content": "only"}], "No user query found"),
-        pytest.param(
-            [
-                {"role": "user", "content": "a"},
-                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
-            ],
-            "arguments must be an object",
-            id="arguments-as-a-json-string",
-        ),
     ],
 )
 def test_what_qwen36s_template_refuses_is_refused(
@@ -164,6 +156,29 @@ def test_what_qwen36s_template_refuses_is_refused(
 
     with pytest.raises(TemplateError, match=error):
         qwen.render_text(messages, None)
+
+
+def test_prompts_are_rendered_from_what_sglang_hands_the_template(qwen: ChatRenderer) -> None:
+    """The template refuses tool-call arguments given as JSON text, as OpenAI clients send them; SGLang's chat
+    endpoint parses them first (orjson), and dumps each tool as its `Tool` model (serving_chat._apply_jinja_template,
+    protocol.Tool): so the prompt production renders has the parameters as XML and each tool with its nulls."""
+    from jinja2 import TemplateError
+
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": '{"n":1}'}}]},
+        {"role": "tool", "content": "ok"},
+    ]
+    with pytest.raises(TemplateError, match="arguments must be an object"):
+        render(qwen, messages)
+    text = qwen.render_text(messages, TOOLS)
+    assert "<tool_call>\n<function=f>\n<parameter=n>\n1\n</parameter>\n</function>\n</tool_call>" in text
+    served_tool = (
+        '{"type": "function", "function": {"description": "Get weather", "name": "get_weather", "parameters": '
+        '{"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": '
+        '["city"]}, "strict": false}, "defer_loading": null}'
+    )
+    assert f"<tools>\n{served_tool}\n</tools>" in text
 
 
 def test_answers_start_in_the_reasoning_the_prompt_opened(qwen: ChatRenderer, renderer: ChatRenderer) -> None:
@@ -182,5 +197,5 @@ def test_the_simulator_finds_the_tools_a_qwen_prompt_declares(qwen: ChatRenderer
 
     model = SimulatedModel(qwen.profile, ModelBehaviour())
     prompt = qwen.render_ids([{"role": "user", "content": "Weather in Paris?"}], TOOLS)
-    assert model._declared_tools(prompt) == [TOOLS[0]["function"]]
+    assert model._declared_tools(prompt) == [as_served([], TOOLS)[1][0]["function"]]  # as SGLang dumps it
     assert model._declared_tools(qwen.render_ids([{"role": "user", "content": "hi"}], None)) == []

@@ -111,18 +111,22 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | Rejection:
 
 
 def _arguments(raw: Any, label: str) -> str | Rejection:
-    """Tool-call arguments as the JSON text of an object, whether they came as text or as an object."""
-    if isinstance(raw, str):
-        try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError as e:
-            return Rejection("bad_tool_call_arguments", f"{label}: {e}")
-        if not isinstance(parsed, dict):
-            return Rejection("bad_tool_call_arguments", f"{label}: arguments are JSON but not an object")
-        return raw
+    """Tool-call arguments as the JSON text of an object, whether they came as text or as an object. Checked with the
+    parser SGLang reads them with before templating (orjson, regen.chat.as_served): what it refuses (NaN, a lone
+    surrogate escape) the server would answer with a 400, so the row is rejected here."""
+    import orjson
+
     if isinstance(raw, dict):
-        return json.dumps(raw, ensure_ascii=False)
-    return Rejection("bad_tool_call_arguments", f"{label}: arguments must be a JSON object")
+        raw = json.dumps(raw, ensure_ascii=False)
+    if not isinstance(raw, str):
+        return Rejection("bad_tool_call_arguments", f"{label}: arguments must be a JSON object")
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        return Rejection("bad_tool_call_arguments", f"{label}: {e}")
+    if not isinstance(parsed, dict):
+        return Rejection("bad_tool_call_arguments", f"{label}: arguments are JSON but not an object")
+    return raw
 
 
 def _tool_call(call: Any, index: int, id_format: str) -> tuple[dict[str, Any], str] | Rejection:
