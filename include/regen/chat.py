@@ -5,7 +5,6 @@ Nothing about a particular model is hard-coded outside its profile: a second tar
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import operator
@@ -16,6 +15,8 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
+from regen.tool_calls import ToolCallGrammar, ToolCallIds
+
 PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # The production tokenizer and template, pinned: a moved hub branch must never change prompts silently. This is a
 # snapshot of moonshotai/Kimi-K2.5 seen in public SGLang deployments (its tiktoken.model loads 163,840 ids); a
@@ -24,21 +25,6 @@ KIMI_K25_REVISION = "3367c8d1c68584429fab7faf845a32d5195b6ac1"
 # How messages and tools are shaped before they reach a template (as_served). A manifest records it, and a change makes
 # a nightly run regenerate: the same dataset now renders other prompts. 2: as SGLang's chat endpoint shapes them.
 TEMPLATE_INPUTS = "sglang-chat/2"
-
-
-@dataclass(frozen=True)
-class ToolCallGrammar:
-    """A tool-call section as tokens (Kimi's): `section_begin (call_begin ID argument_begin JSON call_end)+
-    section_end`, where ID follows the profile's `tool_call_id_format` and JSON is the arguments object."""
-
-    section_begin: str
-    section_end: str
-    call_begin: str
-    argument_begin: str
-    call_end: str
-
-    def tokens(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -83,7 +69,7 @@ class ModelProfile:
             "reasoning_end": self.reasoning_end,
             "eos_tokens": list(self.eos_tokens),
             "role_tokens": list(self.role_tokens),
-            "tool_call_grammar": self.tool_call_grammar.tokens() if self.tool_call_grammar else None,
+            "tool_call_grammar": self.tool_call_grammar.as_record() if self.tool_call_grammar else None,
             "tool_call_id_format": self.tool_call_id_format,
         }
 
@@ -104,6 +90,7 @@ _KIMI_K25_ROLES: dict[str, Any] = {
     "eos_tokens": ("<|im_end|>", "[EOS]"),
     "role_tokens": ("<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", "[BOS]"),
     "tool_call_grammar": ToolCallGrammar(
+        format="sections",
         section_begin="<|tool_calls_section_begin|>",
         section_end="<|tool_calls_section_end|>",
         call_begin="<|tool_call_begin|>",
@@ -138,16 +125,6 @@ def get_profile(name: str) -> ModelProfile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown profile {name!r}; known profiles: {', '.join(sorted(PROFILES))}") from None
-
-
-@dataclass(frozen=True)
-class ToolCallIds:
-    section_begin: int
-    section_end: int
-    call_begin: int
-    argument_begin: int
-    call_end: int
-    call_id: re.Pattern[str]
 
 
 @dataclass(frozen=True)
@@ -190,8 +167,8 @@ class TokenRoles:
             "reasoning_start_id": self.reasoning_start,
             "reasoning_end_id": self.reasoning_end,
             "role_ids": sorted(self.role_ids),
-            "tool_call_ids": {k: v for k, v in dataclasses.asdict(calls).items() if k != "call_id"} if calls else None,
-            "tool_call_id_pattern": calls.call_id.pattern if calls else None,
+            "tool_call_ids": calls.as_record() if calls else None,
+            "tool_call_id_pattern": calls.call_id.pattern if calls and calls.call_id else None,
         }
 
 
@@ -240,8 +217,9 @@ class ChatRenderer:
             reasoning_end=self.token_id(p.reasoning_end, "reasoning_end") if p.reasoning_end else None,
             role_ids=frozenset(self.token_id(t, "role_tokens") for t in p.role_tokens),
             tool_calls=ToolCallIds(
+                format=grammar.format,
                 **{role: self.token_id(token, f"tool_calls.{role}") for role, token in grammar.tokens().items()},
-                call_id=p.call_id_pattern(),
+                call_id=p.call_id_pattern() if grammar.format == "sections" else None,
             )
             if grammar
             else None,

@@ -11,13 +11,14 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from regen.chat import PROFILE_NAME, PROFILES, ModelProfile, ToolCallGrammar
+from regen.chat import PROFILE_NAME, PROFILES, ModelProfile
 from regen.errors import FinalError
+from regen.tool_calls import ToolCallGrammar
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "regen.yaml"
@@ -111,16 +112,27 @@ class ValidationConfig(BaseModel):
 
 
 class SectionToolCalls(BaseModel):
-    """Tool calls as special tokens (Kimi's grammar): `section_begin (call_begin ID argument_begin JSON call_end)+
-    section_end`, each ID written by `call_id_format` from {name}, {index} and {id}."""
+    """Calls as special tokens (Kimi's; SGLang's kimi_k2 detector): `section_begin (call_begin ID argument_begin JSON
+    call_end)+ section_end`, each ID written by `call_id_format` from {name}, {index} and {id}."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    format: Literal["sections"]
     section_begin: str
     section_end: str
     call_begin: str
     argument_begin: str
     call_end: str
     call_id_format: str = "{id}"
+
+
+class TaggedToolCalls(BaseModel):
+    """Each call between a begin and an end token: `tagged_json` writes `{"name", "arguments"}` (Qwen3 2504; SGLang's
+    qwen25 detector), `tagged_xml` writes `<function=NAME>` with `<parameter=KEY>` values (Qwen3.5/3.6, qwen3_coder)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format: Literal["tagged_json", "tagged_xml"]
+    call_begin: str
+    call_end: str
 
 
 class ProfileConfig(BaseModel):
@@ -138,7 +150,9 @@ class ProfileConfig(BaseModel):
     reasoning_end: str | None = None
     eos_tokens: list[str] = Field(min_length=1)
     role_tokens: list[str] = Field(default_factory=list, description="turn markers no output may contain")
-    tool_calls: SectionToolCalls | None = None
+    tool_calls: Annotated[SectionToolCalls | TaggedToolCalls, Field(discriminator="format")] | None = Field(
+        None, description="the tool-call grammar; format: sections | tagged_json | tagged_xml"
+    )
     max_prompt_tokens: int = Field(131_072, ge=1)
     served_model_names: list[str] = Field(default_factory=list)
 
@@ -160,7 +174,7 @@ class ProfileConfig(BaseModel):
             eos_tokens=tuple(self.eos_tokens),
             role_tokens=tuple(self.role_tokens),
             tool_call_grammar=ToolCallGrammar(**calls.model_dump(exclude={"call_id_format"})) if calls else None,
-            tool_call_id_format=calls.call_id_format if calls else "{id}",
+            tool_call_id_format=calls.call_id_format if isinstance(calls, SectionToolCalls) else "{id}",
             max_prompt_tokens=self.max_prompt_tokens,
             served_model_names=tuple(self.served_model_names),
         )

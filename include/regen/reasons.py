@@ -60,6 +60,7 @@ class Reason(StrEnum):
     UNEXPECTED_REASONING_END = "unexpected_reasoning_end"  # reasoning was off in the prompt
     TOOL_CALL_UNBALANCED = "tool_call_unbalanced"  # section and call tokens out of order or unclosed
     TOOL_CALL_BAD_ID = "tool_call_bad_id"
+    TOOL_CALL_MALFORMED = "tool_call_malformed"  # a tagged call that names no function, or holds stray text
     TOOL_CALL_BAD_ARGUMENTS = "tool_call_bad_arguments"
     TOOL_CALL_UNDECLARED = "tool_call_undeclared"
     TOOL_CALL_WITHOUT_TOOLS = "tool_call_without_tools"

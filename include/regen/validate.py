@@ -4,10 +4,12 @@
 vectorised lookup, then walks only those positions through a small state machine:
 
     [reasoning_start at 0, if the prompt did not open reasoning]  reasoning ... reasoning_end
-    answer | section_begin (call_begin ID argument_begin {JSON} call_end)+ section_end   EOS
+    answer, and tool calls in the profile's grammar (regen.tool_calls)   EOS
 
-A tool-call section right after the reasoning with no reasoning_end is valid (Kimi-K2.5 emits it; SGLang's reasoning
-parser takes the section start as the end of reasoning): it is kept with the flag `tool_call_without_reasoning_end`.
+with calls as `section_begin (call_begin ID argument_begin {JSON} call_end)+ section_end` (Kimi's sections), or as
+`(call_begin BODY call_end)+` whose body is read as SGLang's detector reads it (tagged JSON or XML, Qwen's).
+Tool calls right after the reasoning with no reasoning_end are valid (Kimi-K2.5 emits them; SGLang's reasoning parsers
+take the first call marker as the end of reasoning): they are kept with the flag `tool_call_without_reasoning_end`.
 An answer cut by `max_new_tokens` that is valid so far goes to the flagged `truncated/` split, by where the cut fell.
 The server must agree with itself: `text == decode(output_ids)` (the pipeline asks for special tokens and the stop
 token in the text) and `prompt_tokens` == the prompt sent.
@@ -37,6 +39,7 @@ from regen.manifest import ShardManifest, StageStats
 from regen.reasons import TRUNCATED, Reason, RejectionWriter
 from regen.records import RawAnswer, ShardPrompts, read_raw, text_digest
 from regen.storage import Storage, write_table
+from regen.tool_calls import BadCall, read_tagged
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +71,17 @@ def mark_table(roles: TokenRoles) -> np.ndarray:
     for token, mark in ((roles.reasoning_start, Mark.REASONING_START), (roles.reasoning_end, Mark.REASONING_END)):
         if token is not None:
             table[token] = mark
-    if roles.tool_calls:
-        calls = roles.tool_calls
-        table[calls.section_begin] = Mark.SECTION_BEGIN
-        table[calls.section_end] = Mark.SECTION_END
-        table[calls.call_begin] = Mark.CALL_BEGIN
-        table[calls.argument_begin] = Mark.ARGUMENT_BEGIN
-        table[calls.call_end] = Mark.CALL_END
+    calls = roles.tool_calls
+    if calls:
+        for token, mark in (
+            (calls.section_begin, Mark.SECTION_BEGIN),
+            (calls.section_end, Mark.SECTION_END),
+            (calls.call_begin, Mark.CALL_BEGIN),
+            (calls.argument_begin, Mark.ARGUMENT_BEGIN),
+            (calls.call_end, Mark.CALL_END),
+        ):
+            if token is not None:
+                table[token] = mark
     return table
 
 
@@ -113,7 +120,7 @@ class _Walk:
     reasoning_len: int = 0
     flags: list[str] = field(default_factory=list)
     in_section: bool = False
-    call: str = ""  # "" outside a call, "id" after call_begin, "args" after argument_begin
+    call: str = ""  # "" outside a call; sections: "id" after call_begin, "args" after argument_begin; tagged: "body"
     call_start: int = 0
     name: str = ""
     calls: int = 0
@@ -141,14 +148,16 @@ class _Walk:
         return _reject(Reason.REASONING_END_REPEATED, f"second reasoning end at {pos}")
 
     def _tool_token(self, pos: int, mark: int) -> Judgement | None:
+        calls = self.roles.tool_calls
+        assert calls is not None  # tool marks exist only for a profile with a grammar
         if mark == Mark.SECTION_BEGIN and not self.in_section and not self.call:
-            if self.phase == "reasoning":  # the section start ends reasoning implicitly
-                self.phase, self.reasoning_len = "answer", pos
-                self.flags.append(FLAG_NO_REASONING_END)
+            self._tools_start(pos)
             self.in_section = True
             return None
-        if mark == Mark.CALL_BEGIN and self.in_section and not self.call:
-            self.call, self.call_start = "id", pos
+        if mark == Mark.CALL_BEGIN and not self.call and (self.in_section or not calls.sectioned):
+            if not calls.sectioned:
+                self._tools_start(pos)
+            self.call, self.call_start = ("id" if calls.sectioned else "body"), pos
             return None
         if mark == Mark.ARGUMENT_BEGIN and self.call == "id":
             self.call = "args"
@@ -156,15 +165,24 @@ class _Walk:
         if mark == Mark.CALL_END and self.call == "args":
             self.call = ""
             return self._arguments(self.output[self.call_start + 1 : pos], pos)
+        if mark == Mark.CALL_END and self.call == "body":
+            self.call = ""
+            return self._tagged(self.output[self.call_start + 1 : pos], pos, calls.format)
         if mark == Mark.SECTION_END and self.in_section and not self.call and self.calls:
             self.in_section = False
             return None
         return _reject(Reason.TOOL_CALL_UNBALANCED, f"{Mark(mark).name.lower()} out of order at {pos}")
 
+    def _tools_start(self, pos: int) -> None:
+        if self.phase == "reasoning":  # the first call marker ends reasoning implicitly
+            self.phase, self.reasoning_len = "answer", pos
+            self.flags.append(FLAG_NO_REASONING_END)
+
     def _call_id(self, ids: list[int], pos: int) -> Judgement | None:
-        assert self.roles.tool_calls is not None
+        pattern = self.roles.tool_calls.call_id if self.roles.tool_calls else None
+        assert pattern is not None  # a sections grammar always has its id pattern
         text = self.decode(ids)
-        match = self.roles.tool_calls.call_id.fullmatch(text)
+        match = pattern.fullmatch(text)
         if match is None:
             return _reject(Reason.TOOL_CALL_BAD_ID, f"call id {text[:80]!r} at {pos}")
         self.name = match.groupdict().get("name") or ""
@@ -179,10 +197,25 @@ class _Walk:
             return _reject(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of call at {pos} are not JSON: {e}")
         if not isinstance(arguments, dict):
             return _reject(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of call at {pos} are not a JSON object")
+        return self._called(self.name)
+
+    def _tagged(self, ids: list[int], pos: int, format: str) -> Judgement | None:
+        try:
+            calls = read_tagged(format, self.decode(ids))
+        except BadCall as e:
+            return _reject(e.reason, f"call at {pos}: {e.detail}")
+        for name, _ in calls:
+            rejected = self._called(name)
+            if rejected is not None:
+                return rejected
+        return None
+
+    def _called(self, name: str) -> Judgement | None:
+        """A well-formed call: to a function the prompt declares (a name-less call id cannot be looked up)."""
         if self.tools is None:
-            return _reject(Reason.TOOL_CALL_WITHOUT_TOOLS, f"call to {self.name!r}, but the prompt declares no tools")
-        if self.name and self.name not in self.tools:
-            return _reject(Reason.TOOL_CALL_UNDECLARED, f"call to {self.name!r}; declared: {sorted(self.tools)[:10]}")
+            return _reject(Reason.TOOL_CALL_WITHOUT_TOOLS, f"call to {name!r}, but the prompt declares no tools")
+        if name and name not in self.tools:
+            return _reject(Reason.TOOL_CALL_UNDECLARED, f"call to {name!r}; declared: {sorted(self.tools)[:10]}")
         self.calls += 1
         return None
 
@@ -194,7 +227,7 @@ class _Walk:
         if last not in self.roles.eos_ids:
             return _reject(Reason.NO_EOS_AT_END, f"stopped on {last}, not an EOS id")
         if self.in_section or self.call:
-            return _reject(Reason.TOOL_CALL_UNBALANCED, "tool-call section not closed before EOS")
+            return _reject(Reason.TOOL_CALL_UNBALANCED, "a tool call or section not closed before EOS")
         if self.phase == "reasoning":
             return _reject(Reason.REASONING_END_MISSING, "reasoning never ended")
         return Judgement(OK, "", tuple(self.flags), self.reasoning_len, self.calls)

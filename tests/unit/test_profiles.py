@@ -90,6 +90,7 @@ def test_a_declared_profile_loads_with_its_own_template_and_roles(tmp_path: Path
         pytest.param(
             {
                 "tool_calls": {
+                    "format": "sections",
                     "section_begin": "<|tool_calls_section_begin|>",
                     "section_end": "<|tool_calls_section_end|>",
                     "call_begin": "<|tool_call_begin|>",
@@ -100,6 +101,17 @@ def test_a_declared_profile_loads_with_its_own_template_and_roles(tmp_path: Path
             },
             r"profile 'my-model': tool_calls.call_end: '<\|call_ends_here\|>' is not one token",
             id="missing-grammar-token",
+        ),
+        pytest.param(
+            {
+                "tool_calls": {
+                    "format": "tagged_json",
+                    "call_begin": "<|tool_call_begin|>",
+                    "call_end": "<tool_call_end>",
+                }
+            },
+            r"profile 'my-model': tool_calls.call_end: '<tool_call_end>' is not one token",
+            id="tagged-grammar-token-unknown",
         ),
         pytest.param(
             {"reasoning_start": "<think>"},
@@ -126,6 +138,26 @@ def test_every_bad_field_names_the_profile_and_the_field(tmp_path: Path, changes
         pytest.param({"My Model": USER_PROFILE}, r"profile name 'My Model'", id="unsafe-name"),
         pytest.param({"my-model": {**USER_PROFILE, "eos_token": "x"}}, r"eos_token\n.*Extra inputs", id="typo"),
         pytest.param({"my-model": {"tokenizer": "t"}}, r"generation_suffix\n.*Field required", id="no-suffix"),
+        pytest.param(
+            {"my-model": {**USER_PROFILE, "tool_calls": {"format": "pythonic", "call_begin": "[", "call_end": "]"}}},
+            r"tool_calls\n.*does not match any of the expected tags: 'sections', 'tagged_json', 'tagged_xml'",
+            id="unknown-grammar-format",
+        ),
+        pytest.param(
+            {"my-model": {**USER_PROFILE, "tool_calls": {"format": "sections", "call_begin": "a", "call_end": "b"}}},
+            r"tool_calls\.sections\.section_begin\n.*Field required",
+            id="sections-without-section-tokens",
+        ),
+        pytest.param(
+            {
+                "my-model": {
+                    **USER_PROFILE,
+                    "tool_calls": {"format": "tagged_xml", "call_begin": "a", "call_end": "b", "argument_begin": "c"},
+                }
+            },
+            r"tool_calls\.tagged_xml\.argument_begin\n.*Extra inputs",
+            id="tagged-with-a-section-token",
+        ),
     ],
 )
 def test_a_bad_declaration_fails_when_the_config_loads(tmp_path: Path, profiles: dict[str, Any], message: str) -> None:

@@ -259,6 +259,7 @@ def test_every_reason_code_is_exercised() -> None:
         Reason.PROMPT_SUFFIX,
         Reason.EMPTY_OUTPUT,
         Reason.UNEXPECTED_REASONING_END,
+        Reason.TOOL_CALL_MALFORMED,  # tagged grammars only: tests/unit/test_tool_call_grammars.py
     }
     validate_reasons = {r for r in Reason if r.stage == "validate"}
     assert validate_reasons == covered, sorted(validate_reasons - covered)

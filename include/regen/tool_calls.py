@@ -1,0 +1,147 @@
+"""Tool-call grammars, declared as data: how a model writes its calls, read back by validation and written by the
+simulator. One format per family of SGLang's tool-call detectors (sglang/srt/function_call/):
+
+- `sections` (kimi_k2): `section_begin (call_begin ID argument_begin JSON call_end)+ section_end`, every marker one
+  token; ID in the profile's call-id format, JSON the arguments object.
+- `tagged_json` (qwen25, Hermes-style; Qwen3 2504): `(call_begin JSON call_end)+`, JSON being
+  `{"name": ..., "arguments": {...}}`, written on a line of its own.
+- `tagged_xml` (qwen3_coder; Qwen3.5, Qwen3.6): `(call_begin <function=NAME> (<parameter=KEY> VALUE </parameter>)*
+  </function> call_end)+`, the inner tags being text, each on a line of its own.
+
+A tagged call is read as leniently as SGLang's detector reads it, so an answer the server would turn into a call is
+kept; what the detector would lose (no function name, a parameter whose name never closes, a key given twice, text
+that is not part of the call) is a defect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from regen.reasons import Reason
+
+FORMATS = ("sections", "tagged_json", "tagged_xml")
+SECTION_TOKENS = ("section_begin", "section_end", "argument_begin")
+# qwen3_coder's reading: a function runs to `</function>` (or the end), a parameter to `</parameter>`, the next
+# `<parameter=`, `</function>` or the end; one newline around a value is the template's, not the value's.
+XML_FUNCTION = re.compile(r"<function=(.*?)</function>|<function=(.*)$", re.DOTALL)
+XML_PARAMETER = re.compile(r"<parameter=(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>)|$)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCallGrammar:
+    """A grammar's marker tokens, by string. `sections` needs all five; the tagged formats only begin and end."""
+
+    format: str
+    call_begin: str
+    call_end: str
+    section_begin: str | None = None
+    section_end: str | None = None
+    argument_begin: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"tool_calls.format {self.format!r}: use one of {', '.join(FORMATS)}")
+        given = [name for name in SECTION_TOKENS if getattr(self, name) is not None]
+        if self.format == "sections" and len(given) != len(SECTION_TOKENS):
+            raise ValueError(f"tool_calls: the 'sections' format needs {', '.join(SECTION_TOKENS)}")
+        if self.format != "sections" and given:
+            raise ValueError(f"tool_calls: {', '.join(given)} belong to the 'sections' format, not {self.format!r}")
+
+    def tokens(self) -> dict[str, str]:
+        """Role -> token string, for every marker the format has."""
+        fields = dataclasses.asdict(self)
+        return {name: value for name, value in fields.items() if name != "format" and value is not None}
+
+    def as_record(self) -> dict[str, str]:
+        return {"format": self.format, **self.tokens()}
+
+
+@dataclass(frozen=True)
+class ToolCallIds:
+    """The grammar resolved against a tokenizer: marker ids, and for `sections` the call ids' pattern."""
+
+    format: str
+    call_begin: int
+    call_end: int
+    section_begin: int | None = None
+    section_end: int | None = None
+    argument_begin: int | None = None
+    call_id: re.Pattern[str] | None = None
+
+    @property
+    def sectioned(self) -> bool:
+        return self.format == "sections"
+
+    def as_record(self) -> dict[str, Any]:
+        fields = dataclasses.asdict(self)
+        return {k: v for k, v in fields.items() if k != "call_id" and v is not None}
+
+
+class BadCall(ValueError):
+    """A call the server's detector would lose or garble: the reason validation reports, and what is wrong."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+def read_tagged(format: str, text: str) -> list[tuple[str, dict[str, Any]]]:
+    """The calls (function name, arguments) in the text between a tagged call's begin and end tokens."""
+    return _read_json(text) if format == "tagged_json" else _read_xml(text)
+
+
+def write_tagged(format: str, name: str, arguments: dict[str, Any]) -> str:
+    """The text between the begin and end tokens, as the model writes it (and its template renders a past call)."""
+    if format == "tagged_json":
+        return f'\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {_json(arguments)}}}\n'
+    values = "".join(
+        f"<parameter={key}>\n{value if isinstance(value, str) else _json(value)}\n</parameter>\n"
+        for key, value in arguments.items()
+    )
+    return f"\n<function={name}>\n{values}</function>\n"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _read_json(text: str) -> list[tuple[str, dict[str, Any]]]:
+    try:
+        call = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise BadCall(Reason.TOOL_CALL_BAD_ARGUMENTS, f"the call is not JSON: {e}") from None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+        raise BadCall(Reason.TOOL_CALL_MALFORMED, f"the call names no function: {text.strip()[:80]!r}")
+    arguments = call.get("arguments", {})
+    if not isinstance(arguments, dict):
+        raise BadCall(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of {call['name']!r} are not a JSON object")
+    return [(call["name"], arguments)]
+
+
+def _read_xml(text: str) -> list[tuple[str, dict[str, Any]]]:
+    functions = list(XML_FUNCTION.finditer(text))
+    if not functions:
+        raise BadCall(Reason.TOOL_CALL_MALFORMED, f"no <function=NAME> in the call: {text.strip()[:80]!r}")
+    outside = XML_FUNCTION.sub("", text).strip()
+    if outside:
+        raise BadCall(Reason.TOOL_CALL_MALFORMED, f"text in the call outside its function: {outside[:80]!r}")
+    calls = []
+    for match in functions:
+        body = match.group(1) if match.group(1) is not None else match.group(2)
+        name, closed, parameters = body.partition(">")
+        if not closed or not name:
+            raise BadCall(Reason.TOOL_CALL_MALFORMED, f"function name not closed: {body[:80]!r}")
+        arguments: dict[str, Any] = {}
+        for parameter in XML_PARAMETER.finditer(parameters):
+            key, closed, value = parameter.group(1).partition(">")
+            if not closed:
+                raise BadCall(Reason.TOOL_CALL_BAD_ARGUMENTS, f"parameter name not closed in {name!r}: {key[:60]!r}")
+            if key in arguments:
+                raise BadCall(Reason.TOOL_CALL_BAD_ARGUMENTS, f"parameter {key!r} given twice in {name!r}")
+            arguments[key] = value.removeprefix("\n").removesuffix("\n")
+        calls.append((name, arguments))
+    return calls

@@ -1,0 +1,171 @@
+"""Tool-call grammars as data: tagged XML (Qwen3.6, SGLang's qwen3_coder) and tagged JSON (Qwen3 2504, qwen25) are
+judged on the Qwen3.6 vocabulary the way Kimi's sections are on the mini one (test_validate.py): every valid call
+kept, each defect for its own reason.
+
+What the detectors accept is read from sglang `srt/function_call/qwen3_coder_detector.py` (a function runs to
+`</function>` or the end, a parameter to `</parameter>`, the next `<parameter=` or `</function>`, one newline around
+a value stripped) and `qwen25_detector.py` (`json.loads` of the text between the tags, `name` and `arguments`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from regen.chat import ChatRenderer
+from regen.config import load_config
+from regen.records import RawAnswer, text_digest
+from regen.tool_calls import ToolCallGrammar, read_tagged, write_tagged
+from regen.validate import FLAG_NO_REASONING_END, OK, judge
+
+TOOLS = frozenset({"get_weather"})
+XML_CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+JSON_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def xml() -> ChatRenderer:
+    return ChatRenderer(load_config().profile("qwen3.6"))
+
+
+@pytest.fixture(scope="module")
+def tagged_json(xml: ChatRenderer) -> ChatRenderer:
+    """Qwen3 (2504)'s grammar on the same vocabulary: the profile differs only in its `tool_calls`."""
+    grammar = ToolCallGrammar(format="tagged_json", call_begin="<tool_call>", call_end="</tool_call>")
+    return ChatRenderer(dataclasses.replace(xml.profile, tool_call_grammar=grammar))
+
+
+def verdict(renderer: ChatRenderer, text: str, tools: frozenset[str] | None = TOOLS) -> tuple[str, tuple[str, ...]]:
+    """The judgement of an answer written as text after the profile's prompt (which opens the reasoning)."""
+    prompt = renderer.render_ids([{"role": "user", "content": "Weather in Paris?"}], None)
+    output = renderer.tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
+    meta = {"finish_reason": {"type": "stop", "matched": output[-1]}, "prompt_tokens": len(prompt)}
+    record = RawAnswer("s1", output, {**meta, "completion_tokens": len(output)}, *text_digest(renderer.decode(output)))
+    judgement = judge(prompt, record, renderer.roles, tools, renderer.decode)
+    return judgement.verdict, judgement.flags
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        pytest.param(f"Need it.\n</think>\n\n{XML_CALL}", (OK, ()), id="after-reasoning"),
+        pytest.param(f"Need it.\n{XML_CALL}", (OK, (FLAG_NO_REASONING_END,)), id="without-reasoning-end"),
+        pytest.param(f"Two.\n</think>\n\n{XML_CALL}\n{XML_CALL}", (OK, ()), id="parallel-calls"),
+        pytest.param(
+            "Hm.</think><tool_call>\n<function=get_weather>\n<parameter=city>\nNew\nYork\n</parameter>\n"
+            "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+            (OK, ()),
+            id="multi-line-value-and-two-parameters",
+        ),
+        pytest.param(
+            "Hm.</think><tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n</tool_call>",
+            (OK, ()),
+            id="parameter-closed-by-the-function-end",  # the detector reads it: the call is not lost
+        ),
+        pytest.param(
+            "Hm.</think><tool_call>\n<function=get_weather>\n</function>\n</tool_call>", (OK, ()), id="no-parameters"
+        ),
+    ],
+)
+def test_xml_calls_the_server_reads_are_kept(xml: ChatRenderer, text: str, expected: tuple[str, Any]) -> None:
+    assert verdict(xml, text) == expected
+
+
+@pytest.mark.parametrize(
+    "text,tools,reason",
+    [
+        pytest.param("Hm.</think><tool_call>\nget_weather(city='Paris')\n</tool_call>", TOOLS, "malformed", id="no-fn"),
+        pytest.param(
+            "Hm.</think><tool_call>\nSure!\n<function=get_weather>\n</function>\n</tool_call>",
+            TOOLS,
+            "malformed",
+            id="stray-text",
+        ),
+        pytest.param(
+            "Hm.</think><tool_call>\n<function=get_weather\n</function>\n</tool_call>", TOOLS, "malformed", id="name"
+        ),
+        pytest.param(
+            "Hm.</think><tool_call>\n<function=get_weather>\n<parameter=city\nParis\n</parameter>\n</function>\n"
+            "</tool_call>",
+            TOOLS,
+            "bad_arguments",
+            id="parameter-name-not-closed",
+        ),
+        pytest.param(
+            "Hm.</think><tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n<parameter=city>\nB\n"
+            "</parameter>\n</function>\n</tool_call>",
+            TOOLS,
+            "bad_arguments",
+            id="parameter-given-twice",
+        ),
+        pytest.param(f"Hm.</think>{XML_CALL.replace('get_weather', 'rm_rf')}", TOOLS, "undeclared", id="undeclared"),
+        pytest.param(f"Hm.</think>{XML_CALL}", None, "without_tools", id="no-tools-declared"),
+        pytest.param(f"Hm.</think>{XML_CALL.removesuffix('</tool_call>')}", TOOLS, "unbalanced", id="unclosed"),
+        pytest.param("Hm.</think>It is sunny.</tool_call>", TOOLS, "unbalanced", id="end-without-begin"),
+        pytest.param(f"Hm.</think><tool_call>{XML_CALL}", TOOLS, "unbalanced", id="begin-inside-a-call"),
+    ],
+)
+def test_xml_defects_each_have_their_reason(
+    xml: ChatRenderer, text: str, tools: frozenset[str] | None, reason: str
+) -> None:
+    assert verdict(xml, text, tools)[0] == f"tool_call_{reason}"
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        pytest.param(f"Need it.</think>\n\n{JSON_CALL}", OK, id="valid"),
+        pytest.param(f"Need it.\n{JSON_CALL}\n{JSON_CALL}", OK, id="parallel-without-reasoning-end"),
+        pytest.param('Hm.</think><tool_call>\n{"name": "get_weather", \n</tool_call>', "bad_arguments", id="json"),
+        pytest.param('Hm.</think><tool_call>\n{"arguments": {}}\n</tool_call>', "malformed", id="no-name"),
+        pytest.param(
+            'Hm.</think><tool_call>\n{"name": "get_weather", "arguments": [1]}\n</tool_call>',
+            "bad_arguments",
+            id="arguments-not-an-object",
+        ),
+        pytest.param(f"Hm.</think>{JSON_CALL.replace('get_weather', 'rm_rf')}", "undeclared", id="undeclared"),
+        pytest.param(f"Hm.</think>{JSON_CALL.removesuffix('</tool_call>')}", "unbalanced", id="unclosed"),
+    ],
+)
+def test_tagged_json_calls_are_judged_by_their_own_grammar(tagged_json: ChatRenderer, text: str, expected: str) -> None:
+    assert verdict(tagged_json, text)[0] == (expected if expected == OK else f"tool_call_{expected}")
+
+
+def test_a_tagged_grammar_needs_no_section_tokens(xml: ChatRenderer) -> None:
+    calls = xml.roles.tool_calls
+    assert calls is not None and (calls.format, calls.call_begin, calls.call_end) == ("tagged_xml", 248058, 248059)
+    assert calls.section_begin is None and calls.call_id is None
+    assert xml.roles.as_record()["tool_call_ids"] == {"format": "tagged_xml", "call_begin": 248058, "call_end": 248059}
+
+
+def test_a_call_is_written_exactly_as_the_template_renders_it(xml: ChatRenderer) -> None:
+    """What the simulator writes for a call is what Qwen3.6's template renders for the same call in the history: the
+    simulated model answers in its own prompt format."""
+    arguments = {"city": "Paris", "days": 3, "units": ["c"], "detail": {"hourly": True}}
+    history = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": arguments}}],
+        },
+        {"role": "tool", "content": "sunny"},
+    ]
+    text = xml.render_text(history, None)
+    assert "<tool_call>" + write_tagged("tagged_xml", "get_weather", arguments) + "</tool_call>" in text
+
+
+names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.-]{0,20}", fullmatch=True)
+values = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30).filter(lambda v: "<" not in v)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(name=names, arguments=st.dictionaries(names, values, max_size=4))
+def test_what_is_written_reads_back(name: str, arguments: dict[str, str]) -> None:
+    assert read_tagged("tagged_xml", write_tagged("tagged_xml", name, arguments)) == [(name, arguments)]
+    assert read_tagged("tagged_json", write_tagged("tagged_json", name, arguments)) == [(name, arguments)]
+
