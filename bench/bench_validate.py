@@ -35,14 +35,17 @@ from regen.export import run_export  # noqa: E402
 from regen.manifest import DatasetLocation, ShardManifest  # noqa: E402
 from regen.records import RawAnswer, ShardPrompts, encode_answer, text_digest, write_raw  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
+from regen.tool_calls import write_tagged  # noqa: E402
 from regen.validate import ValidateSettings, check_render_drift, run_validate  # noqa: E402
 
 
 def tool_call_text(renderer: ChatRenderer, name: str, arguments: str) -> str:
-    """One call in the profile's section grammar, its id in the profile's format."""
+    """One call in the profile's grammar (for sections, its id in the profile's format)."""
     grammar, profile = renderer.profile.tool_call_grammar, renderer.profile
     if grammar is None:
         raise ValueError(f"profile {profile.name!r} declares no tool-call grammar")
+    if grammar.format != "sections":
+        return f"{grammar.call_begin}{write_tagged(grammar.format, name, json.loads(arguments))}{grammar.call_end}"
     call_id = profile.tool_call_id_format.format(name=name, index=0, id=f"call_{name}")
     return (
         f"{grammar.section_begin}{grammar.call_begin}{call_id}{grammar.argument_begin}{arguments}"

@@ -26,8 +26,14 @@ EXPECTED_PROMPTS = {"B1_glaive": 36, "B2_opencodeinstruct": 48}
 
 GOOD = list(EXPECTED_PROMPTS)  # the config also has B3_missing, whose source does not exist
 USER_PROFILE = "my-model"
-USER_TEMPLATE = (  # a user's own template (ChatML-shaped, no reasoning, no tools) over the mini vocabulary
-    "{% for m in messages %}<|im_system|>{{ m['role'] }}<|im_middle|>{{ m['content'] }}<|im_end|>{% endfor %}"
+# A user's own template over the mini vocabulary: ChatML-shaped, no reasoning, tools as JSON, and calls as tagged JSON
+# between two of the vocabulary's tokens, as its profile declares them.
+USER_TEMPLATE = (
+    "{% if tools %}<|im_system|>tools<|im_middle|>{{ tools | tojson }}<|im_end|>{% endif %}"
+    "{% for m in messages %}<|im_system|>{{ m['role'] }}<|im_middle|>{{ m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}<|tool_call_begin|>\n"
+    '{"name": {{ c.function.name | tojson }}, "arguments": {{ c.function.arguments | tojson }}}\n<|tool_call_end|>'
+    "{% endfor %}<|im_end|>{% endfor %}"
     "{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}"
 )
 
@@ -46,6 +52,7 @@ def user_profile(folder: Path) -> dict[str, Any]:
         "generation_suffix": "<|im_assistant|>assistant<|im_middle|>",
         "eos_tokens": ["<|im_end|>"],
         "role_tokens": ["<|im_system|>", "<|im_assistant|>"],
+        "tool_calls": {"format": "tagged_json", "call_begin": "<|tool_call_begin|>", "call_end": "<|tool_call_end|>"},
         "max_prompt_tokens": 4096,
         "served_model_names": [USER_PROFILE],
     }
@@ -136,13 +143,14 @@ def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, 
 @pytest.mark.parametrize("profile", ["qwen3.6", USER_PROFILE])
 def test_a_profile_declared_only_in_the_config_runs_end_to_end_bit_exact(stack: Stack, profile: str) -> None:
     """Qwen3.6 (declared in config/regen.yaml, its real vocabulary) and a user's own model (a tokenizer directory and
-    template file declared in this test's config): no code of theirs. The simulator answers as the profile (its
-    reasoning tokens, its EOS), and every record is what the server sent."""
-    sim = start_simulator(stack.home, "--profile", profile)
+    template file declared in this test's config): no code of theirs. On the function-calling dataset the simulator
+    answers as the profile (its reasoning tokens, its tool-call grammar, its EOS): every answer passes the profile's
+    own validation, and every record is what the server sent."""
+    sim = start_simulator(stack.home, "--profile", profile, "--tool-call-rate", "0.6")
     try:
         run_id = stack.trigger(
             {
-                "datasets": ["B2_opencodeinstruct"],
+                "datasets": ["B1_glaive"],
                 "profile": profile,
                 "endpoints": [sim.url],
                 "storage_root": f"s3://{BUCKET}/profiles",
@@ -154,21 +162,29 @@ def test_a_profile_declared_only_in_the_config_runs_end_to_end_bit_exact(stack: 
         sim.stop()
     [published] = stack.xcom(run_id, "report")["datasets"]
     manifest_key = published["manifest"].removeprefix(f"s3://{BUCKET}/")
-    assert manifest_key.startswith(f"profiles/{profile}/B2_opencodeinstruct/")
+    assert manifest_key.startswith(f"profiles/{profile}/B1_glaive/")
     manifest = s3_json(stack, manifest_key)
     roles = manifest["token_roles"]
     assert manifest["profile"]["name"] == profile
     root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
     raw = {r["id"]: r for shard in manifest["shards"] for r in s3_raw(stack, root + shard["raw"])}
     train = [r for shard in manifest["shards"] for r in s3_table(stack, root + shard["train"])]
-    assert len(train) == manifest["records"] == EXPECTED_PROMPTS["B2_opencodeinstruct"]
+    # The same rows are prepared for every profile: no prompt is too long or refused by the template.
+    assert len(train) == len(raw) == manifest["records"] == EXPECTED_PROMPTS["B1_glaive"]
     suffix, reasoning_end = roles["generation_suffix_ids"], roles["reasoning_end_id"]
+    grammar = roles["tool_call_ids"]
+    assert grammar["format"] == {"qwen3.6": "tagged_xml", USER_PROFILE: "tagged_json"}[profile]
+    calling = 0
     for record in train:
         server = sent[raw[record["id"]]["rid"]]
         assert record["input_ids"] == server["input_ids"] + server["output_ids"]  # bit-exact, prompt and answer
         assert server["input_ids"][-len(suffix) :] == suffix  # rendered by the profile's template
         assert record["input_ids"][-1] in roles["eos_ids"]
         assert (reasoning_end in server["output_ids"]) == (reasoning_end is not None)
+        calling += grammar["call_begin"] in server["output_ids"]
+    verdict_files = [key for key in manifest["files"] if key.endswith("-verdicts.parquet")]
+    verdicts = [v for key in verdict_files for v in s3_table(stack, root + key)]
+    assert calling == sum(v["tool_calls"] > 0 for v in verdicts) > len(train) // 4  # calls kept, each one counted
 
 
 def test_each_dataset_is_an_asset_and_the_handoff_dag_verifies_what_was_published(

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from regen.chat import ChatRenderer
 from regen.config import load_config
 from regen.records import RawAnswer, text_digest
+from regen.simulator.defects import BY_NAME, DEFECTS, DefectModel
+from regen.simulator.model import ModelBehaviour, SimulatedModel
 from regen.tool_calls import ToolCallGrammar, read_tagged, write_tagged
 from regen.validate import FLAG_NO_REASONING_END, OK, judge
 
@@ -169,3 +171,55 @@ def test_what_is_written_reads_back(name: str, arguments: dict[str, str]) -> Non
     assert read_tagged("tagged_xml", write_tagged("tagged_xml", name, arguments)) == [(name, arguments)]
     assert read_tagged("tagged_json", write_tagged("tagged_json", name, arguments)) == [(name, arguments)]
 
+
+TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"properties": {"city": {"type": "string"}}}},
+}
+TOOL_KINDS = [kind.name for kind in DEFECTS if "tool_calls" in kind.needs]
+
+
+@pytest.mark.parametrize("kind", TOOL_KINDS)
+@pytest.mark.parametrize("grammar", ["xml", "tagged_json"])
+def test_the_simulator_writes_each_tool_defect_in_the_profiles_grammar(
+    request: pytest.FixtureRequest, grammar: str, kind: str
+) -> None:
+    """Every tool defect the grammar can carry is planted in it and rejected for its own reason; a kind it cannot
+    carry (a call id, in a grammar without ids) is refused when the simulator starts, not planted wrongly."""
+    renderer: ChatRenderer = request.getfixturevalue(grammar)
+    defects = DefectModel({kind: 1.0})
+    calls = renderer.roles.tool_calls
+    assert calls is not None
+    if calls.format not in BY_NAME[kind].formats:
+        with pytest.raises(ValueError, match=f"{kind}.*tool-call grammar of format sections"):
+            SimulatedModel(renderer.profile, ModelBehaviour(defects=defects))
+        return
+    model = SimulatedModel(renderer.profile, ModelBehaviour(defects=defects, omit_think_end_rate=0.3))
+    tools = [TOOL] if BY_NAME[kind].tools else None
+    judged = []
+    for i in range(12):
+        prompt = renderer.render_ids([{"role": "user", "content": f"Weather, take {i}?"}], tools)
+        planted = model.answer(prompt)
+        assert planted.defect == kind
+        decoded = renderer.decode(planted.ids)
+        meta = {"finish_reason": {"type": "stop", "matched": planted.ids[-1]}, "prompt_tokens": len(prompt)}
+        record = RawAnswer("s", planted.ids, {**meta, "completion_tokens": len(planted.ids)}, *text_digest(decoded))
+        declared = frozenset({"get_weather"}) if tools else None
+        judged.append(judge(prompt, record, renderer.roles, declared, renderer.decode).verdict)
+    assert set(judged) == {BY_NAME[kind].reason.value}, judged
+
+
+@pytest.mark.parametrize("grammar", ["xml", "tagged_json"])
+def test_the_simulators_clean_tool_calls_pass_validation(request: pytest.FixtureRequest, grammar: str) -> None:
+    renderer: ChatRenderer = request.getfixturevalue(grammar)
+    model = SimulatedModel(renderer.profile, ModelBehaviour(tool_call_rate=1.0, omit_think_end_rate=0.5))
+    flags = []
+    for i in range(16):
+        prompt = renderer.render_ids([{"role": "user", "content": f"Weather, take {i}?"}], [TOOL])
+        ids = model.answer(prompt).ids
+        meta = {"finish_reason": {"type": "stop", "matched": ids[-1]}, "prompt_tokens": len(prompt)}
+        record = RawAnswer("s", ids, {**meta, "completion_tokens": len(ids)}, *text_digest(renderer.decode(ids)))
+        judgement = judge(prompt, record, renderer.roles, frozenset({"get_weather"}), renderer.decode)
+        assert (judgement.verdict, judgement.tool_calls) == (OK, 1), renderer.decode(ids)
+        flags += judgement.flags
+    assert FLAG_NO_REASONING_END in flags  # the quirk is written in tagged grammars too, and kept

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from regen.chat import ChatRenderer, TokenRoles
 from regen.config import find_profile
 from regen.simulator.defects import DEFECTS, DefectModel
 from regen.simulator.faults import FaultModel
@@ -72,9 +73,10 @@ def _add_defect_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def defect_model(args: argparse.Namespace) -> DefectModel:
+def defect_model(args: argparse.Namespace, roles: TokenRoles | None = None) -> DefectModel:
+    """`--defect-rate` is shared by the kinds these roles can carry; a kind given a rate of its own must fit them."""
     rates = {kind.name: getattr(args, f"defect_{kind.name}_rate") for kind in DEFECTS}
-    return DefectModel.spread(rates, args.defect_rate, args.text_tokenizer_mismatch)
+    return DefectModel.spread(rates, args.defect_rate, args.text_tokenizer_mismatch, roles)
 
 
 def build_state(args: argparse.Namespace) -> SimulatorState:
@@ -85,7 +87,7 @@ def build_state(args: argparse.Namespace) -> SimulatorState:
         max_tokens=args.max_tokens,
         tool_call_rate=args.tool_call_rate,
         omit_think_end_rate=args.omit_think_end_rate,
-        defects=defect_model(args),
+        defects=defect_model(args, ChatRenderer(profile).roles),
     )
     latency = LatencyModel(
         prefill_s_per_token=args.prefill_us_per_token / 1e6,

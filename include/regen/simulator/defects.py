@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from regen.chat import TokenRoles
 from regen.reasons import Reason
+from regen.tool_calls import FORMATS
 
 OUT_OF_VOCAB_ID = 2**31 + 1  # past any vocabulary, and past int32: a reader that narrows ids wraps it negative
 
@@ -33,15 +34,18 @@ class DefectKind:
     thinking: bool = False  # only prompts that open reasoning
     needs: tuple[str, ...] = ()  # TokenRoles fields the profile must resolve
     in_response: bool = False  # planted by the server in meta_info/text, not by the model in the ids
+    formats: tuple[str, ...] = FORMATS  # tool-call grammars it can be written in (tool kinds only)
 
     @property
     def flag(self) -> str:
         return f"--defect-{self.name.replace('_', '-')}-rate"
 
 
-def _tool_kind(name: str, reason: Reason, help: str, tools: bool = True) -> DefectKind:
+def _tool_kind(
+    name: str, reason: Reason, help: str, tools: bool = True, formats: tuple[str, ...] = FORMATS
+) -> DefectKind:
     """A defect of a tool call: the answer is forced to be one, in the profile's tool-call grammar."""
-    return DefectKind(name, reason, help, answer="tool_call", tools=tools, needs=("tool_calls",))
+    return DefectKind(name, reason, help, answer="tool_call", tools=tools, needs=("tool_calls",), formats=formats)
 
 
 DEFECTS: tuple[DefectKind, ...] = (
@@ -83,9 +87,23 @@ DEFECTS: tuple[DefectKind, ...] = (
         thinking=True,
         needs=("reasoning_end",),
     ),
-    _tool_kind("tool_section_unclosed", Reason.TOOL_CALL_UNBALANCED, "a tool-call section with no end token"),
-    _tool_kind("tool_call_bad_id", Reason.TOOL_CALL_BAD_ID, "a call id outside the profile's id format"),
-    _tool_kind("tool_call_bad_arguments", Reason.TOOL_CALL_BAD_ARGUMENTS, "call arguments that are not a JSON object"),
+    _tool_kind(
+        "tool_section_unclosed", Reason.TOOL_CALL_UNBALANCED, "a tool-call section (tagged: a call) with no end token"
+    ),
+    _tool_kind(
+        "tool_call_bad_id", Reason.TOOL_CALL_BAD_ID, "a call id outside the profile's id format", formats=("sections",)
+    ),
+    _tool_kind(
+        "tool_call_malformed",
+        Reason.TOOL_CALL_MALFORMED,
+        "a tagged call that names no function",
+        formats=("tagged_json", "tagged_xml"),
+    ),
+    _tool_kind(
+        "tool_call_bad_arguments",
+        Reason.TOOL_CALL_BAD_ARGUMENTS,
+        "call arguments that are not a JSON object (tagged XML: a parameter given twice)",
+    ),
     _tool_kind("tool_call_undeclared", Reason.TOOL_CALL_UNDECLARED, "a call to a function never declared"),
     _tool_kind(
         "tool_call_without_tools",
@@ -124,11 +142,20 @@ class DefectModel:
             raise ValueError(f"defect rates must be >= 0 and sum to at most 1, got {dict(self.rates)}")
 
     @classmethod
-    def spread(cls, rates: Mapping[str, float | None], total: float, text_tokenizer_mismatch: bool) -> DefectModel:
-        """Kinds given a rate keep it; `total` is shared evenly by the kinds given none (`--defect-rate`)."""
-        unset = [kind for kind in DEFECT_KINDS if rates.get(kind) is None]
+    def spread(
+        cls,
+        rates: Mapping[str, float | None],
+        total: float,
+        text_tokenizer_mismatch: bool,
+        roles: TokenRoles | None = None,
+    ) -> DefectModel:
+        """Kinds given a rate keep it; `total` is shared evenly by the kinds given none (`--defect-rate`) that the
+        profile with these roles can carry (all kinds when no roles are given)."""
+        plantable = [kind for kind in DEFECTS if roles is None or not _missing(kind, roles)]
+        unset = [kind.name for kind in plantable if rates.get(kind.name) is None]
         share = total / len(unset) if unset else 0.0
-        merged = {kind: share if rates.get(kind) is None else float(rates[kind] or 0.0) for kind in DEFECT_KINDS}
+        merged = {kind: float(rates[kind] or 0.0) for kind in DEFECT_KINDS if rates.get(kind) is not None}
+        merged |= {kind: share for kind in unset}
         return cls({kind: rate for kind, rate in merged.items() if rate}, text_tokenizer_mismatch)
 
     def draw(self, rng: random.Random) -> str | None:
@@ -142,12 +169,16 @@ class DefectModel:
 
     def missing_roles(self, roles: TokenRoles) -> dict[str, list[str]]:
         """Kinds switched on whose token roles the profile does not resolve: they could never be planted."""
-        missing: dict[str, list[str]] = {}
-        for name, rate in self.rates.items():
-            absent = [need for need in BY_NAME[name].needs if getattr(roles, need) in (None, frozenset())]
-            if rate and absent:
-                missing[name] = absent
-        return missing
+        missing = {name: _missing(BY_NAME[name], roles) for name, rate in self.rates.items() if rate}
+        return {name: absent for name, absent in missing.items() if absent}
+
+
+def _missing(kind: DefectKind, roles: TokenRoles) -> list[str]:
+    """What the profile lacks to carry this kind: token roles, or a tool-call grammar it can be written in."""
+    absent = [need for need in kind.needs if getattr(roles, need) in (None, frozenset())]
+    if roles.tool_calls is not None and roles.tool_calls.format not in kind.formats:
+        absent.append(f"a tool-call grammar of format {' or '.join(kind.formats)}")
+    return absent
 
 
 def applies(kind: DefectKind, declares_tools: bool, thinking: bool) -> bool:

@@ -1,9 +1,9 @@
-"""What the simulated target model says: Kimi-K2.5-shaped answers on the profile's tokenizer, deterministic.
+"""What the simulated target model says: answers shaped by the profile (Kimi-K2.5 by default), deterministic.
 
 With thinking on (the prompt ends with the reasoning-open token) an answer is `reasoning </think> answer <EOS>`; when
-the prompt declares tools, some answers are a well-formed tool-call section naming one of them. The same prompt and
-seed always give the same ids. Every token with a role (EOS, reasoning, tool-call grammar, turn markers) comes from the
-profile's resolved roles, so planted defects (defects.py) follow the profile too.
+the prompt declares tools, some answers are a well-formed call, in the profile's grammar, to one of them. The same
+prompt and seed always give the same ids. Every token with a role (EOS, reasoning, tool-call grammar, turn markers)
+comes from the profile's resolved roles, so planted defects (defects.py) follow the profile too.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from regen.chat import ChatRenderer, ModelProfile
 from regen.simulator.defects import BY_NAME, OUT_OF_VOCAB_ID, DefectModel, applies
+from regen.tool_calls import write_tagged
 
 WORDS = (
     "the user wants a clear answer so I will check each step and then explain the result with an example "
@@ -29,7 +30,9 @@ TS_FUNCTION = re.compile(r"^type ([A-Za-z_][\w.-]*) = \(")
 TS_PARAMETER = re.compile(r"^\s*([A-Za-z_]\w*)\??:\s*(.*?)[,;]?\s*$")
 ALWAYS = -1  # defect_at of a defect that shows whatever the cut
 # Tool defects validation sees when the call ends (its arguments parsed, its name looked up).
-CALL_END_KINDS = frozenset({"tool_call_bad_arguments", "tool_call_undeclared", "tool_call_without_tools"})
+CALL_END_KINDS = frozenset(
+    {"tool_call_bad_arguments", "tool_call_undeclared", "tool_call_without_tools", "tool_call_malformed"}
+)
 
 
 @dataclass(frozen=True)
@@ -162,28 +165,51 @@ class SimulatedModel:
         tools: list[dict[str, Any]],
         kind: str | None,
     ) -> tuple[list[int], int]:
-        """One call in the profile's grammar, and where in it a tool defect shows (ALWAYS: none in the section).
+        """One call in the profile's grammar, and where in it a tool defect shows (ALWAYS: none in the call).
 
-        Where validation sees it: the call id when the argument token arrives, arguments and names at the call end,
-        and a missing section end only at the EOS.
+        Where validation sees it: the call id when the argument token arrives, a tagged call's body and every call's
+        arguments and name at the call end, and a missing end token only at the EOS.
         """
         calls = self.roles.tool_calls
         assert calls is not None  # a profile with no tool-call grammar never gets tools parsed into a call
         function = rng.choice(tools)
-        index = prompt_ids.count(calls.call_begin)
-        arguments = json.dumps(_arguments(rng, function), ensure_ascii=False)
+        arguments = _arguments(rng, function)
         name = str(function["name"])
         if kind == "tool_call_undeclared":
             name = _undeclared_name(defect_rng, {str(t.get("name")) for t in tools})
+        if not calls.sectioned:
+            body = self._tagged_call(calls.format, name, arguments, defect_rng, kind)
+            ids = [calls.call_begin, *self._encode(body), calls.call_end]
+            at = len(ids) - 1 if kind in CALL_END_KINDS else ALWAYS
+            return (ids[:-1] if kind == "tool_section_unclosed" else ids), at
+        assert calls.section_begin is not None and calls.section_end is not None and calls.argument_begin is not None
+        assert calls.call_id is not None
+        index = prompt_ids.count(calls.call_begin)
+        text = json.dumps(arguments, ensure_ascii=False)
         call_id = self.renderer.profile.tool_call_id_format.format(name=name, index=index, id=f"call_{index}")
         if kind == "tool_call_bad_id":
             call_id = next(c for c in (f"call_{defect_rng.getrandbits(48):012x}", "") if not calls.call_id.fullmatch(c))
         if kind == "tool_call_bad_arguments":
-            arguments = _bad_arguments(defect_rng, arguments)
+            text = _bad_arguments(defect_rng, text)
         head = [calls.section_begin, calls.call_begin, *self._encode(call_id), calls.argument_begin]
-        ids = [*head, *self._encode(arguments), calls.call_end]
+        ids = [*head, *self._encode(text), calls.call_end]
         at = len(head) - 1 if kind == "tool_call_bad_id" else len(ids) - 1 if kind in CALL_END_KINDS else ALWAYS
         return (ids if kind == "tool_section_unclosed" else [*ids, calls.section_end]), at
+
+    @staticmethod
+    def _tagged_call(format: str, name: str, arguments: dict[str, Any], rng: random.Random, kind: str | None) -> str:
+        """A tagged call's body as the template writes one (regen.tool_calls), or with the drawn defect in it."""
+        quoted = json.dumps(name, ensure_ascii=False)
+        if kind == "tool_call_malformed":  # the call names no function
+            naming = f'"name": {quoted}, ' if format == "tagged_json" else f"<function={name}>"
+            return write_tagged(format, name, arguments).replace(naming, "", 1)
+        if kind == "tool_call_bad_arguments" and format == "tagged_json":
+            return f'\n{{"name": {quoted}, "arguments": {_bad_arguments(rng, "{}")}}}\n'
+        if kind == "tool_call_bad_arguments":  # XML: a parameter given twice
+            key = next(iter(arguments), "value")
+            body = write_tagged(format, name, {key: arguments.get(key, "x")})
+            return body.replace("</function>", f"<parameter={key}>\nagain\n</parameter>\n</function>")
+        return write_tagged(format, name, arguments)
 
     def decode_text(self, ids: list[int], skip_special_tokens: bool, spaces_between_special_tokens: bool) -> str:
         """`text` as the server's detokenizer writes it; with a mismatched tokenizer, as another vocabulary reads it."""
