@@ -88,6 +88,14 @@ def _run(run: dict[str, Any]) -> Any:
             "published version (nothing is generated, its asset is not updated). Off: sample it again.",
             section="What to run",
         ),
+        "overwrite_version": Param(
+            False,
+            type="boolean",
+            title="Overwrite a published version",
+            description="A published version is never changed: publishing other data into it fails. On: replace it "
+            "(readers of the old one lose it).",
+            section="What to run",
+        ),
         "endpoints": Param(
             CONFIG.defaults.endpoints,
             type="array",

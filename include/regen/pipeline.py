@@ -27,8 +27,9 @@ from regen.manifest import DatasetLocation, GenerationReport, PreparedDataset, S
 from regen.publish import run_publish
 from regen.report import fleet_utilisation, log_summary
 from regen.sglang.server_check import check_fleet
-from regen.storage import Storage, check_writable, open_storage
+from regen.storage import S3Storage, Storage, check_writable, open_storage
 from regen.validate import ValidateSettings, run_validate
+from regen.verify import verify_published
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class RunSpec:
     export: dict[str, bool]
     validation: dict[str, Any]
     skip_unchanged: bool = True
+    overwrite_version: bool = False  # publish over a version that exists with other data (never by default)
 
     @classmethod
     def from_params(cls, params: dict[str, Any], run_id: str, config: RegenConfig | None = None) -> RunSpec:
@@ -96,9 +98,10 @@ class RunSpec:
         for name, value in (("in_flight", in_flight), ("shard_size", shard_size)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}")
-        skip_unchanged = params.get("skip_unchanged", True)
-        if not isinstance(skip_unchanged, bool):
-            raise ConfigError(f"skip_unchanged must be true or false, got {skip_unchanged!r}")
+        skip_unchanged, overwrite = params.get("skip_unchanged", True), params.get("overwrite_version", False)
+        for name, flag in (("skip_unchanged", skip_unchanged), ("overwrite_version", overwrite)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"{name} must be true or false, got {flag!r}")
         return cls(
             datasets=datasets,
             endpoints=endpoints,
@@ -117,6 +120,7 @@ class RunSpec:
             export=ExportConfig(**{**d.export.model_dump(), **(params.get("export") or {})}).model_dump(),
             validation=d.validation.model_dump(),
             skip_unchanged=skip_unchanged,
+            overwrite_version=overwrite,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,7 +132,8 @@ class RunSpec:
 
 # What a run's params (the trigger form, or a REST conf) may hold; anything else is a typo that would be ignored.
 RUN_PARAMS = frozenset(
-    {"datasets", "profile", "limit", "version", "skip_unchanged", "endpoints", "storage_root", "shard_size"}
+    {"datasets", "profile", "limit", "version", "skip_unchanged", "overwrite_version", "endpoints", "storage_root"}
+    | {"shard_size"}
     | {"in_flight", "export"}
     | set(Sampling.model_fields)
 )
@@ -250,11 +255,16 @@ def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory
 def publish_dataset(
     run: RunSpec, prepared: dict[str, Any], fleet: list[dict[str, Any]], s3_client: S3ClientFactory | None = None
 ) -> dict[str, Any]:
-    """The published version's summary; for an unchanged dataset, its last version's, marked `unchanged`."""
+    """The published version's summary, once the verifier has read it back whole (regen.verify): every file's
+    sha256 and size, and every record's invariants. For an unchanged dataset, its last version's, marked
+    `unchanged`."""
     if "unchanged_since" in prepared:
         latest = prepared["unchanged_since"]
         return {"dataset": prepared["location"]["dataset"], "unchanged": True, **latest}
-    return run_publish(PreparedDataset.from_dict(prepared), _storage(run, s3_client), fleet, run.sampling)
+    storage = _storage(run, s3_client)
+    published = run_publish(PreparedDataset.from_dict(prepared), storage, fleet, run.sampling, run.overwrite_version)
+    client = storage.client if isinstance(storage, S3Storage) else None
+    return {**published, "verified": verify_published(published["manifest"], client)}
 
 
 def asset_event(published: dict[str, Any]) -> dict[str, Any]:

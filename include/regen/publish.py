@@ -30,6 +30,10 @@ class IncompleteDataset(FinalError):
     """Cannot succeed until the failed shards are cleared."""
 
 
+class VersionExists(FinalError):
+    """The version is already published with other content: a published version is never changed silently."""
+
+
 def manifest_key(prepared: PreparedDataset) -> str:
     return prepared.location.key("manifest.json")
 
@@ -40,31 +44,46 @@ def dataset_uri(storage: Storage, location: DatasetLocation) -> str:
     return uri if "://" in uri else Path(uri).as_uri()
 
 
-def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], list[str]]:
-    finished, missing = [], []
-    for shard in prepared.shards:
-        key = shard_report_key(shard)
-        if storage.exists(key):
-            finished.append(ShardManifest.from_dict(json.loads(storage.get_bytes(key))))
-        else:
-            missing.append(shard.name)
-    return finished, missing
+def sizes_of(storage: Storage, keys: list[str]) -> dict[str, int]:
+    """Every file's size in bytes, asked of the storage (a HEAD each on S3, several at once)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return dict(zip(keys, pool.map(storage.size, keys), strict=True))
 
 
-def run_publish(
+def _may_write(storage: Storage, key: str, data_files: dict[str, str], overwrite: bool) -> bool:
+    """False when the version is published already with these data files; raises when it is, with others."""
+    if not storage.exists(key):
+        return True
+    published = json.loads(storage.get_bytes(key))
+    if {k: v for k, v in published["files"].items() if not _is_report(k)} == data_files:
+        return False  # the report is drawn again each time (its plots are not byte-stable): only the data counts
+    if overwrite:
+        log.warning("%s: overwriting a published version with other data (overwrite_version is on)", storage.uri(key))
+        return True
+    raise VersionExists(
+        f"{storage.uri(key)} is already published with other data; a published version is never changed: trigger "
+        "with a new version, or with overwrite_version on to replace it"
+    )
+
+
+def _is_report(key: str) -> bool:
+    """The dataset report's files: report.json, report.html and its plots, beside the manifest."""
+    return Path(key).name in ("report.json", "report.html") or key.endswith(".png")
+
+
+def _write_manifest(
     prepared: PreparedDataset,
+    shards: list[ShardManifest],
     storage: Storage,
+    key: str,
+    data_files: dict[str, str],
     fleet: list[dict[str, Any]],
-    sampling_params: dict[str, Any] | None = None,
+    sampling_params: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """`sampling_params`: exactly what every /generate request of this version sent, recorded in the manifest."""
+    """The dataset's report, then the manifest naming every file with its sha256 and size: written last."""
     location = prepared.location
-    shards, missing = finished_shards(prepared, storage)
-    if missing:
-        raise IncompleteDataset(
-            f"{location.dataset} {location.version}: shards {', '.join(missing)} did not finish; clear their failed "
-            "tasks (finished answers are kept) and this task publishes once they succeed"
-        )
     stages = {stage: StageStats.merged([s.stats[stage] for s in shards]).to_dict() for stage in STAGES}
     generations = [s.generation for s in shards if s.generation]
     verdicts = read_verdicts(storage, shards)
@@ -90,17 +109,60 @@ def run_publish(
         "shards": [
             {
                 "shard": s.name,
-                "prompts": s.num_prompts,
+                "prompts": s.prompts_key,
+                "num_prompts": s.num_prompts,
                 "train": s.train_key,
                 "raw": s.raw_key,
                 "records": s.stats["export"].kept,
             }
             for s in shards
         ],
-        "files": {k: v for s in shards for k, v in s.files.items()} | prepared.files | report_files,
+        "files": data_files | report_files,
+        "sizes": sizes_of(storage, [*data_files, *report_files]),
     }
-    key = manifest_key(prepared)
     storage.put_bytes(key, json.dumps(manifest, indent=1).encode())
+    return manifest
+
+
+def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], list[str]]:
+    finished, missing = [], []
+    for shard in prepared.shards:
+        key = shard_report_key(shard)
+        if storage.exists(key):
+            finished.append(ShardManifest.from_dict(json.loads(storage.get_bytes(key))))
+        else:
+            missing.append(shard.name)
+    return finished, missing
+
+
+def run_publish(
+    prepared: PreparedDataset,
+    storage: Storage,
+    fleet: list[dict[str, Any]],
+    sampling_params: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """`sampling_params`: exactly what every /generate request of this version sent, recorded in the manifest.
+
+    A version is immutable: publishing into one that has a manifest already is a no-op when its data files are the
+    same (a retried publish), and refused when they differ, unless `overwrite`."""
+    location = prepared.location
+    shards, missing = finished_shards(prepared, storage)
+    if missing:
+        raise IncompleteDataset(
+            f"{location.dataset} {location.version}: shards {', '.join(missing)} did not finish; clear their failed "
+            "tasks (finished answers are kept) and this task publishes once they succeed"
+        )
+    key = manifest_key(prepared)
+    data_files = {s.prompts_key: s.prompts_sha256 for s in shards}  # every file of the version, with its sha256
+    data_files |= {k: v for s in shards for k, v in s.files.items()} | prepared.files
+    if _may_write(storage, key, data_files, overwrite):
+        manifest = _write_manifest(prepared, shards, storage, key, data_files, fleet, sampling_params)
+    else:  # a retried publish: the version stands as it is, report included
+        manifest = json.loads(storage.get_bytes(key))
+        log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)
+    report = json.loads(storage.get_bytes(location.key("report.json")))
+    stages = manifest["stages"]
     latest = {
         "version": location.version,
         "manifest": storage.uri(key),

@@ -12,7 +12,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -39,6 +39,8 @@ class Storage(Protocol):
     def get_file(self, key: str, path: Path) -> None: ...
     def list_keys(self, prefix: str) -> list[str]: ...
     def delete(self, key: str) -> None: ...
+    def size(self, key: str) -> int: ...
+    def iter_chunks(self, key: str) -> Iterator[bytes]: ...
 
 
 class LocalStorage:
@@ -103,6 +105,14 @@ class LocalStorage:
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def size(self, key: str) -> int:
+        return self._path(key).stat().st_size
+
+    def iter_chunks(self, key: str) -> Iterator[bytes]:
+        with self._path(key).open("rb") as f:
+            while chunk := f.read(CHUNK):
+                yield chunk
+
 
 class S3Storage:
     """boto3 against S3 or any S3 HTTP API (MinIO, moto); the client comes from the caller's credentials."""
@@ -163,6 +173,17 @@ class S3Storage:
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def size(self, key: str) -> int:
+        return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
+
+    def iter_chunks(self, key: str) -> Iterator[bytes]:
+        """The object streamed, a chunk at a time: read whole it need not fit in memory."""
+        body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        try:
+            yield from body.iter_chunks(CHUNK)
+        finally:
+            body.close()
 
 
 def open_storage(root_uri: str, s3_client: Any = None) -> Storage:

@@ -1,62 +1,266 @@
-"""Does a published dataset version hold what its manifest says? Every file it names is there with the sha256 it
-recorded, and every training shard has the number of records the manifest counts. What a consumer (drafter training,
-the hand-off DAG) runs before it trusts a version.
+"""Does a published dataset version hold what its manifest says, and is every record what the pipeline promises?
+
+`verify_version` streams every file the manifest names and checks its sha256 and size. Then it reads every record of
+the train and truncated splits and checks the invariants a trainer relies on:
+- `input_ids` is the prompt that was sent followed by the server's `output_ids` (from the version's prompts/ and
+  raw/);
+- the loss mask is 0 over the prompt and 1 over the output;
+- every id is inside the vocabulary;
+- a kept (`ok`) record ends with an EOS id;
+- each split holds the records the manifest counts.
+
+`python -m regen verify` runs it from a shell, publish runs it before a dataset's asset event, and
+`read_training_data` checks every file it reads before it yields a batch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from regen.errors import FinalError
-from regen.storage import open_storage, sha256_file
+from regen.storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
+MAX_PROBLEMS_PER_FILE = 5  # beyond these, a file's problems are counted, not listed
 
 
 class VerificationFailed(FinalError):
     """A published version does not match its manifest: do not train on it."""
 
 
-def verify_published(manifest_uri: str, s3_client: Any = None) -> dict[str, Any]:
-    """Raises VerificationFailed naming every mismatch; returns the version's identity and counts when all match."""
-    import pyarrow.parquet as pq
+@dataclass
+class Verification:
+    manifest_uri: str
+    manifest: dict[str, Any]
+    problems: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+    records_checked: int = 0
+    bad_files: set[str] = field(default_factory=set)  # missing or not as listed: nothing is compared with them
 
+    def summary(self) -> dict[str, Any]:
+        return {
+            "manifest": self.manifest_uri,
+            "dataset": self.manifest.get("dataset"),
+            "version": self.manifest.get("version"),
+            "records": self.manifest.get("records"),
+            "files": len(self.manifest.get("files", {})),
+            "bytes": self.bytes_read,
+            "records_checked": self.records_checked,
+            "problems": self.problems,
+        }
+
+
+def manifest_uri_of(target: str, root: str | None = None, profile: str | None = None) -> str:
+    """A manifest URI as given, or `dataset/version` under `root` and `profile`."""
+    if target.endswith("manifest.json"):
+        return target
+    parts = target.strip("/").split("/")
+    if len(parts) != 2 or root is None or profile is None or not all(parts):
+        raise ValueError(f"{target!r}: give a manifest URI, or dataset/version with --root and --profile")
+    return f"{root.rstrip('/')}/{profile}/{parts[0]}/{parts[1]}/manifest.json"
+
+
+def read_manifest(manifest_uri: str, s3_client: Any = None) -> tuple[dict[str, Any], Storage]:
+    """The manifest and the storage its keys are relative to."""
     folder, name = manifest_uri.rsplit("/", 1)
     manifest = json.loads(open_storage(folder, s3_client).get_bytes(name))
-    storage = open_storage(manifest["root"], s3_client)
-    records_of = {s["train"]: s["records"] for s in manifest["shards"]}  # train/ key -> records it must hold
-    problems: list[str] = []
+    return manifest, open_storage(manifest["root"], s3_client)
+
+
+def verify_version(manifest_uri: str, s3_client: Any = None, records: bool = True) -> Verification:
+    """Every problem found, none raised: files that are missing, altered, truncated or not listed, record counts,
+    and (with `records`) every record's invariants."""
+    manifest, storage = read_manifest(manifest_uri, s3_client)
+    result = Verification(manifest_uri, manifest)
+    files, sizes = manifest["files"], manifest.get("sizes", {})
+    shards = manifest["shards"]
+    for shard in shards:
+        for key in (shard.get("train"), shard.get("raw"), shard.get("prompts")):
+            if key and key not in files:
+                result.problems.append(f"{key}: part of {shard['shard']} but not listed in the manifest's files")
+    counted = {shard["train"]: shard["records"] for shard in shards}
+    if (held := sum(counted.values())) != manifest["records"]:
+        result.problems.append(f"shards hold {held} records, manifest says {manifest['records']}")
     with tempfile.TemporaryDirectory(prefix="regen-verify-") as tmp:
-        for key, expected in sorted(manifest["files"].items()):
-            local = Path(tmp) / "file"
-            if not storage.exists(key):
-                problems.append(f"{key}: missing")
-                continue
-            storage.get_file(key, local)
-            if (actual := sha256_file(local)) != expected:
-                problems.append(f"{key}: sha256 {actual}, manifest says {expected}")
-            elif key in records_of and (rows := pq.read_metadata(local).num_rows) != records_of[key]:
-                problems.append(f"{key}: {rows} records, manifest says {records_of[key]}")
-    if (held := sum(records_of.values())) != manifest["records"]:
-        problems.append(f"shards hold {held} records, manifest says {manifest['records']}")
-    if problems:
-        raise VerificationFailed(f"{manifest_uri}: " + "; ".join(problems))
-    verified = {
-        "manifest": manifest_uri,
-        "dataset": manifest["dataset"],
-        "version": manifest["version"],
-        "records": manifest["records"],
-        "files": len(manifest["files"]),
-    }
+        for key in sorted(files):
+            keep = Path(tmp) / Path(key).name if records and _is_split(key) else None
+            if _check_file(storage, key, files[key], sizes.get(key), keep, result) and keep is not None:
+                _check_records(storage, manifest, key, keep, counted.get(key), result)
+                keep.unlink()
+    return result
+
+
+def verify_published(manifest_uri: str, s3_client: Any = None) -> dict[str, Any]:
+    """Raises VerificationFailed naming every problem; returns the version's identity and counts when all is right."""
+    result = verify_version(manifest_uri, s3_client)
+    if result.problems:
+        raise VerificationFailed(f"{manifest_uri}: " + "; ".join(result.problems))
     log.info(
-        "verified %s %s: %d files, %d records",
-        manifest["dataset"],
-        manifest["version"],
-        len(manifest["files"]),
-        manifest["records"],
+        "verified %s %s: %d files (%d bytes), %d records checked",
+        result.manifest["dataset"],
+        result.manifest["version"],
+        len(result.manifest["files"]),
+        result.bytes_read,
+        result.records_checked,
     )
-    return verified
+    return {k: v for k, v in result.summary().items() if k != "problems"}
+
+
+def read_training_data(
+    manifest_uri: str, s3_client: Any = None, split: str = "train", columns: list[str] | None = None
+) -> Iterator[Any]:
+    """The version's records as pyarrow RecordBatches, shard by shard. Each file is checked against the manifest
+    (sha256, size) before any of its batches is yielded; a mismatch raises VerificationFailed."""
+    import pyarrow.parquet as pq
+
+    manifest, storage = read_manifest(manifest_uri, s3_client)
+    keys = sorted(key for key in manifest["files"] if _is_split(key) and f"/{split}/" in key)
+    with tempfile.TemporaryDirectory(prefix="regen-read-") as tmp:
+        for key in keys:
+            path = Path(tmp) / "shard.parquet"
+            check = Verification(manifest_uri, manifest)
+            if not _check_file(storage, key, manifest["files"][key], manifest.get("sizes", {}).get(key), path, check):
+                raise VerificationFailed("; ".join(check.problems))
+            yield from pq.ParquetFile(path).iter_batches(columns=columns)
+            path.unlink()
+
+
+def _is_split(key: str) -> bool:
+    return key.endswith(".parquet") and ("/train/" in key or "/truncated/" in key)
+
+
+def _check_file(
+    storage: Storage, key: str, sha256: str, size: int | None, keep: Path | None, result: Verification
+) -> bool:
+    """Streams the file through sha256 (and into `keep`, to read its records after); True when it matches."""
+    digest, length = hashlib.sha256(), 0
+    try:
+        with keep.open("wb") if keep is not None else _Discard() as out:
+            for chunk in storage.iter_chunks(key):
+                digest.update(chunk)
+                out.write(chunk)
+                length += len(chunk)
+    except Exception as e:  # a local file or an S3 object that is not there; anything else is not ours to judge
+        if isinstance(e, FileNotFoundError) or _not_found(e):
+            result.problems.append(f"{key}: missing")
+            result.bad_files.add(key)
+            return False
+        raise
+    result.bytes_read += length
+    if size is not None and length != size:
+        result.problems.append(f"{key}: {length} bytes, manifest says {size}")
+    elif digest.hexdigest() != sha256:
+        result.problems.append(f"{key}: sha256 {digest.hexdigest()}, manifest says {sha256}")
+    else:
+        return True
+    result.bad_files.add(key)
+    return False
+
+
+class _Discard:
+    def __enter__(self) -> _Discard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def write(self, chunk: bytes) -> None:
+        return None
+
+
+def _not_found(error: Exception) -> bool:
+    response = getattr(error, "response", None) or {}
+    return response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
+
+
+def _check_records(
+    storage: Storage, manifest: dict[str, Any], key: str, path: Path, expected: int | None, result: Verification
+) -> None:
+    """The records of one split file against the invariants, vectorised over the whole file."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["id", "input_ids", "loss_mask", "prompt_len", "verdict"])
+    problems: list[str] = []
+    if expected is not None and table.num_rows != expected:
+        problems.append(f"{table.num_rows} records, manifest says {expected}")
+    input_ids = table.column("input_ids").combine_chunks()
+    mask = table.column("loss_mask").combine_chunks()
+    lengths = input_ids.value_lengths().to_numpy(zero_copy_only=False)
+    offsets = input_ids.offsets.to_numpy()
+    starts = offsets[:-1] - offsets[0]
+    values = input_ids.flatten().to_numpy(zero_copy_only=False)  # every record's ids, end to end
+    prompt_len = table.column("prompt_len").to_numpy()
+    sample_ids = table.column("id").to_pylist()
+    roles = manifest["token_roles"]
+
+    def bad(rows: np.ndarray, what: str) -> None:
+        if len(rows):
+            listed = ", ".join(sample_ids[int(r)] for r in rows[:MAX_PROBLEMS_PER_FILE])
+            problems.append(f"{len(rows)} records {what} ({listed})")
+
+    bad(np.flatnonzero(mask.value_lengths().to_numpy(zero_copy_only=False) != lengths), "whose mask length differs")
+    bad(np.flatnonzero((prompt_len <= 0) | (prompt_len >= lengths)), "with no prompt or no output")
+    row_of_id = np.repeat(np.arange(len(lengths)), lengths)
+    outside = (values < 0) | (values >= roles["vocab_size"])
+    bad(np.unique(row_of_id[outside]), f"with ids outside the vocabulary of {roles['vocab_size']}")
+    if not problems:  # masks are the ids' length: compare them element by element
+        position = np.arange(len(values)) - np.repeat(starts, lengths)
+        boundary = (position >= np.repeat(prompt_len, lengths)).astype(np.int8)
+        masked = mask.flatten().to_numpy(zero_copy_only=False)
+        bad(np.unique(row_of_id[masked != boundary]), "whose loss mask is not the prompt boundary")
+        last = values[starts + lengths - 1]
+        ok = np.asarray(table.column("verdict").to_pylist()) == "ok"
+        bad(np.flatnonzero(ok & ~np.isin(last, roles["eos_ids"])), "kept as ok that do not end with an EOS id")
+        rows = (sample_ids, values, starts, lengths, prompt_len)
+        problems += _against_sources(storage, manifest, key, rows, result.bad_files)
+    result.records_checked += table.num_rows
+    result.problems += [f"{key}: {problem}" for problem in problems]
+
+
+def _against_sources(
+    storage: Storage,
+    manifest: dict[str, Any],
+    key: str,
+    rows: tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    bad_files: set[str],
+) -> list[str]:
+    """input_ids == the prompt sent (prompts/) + the server's output ids (raw/), record by record. `rows`: the
+    records' ids, all their input ids end to end, where each starts, its length and its prompt's length."""
+    from regen.records import ShardPrompts, read_raw
+    from regen.storage import read_table
+
+    sample_ids, values, starts, lengths, prompt_len = rows
+    shard_name = Path(key).name.removesuffix(".parquet")
+    shard = next((s for s in manifest["shards"] if s["shard"] == shard_name), None)
+    if shard is None or not shard.get("prompts") or not shard.get("raw"):
+        return [f"no prompts/ and raw/ listed for {shard_name}: records not compared with what was sent"]
+    if bad_files & {shard["prompts"], shard["raw"]}:
+        return []  # already named as missing or altered: there is nothing sound to compare with
+    prompts = ShardPrompts(read_table(storage, shard["prompts"], ["id", "prompt_ids"]))
+    wanted = set(sample_ids)
+    with tempfile.TemporaryDirectory(prefix="regen-verify-raw-") as tmp:
+        outputs = {a.id: a.output_ids for a in read_raw(storage, shard["raw"], Path(tmp)) if a.id in wanted}
+    differ = []
+    for row, sample_id in enumerate(sample_ids):
+        start, cut, end = starts[row], starts[row] + prompt_len[row], starts[row] + lengths[row]
+        output = outputs.get(sample_id)
+        if (
+            output is None
+            or sample_id not in prompts.row_of
+            or not np.array_equal(values[start:cut], prompts.prompt_ids(sample_id))
+            or not np.array_equal(values[cut:end], output)
+        ):
+            differ.append(sample_id)
+    if not differ:
+        return []
+    listed = ", ".join(differ[:MAX_PROBLEMS_PER_FILE])
+    return [f"{len(differ)} records whose input_ids are not the prompt sent + the server's output ({listed})"]

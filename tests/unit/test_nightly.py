@@ -140,7 +140,8 @@ def test_a_published_version_verifies_and_tampering_is_named(deployment: Path, s
     (deployment / "storage" / manifest["shards"][1]["raw"]).unlink()
     with pytest.raises(VerificationFailed) as failed:
         verify_published(published["manifest"])
-    assert f"{manifest['shards'][0]['train']}: sha256" in str(failed.value)
+    wrong_size = f"{manifest['shards'][0]['train']}: {train.stat().st_size} bytes, manifest says"
+    assert wrong_size in str(failed.value)  # the size tells first; the same size would fail on its sha256
     assert f"{manifest['shards'][1]['raw']}: missing" in str(failed.value)
 
 

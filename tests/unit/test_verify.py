@@ -1,0 +1,202 @@
+"""A published version proves itself: the verifier reads it back whole (every file's sha256 and size, every record's
+invariants), on local storage and through boto3 against an S3 HTTP API; a version is never changed silently."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from regen.__main__ import main
+from regen.chat import ChatRenderer
+from regen.config import Sampling
+from regen.export import run_export
+from regen.generate import GenerateSettings, run_generate
+from regen.manifest import PreparedDataset
+from regen.publish import VersionExists, run_publish
+from regen.storage import LocalStorage, S3Storage
+from regen.validate import run_validate
+from regen.verify import VerificationFailed, read_training_data, verify_version
+from tests.conftest import Simulator, prepare_sample
+
+BUCKET = "regen-verify"
+
+
+@pytest.fixture(scope="module")
+def published(
+    tmp_path_factory: pytest.TempPathFactory, renderer: ChatRenderer, simulator: Simulator
+) -> tuple[PreparedDataset, LocalStorage, str]:
+    """B1_glaive in two shards, generated, validated, exported and published on local storage."""
+    prepared, storage = prepare_sample(tmp_path_factory.mktemp("published"), renderer, "B1_glaive", 20)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+    for shard in prepared.shards:
+        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    summary = run_publish(prepared, storage, fleet=[{"url": simulator.url}])
+    return prepared, storage, summary["manifest"]
+
+
+def copy_version(tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]) -> tuple[Path, dict[str, Any]]:
+    """A copy of the published root to alter; returns the copy's manifest path and manifest (root rewritten)."""
+    _, storage, manifest_uri = published
+    root = tmp_path / "copy"
+    shutil.copytree(storage.root, root)
+    path = root / Path(manifest_uri).relative_to(storage.root)
+    manifest = json.loads(path.read_text())
+    manifest["root"] = str(root)
+    path.write_text(json.dumps(manifest))
+    return path, manifest
+
+
+def test_a_published_version_verifies_clean(published: tuple[PreparedDataset, LocalStorage, str]) -> None:
+    _, storage, manifest_uri = published
+    result = verify_version(manifest_uri)
+    manifest = result.manifest
+    assert result.problems == []
+    assert result.records_checked == manifest["splits"]["train"] + manifest["splits"]["truncated"] > 0
+    assert result.bytes_read == sum(manifest["sizes"].values()) == sum(storage.size(k) for k in manifest["files"])
+    listed = set(manifest["files"])
+    for shard in manifest["shards"]:  # generate's, validate's and export's files of every shard, with their sizes
+        assert {shard["prompts"], shard["raw"], shard["train"]} <= listed
+    assert any("/rejected/" in key for key in listed) and set(manifest["sizes"]) == listed
+
+
+def test_records_that_break_an_invariant_are_found_even_when_their_checksums_match(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    """A train file rewritten with one output id changed, one mask shifted and one id past the vocabulary, and the
+    manifest updated to its new sha256 and size: only reading the records can tell."""
+    path, manifest = copy_version(tmp_path, published)
+    root = Path(manifest["root"])
+    key = manifest["shards"][0]["train"]
+    table = pq.read_table(root / key)
+    rows = table.to_pylist()
+    rows[0]["input_ids"][-2] += 1  # the server's output, altered
+    rows[1]["loss_mask"][rows[1]["prompt_len"]] = 0  # the boundary moved by one
+    rows[2]["input_ids"][3] = manifest["token_roles"]["vocab_size"]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), root / key)
+    manifest["files"][key] = hashlib.sha256((root / key).read_bytes()).hexdigest()
+    manifest["sizes"][key] = (root / key).stat().st_size
+    path.write_text(json.dumps(manifest))
+
+    [problem] = verify_version(str(path)).problems  # a file that breaks the structure is not compared further
+    vocab = manifest["token_roles"]["vocab_size"]
+    assert problem == f"{key}: 1 records with ids outside the vocabulary of {vocab} ({rows[2]['id']})"
+    rows[2]["input_ids"][3] = 7  # inside the vocabulary again: the other two are found
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), root / key)
+    manifest["files"][key] = hashlib.sha256((root / key).read_bytes()).hexdigest()
+    manifest["sizes"][key] = (root / key).stat().st_size
+    path.write_text(json.dumps(manifest))
+    problems = verify_version(str(path)).problems
+    assert any(f"whose loss mask is not the prompt boundary ({rows[1]['id']})" in p for p in problems), problems
+    assert any("not the prompt sent + the server's output" in p and rows[0]["id"] in p for p in problems), problems
+
+
+def to_s3(
+    s3_client: Any, tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> tuple[str, S3Storage]:
+    """The published version uploaded through boto3 to the S3 API, its manifest's root pointed there."""
+    _, storage, manifest_uri = published
+    s3_client.create_bucket(Bucket=BUCKET)
+    s3 = S3Storage(BUCKET, "runs", s3_client)
+    for key in storage.list_keys(""):
+        s3.put_file(key, Path(storage.uri(key)))
+    manifest_key = str(Path(manifest_uri).relative_to(storage.root))
+    manifest = json.loads(storage.get_bytes(manifest_key))
+    s3.put_bytes(manifest_key, json.dumps({**manifest, "root": s3.root_uri}).encode())
+    return s3.uri(manifest_key), s3
+
+
+def test_altered_truncated_and_missing_objects_on_s3_are_each_named(
+    tmp_path: Path,
+    s3_client: Any,
+    s3_endpoint: str,
+    published: tuple[PreparedDataset, LocalStorage, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    manifest_uri, s3 = to_s3(s3_client, tmp_path, published)
+    manifest = json.loads(s3.get_bytes(manifest_uri.removeprefix(f"{s3.root_uri}/")))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)  # the CLI builds its client as boto3 does by default
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    assert main(["verify", manifest_uri]) == 0
+    assert json.loads(capsys.readouterr().out)["records_checked"] > 0
+
+    train, raw, prompts = (manifest["shards"][1][k] for k in ("train", "raw", "prompts"))
+    body = bytearray(s3.get_bytes(train))
+    body[len(body) // 2] ^= 0xFF  # one bit pattern flipped, same size
+    s3.put_bytes(train, bytes(body))
+    s3.put_bytes(raw, s3.get_bytes(raw)[:-10])  # cut short
+    s3.delete(prompts)
+    assert main(["verify", manifest_uri, "--files-only"]) == 1
+    err = capsys.readouterr().err
+    assert f"{train}: sha256 " in err and f"{raw}: {manifest['sizes'][raw] - 10} bytes, manifest says" in err
+    assert f"{prompts}: missing" in err and "3 problems" in err
+
+
+def test_a_multipart_upload_round_trips_with_its_checksums(tmp_path: Path, s3_client: Any) -> None:
+    """Over boto3's 8 MB threshold the upload is multipart, every part checksummed by S3; it reads back the same."""
+    s3_client.create_bucket(Bucket=BUCKET)
+    s3 = S3Storage(BUCKET, "big", s3_client)
+    local = tmp_path / "big.bin"
+    local.write_bytes(bytes(range(256)) * (9 * 4096 + 7))  # 9 MiB and a little
+    digest = s3.put_file("train/big.bin", local)
+    head = s3_client.head_object(Bucket=BUCKET, Key="big/train/big.bin", ChecksumMode="ENABLED")
+    assert head["ETag"].strip('"').endswith("-2") and head["ChecksumSHA256"]  # two parts, checksummed
+    streamed = hashlib.sha256()
+    for chunk in s3.iter_chunks("train/big.bin"):
+        streamed.update(chunk)
+    assert streamed.hexdigest() == digest == hashlib.sha256(local.read_bytes()).hexdigest()
+    assert s3.size("train/big.bin") == local.stat().st_size
+
+
+def test_a_trainer_reads_verified_batches_and_nothing_of_a_tampered_file(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    _, _, manifest_uri = published
+    batches = list(read_training_data(manifest_uri, columns=["id", "input_ids", "loss_mask"]))
+    manifest = json.loads(Path(manifest_uri).read_text())
+    assert sum(b.num_rows for b in batches) == manifest["records"]
+    path, copied = copy_version(tmp_path, published)
+    second = Path(copied["root"]) / copied["shards"][1]["train"]
+    second.write_bytes(second.read_bytes()[:-1])
+    read: list[Any] = []
+    with pytest.raises(VerificationFailed, match="bytes, manifest says"):
+        for batch in read_training_data(str(path)):
+            read.append(batch)
+    assert sum(b.num_rows for b in read) == copied["shards"][0]["records"]  # the first shard only
+
+
+def test_a_published_version_is_never_changed_silently(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    prepared, storage, manifest_uri = published
+    before = Path(manifest_uri).read_bytes()
+    again = run_publish(prepared, storage, fleet=[])  # a retried publish: the same data, nothing written
+    assert Path(manifest_uri).read_bytes() == before and again["manifest"] == manifest_uri
+    other = dataclasses.replace(prepared, files={**prepared.files, prepared.location.key("extra.txt"): "0" * 64})
+    storage.put_bytes(prepared.location.key("extra.txt"), b"")
+    with pytest.raises(VersionExists, match=r"already published with other data.*overwrite_version"):
+        run_publish(other, storage, fleet=[])
+    assert Path(manifest_uri).read_bytes() == before
+    run_publish(other, storage, fleet=[], overwrite=True)
+    assert prepared.location.key("extra.txt") in json.loads(Path(manifest_uri).read_text())["files"]
+    storage.delete(prepared.location.key("extra.txt"))
+    run_publish(prepared, storage, fleet=[], overwrite=True)  # put back for the other tests of the module
+    assert verify_version(manifest_uri).problems == []
+
+
+def test_the_cli_takes_dataset_and_version_under_a_root(published: tuple[PreparedDataset, LocalStorage, str]) -> None:
+    prepared, storage, _ = published
+    location = prepared.location
+    target = f"{location.dataset}/{location.version}"
+    assert main(["verify", target, "--root", storage.root_uri, "--profile", location.profile]) == 0
+    assert main(["verify", target]) == 2  # no root: says what to give
