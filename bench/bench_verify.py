@@ -1,6 +1,6 @@
 """Verifier throughput: `verify_version` against `sha256sum` of the same files, in the same run.
 
-    .venv/bin/python bench/bench_verify.py                  # 3,000 records (about 200 MB of shard files)
+    .venv/bin/python bench/bench_verify.py                  # 3,000 records (about 30 MB of shard files)
     .venv/bin/python bench/bench_verify.py --records 1000
 
 One shard is built as the pipeline writes it (prompts/ and raw/ of bench_validate's long records), validated and
@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
         storage, shard = build_shard(root, renderer, args.records)
         shard = run_export(run_validate(shard, storage, renderer, ValidateSettings(retokenize_fraction=0)), storage)
         location = shard.location
-        files = {shard.prompts_key: sha256_file(Path(storage.uri(shard.prompts_key)))} | shard.files
+        written = [shard.prompts_key, str(shard.raw_key)]  # prepare's and generate's, written by build_shard
+        files = {key: sha256_file(Path(storage.uri(key))) for key in written} | shard.files
         manifest = {
             "dataset": location.dataset,
             "version": location.version,
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
             f"  verify (every record)   {megabytes / full:8.1f} MB/s   x{floor / full:.2f}   "
             f"{manifest['records'] / full:,.0f} records/s; problems found: {len(problems)}"
         )
+        for problem in sorted(set(problems)):
+            print(f"    problem: {problem}")
 
 
 if __name__ == "__main__":
