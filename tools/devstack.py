@@ -122,6 +122,9 @@ class Stack:
     # Seconds without a supervisor's heartbeat before the scheduler fails (and retries) its task; Airflow's default is
     # 300. A killed supervisor's task runner dies with it (regen_airflow.supervision), so nothing is gained by waiting.
     heartbeat_timeout_s: int = 60
+    # With S3: the share of Airflow's S3 requests that fail as S3's do (500, 503 SlowDown, dropped connections), through
+    # tools/s3_fault_proxy.py in front of the S3 API. `s3_client()` (what a test reads back with) goes direct.
+    s3_fault_rate: float = 0.0
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     fleet: list[Simulator] = field(default_factory=list)
 
@@ -130,6 +133,8 @@ class Stack:
         self.api_port, self.s3_port = self.api_port or free_port(), free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.s3_endpoint = f"http://127.0.0.1:{self.s3_port}"
+        self.s3_proxy_port = free_port()
+        self.s3_tasks_endpoint = f"http://127.0.0.1:{self.s3_proxy_port}" if self.s3_fault_rate else self.s3_endpoint
         self._token: str | None = None
 
     @property
@@ -155,7 +160,7 @@ class Stack:
             "conn_type": "aws",
             "login": "testing",
             "password": "testing",
-            "extra": {"endpoint_url": self.s3_endpoint, "region_name": "us-east-1"},
+            "extra": {"endpoint_url": self.s3_tasks_endpoint, "region_name": "us-east-1"},
         }
         return {
             **os.environ,
@@ -230,6 +235,11 @@ class Stack:
         self.fleet = [start_simulator(self.home, *self.simulator_args, port=port) for port in ports]
         if self.with_s3:
             self._spawn("s3", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.s3_port)])
+        if self.with_s3 and self.s3_fault_rate:
+            proxy = [str(BIN / "python"), str(ROOT / "tools" / "s3_fault_proxy.py"), "--upstream", self.s3_endpoint]
+            self._spawn(
+                "s3-faults", [*proxy, "--port", str(self.s3_proxy_port), "--fault-rate", str(self.s3_fault_rate)]
+            )
         self._spawn("api-server", [str(BIN / "airflow"), "api-server", "--port", str(self.api_port)])
         self._start_executor()
         self._spawn("dag-processor", [str(BIN / "airflow"), "dag-processor"])
@@ -237,6 +247,8 @@ class Stack:
             self._spawn("triggerer", [str(BIN / "airflow"), "triggerer"])
         if self.with_s3:
             wait_until("S3 API", lambda: requests.get(self.s3_endpoint, timeout=2).status_code < 500, 60)
+        if self.with_s3 and self.s3_fault_rate:
+            wait_until("S3 fault proxy", lambda: requests.get(f"{self.s3_tasks_endpoint}/__faults", timeout=2).ok, 60)
         wait_until("Airflow API", lambda: requests.get(f"{self.api}/api/v2/monitor/health", timeout=2).ok, 120)
         return self
 
@@ -279,6 +291,10 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def s3_faults(self) -> dict[str, int]:
+        """What the fault proxy injected so far, by kind."""
+        return dict(requests.get(f"{self.s3_tasks_endpoint}/__faults", timeout=5).json()["injected"])
 
     def s3_client(self) -> Any:
         import boto3

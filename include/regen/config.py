@@ -135,6 +135,16 @@ class TaggedToolCalls(BaseModel):
     call_end: str
 
 
+class S3Config(BaseModel):
+    """How boto3 rides out S3's transient faults (500, 503 SlowDown, dropped connections): botocore's own retries."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    retry_mode: Literal["standard", "adaptive"] = Field(
+        "standard", description="botocore retry mode; adaptive also slows down on throttling"
+    )
+    max_attempts: int = Field(10, ge=1, le=50, description="attempts per S3 request, the first included")
+
+
 class ProfileConfig(BaseModel):
     """A target model, declared as data: its tokenizer, its template and the roles of its tokens, by string. Loading
     checks every role against the tokenizer (regen.chat.ChatRenderer)."""
@@ -201,6 +211,7 @@ class Defaults(BaseModel):
     sampling: Sampling = Sampling()
     export: ExportConfig = ExportConfig()
     validation: ValidationConfig = ValidationConfig()
+    s3: S3Config = S3Config()
     schedule: str | None = Field(None, description="cron or preset for nightly runs; null: triggered runs only")
     # Airflow's retries for transient faults (user errors never retry); the delay doubles each try, up to 10 min.
     task_retries: int = Field(3, ge=0)

@@ -186,17 +186,48 @@ class S3Storage:
             body.close()
 
 
+def s3_client_config(retry_mode: str = "standard", max_attempts: int = 10) -> Any:
+    """botocore's client config for S3: its retries (the config's `defaults.s3`), for every client the project makes."""
+    from botocore.config import Config
+
+    return Config(retries={"mode": retry_mode, "total_max_attempts": max_attempts})
+
+
+def default_s3_client() -> Any:
+    """A boto3 S3 client from the environment's credentials (AWS_* variables, profiles), with the project's retries."""
+    import boto3
+
+    return boto3.client("s3", config=s3_client_config())
+
+
+def explain_s3_error(root_uri: str, error: Exception) -> str:
+    """What to fix, for the S3 errors a user causes: a bucket that is not there, credentials refused, no access."""
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+    if isinstance(error, NoCredentialsError):
+        return f"{root_uri}: no S3 credentials were found; set them in the Airflow connection aws_default"
+    if isinstance(error, EndpointConnectionError):
+        return f"{root_uri}: the S3 endpoint cannot be reached ({error}); check endpoint_url in connection aws_default"
+    code = error.response.get("Error", {}).get("Code", "") if isinstance(error, ClientError) else ""
+    if code == "NoSuchBucket":
+        return f"{root_uri}: the bucket does not exist; create it, or point storage_root at one that does"
+    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
+        return (
+            f"{root_uri}: the S3 credentials were refused ({code}); fix the access key and secret of the Airflow "
+            "connection aws_default"
+        )
+    if code in ("AccessDenied", "AllAccessDisabled", "403"):
+        return f"{root_uri}: access denied; the credentials of connection aws_default may not write there"
+    return f"storage root {root_uri} does not take writes: {error}"
+
+
 def open_storage(root_uri: str, s3_client: Any = None) -> Storage:
     """`s3://bucket/prefix` or a local directory. S3 needs a boto3 client (from an Airflow connection, say)."""
     parsed = urlparse(root_uri)
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ValueError(f"storage root {root_uri!r}: write s3://bucket/prefix")
-        if s3_client is None:
-            import boto3
-
-            s3_client = boto3.client("s3")
-        return S3Storage(parsed.netloc, parsed.path, s3_client)
+        return S3Storage(parsed.netloc, parsed.path, s3_client or default_s3_client())
     if parsed.scheme not in ("", "file"):
         raise ValueError(f"storage root {root_uri!r}: only s3:// URIs and local directories are supported")
     return LocalStorage(Path(parsed.path if parsed.scheme == "file" else root_uri))
@@ -211,7 +242,7 @@ def check_writable(storage: Storage, key: str) -> None:
         storage.put_bytes(key, b"write check\n")
         storage.delete(key)
     except (OSError, ValueError, BotoCoreError, ClientError) as e:
-        raise PermissionError(f"storage root {storage.root_uri} does not take writes: {e}") from e
+        raise PermissionError(explain_s3_error(storage.root_uri, e)) from e
 
 
 def read_table(storage: Storage, key: str, columns: list[str] | None = None) -> Any:

@@ -21,10 +21,18 @@ def s3_client_for(uri: str) -> Any:
 
 
 def s3_client() -> Any:
-    """boto3 S3 client from the `aws_default` connection (credentials and endpoint_url live there, never in code)."""
+    """boto3 S3 client from the `aws_default` connection (credentials and endpoint_url live there, never in code),
+    retrying S3's transient faults as the config's `defaults.s3` says; the connection's own `config_kwargs`, where
+    it has any, win."""
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-    return S3Hook(aws_conn_id=AWS_CONN_ID).get_conn()
+    from regen.config import load_config
+    from regen.storage import s3_client_config
+
+    settings = load_config().defaults.s3
+    retries = s3_client_config(settings.retry_mode, settings.max_attempts)
+    own = S3Hook(aws_conn_id=AWS_CONN_ID).conn_config.botocore_config
+    return S3Hook(aws_conn_id=AWS_CONN_ID, config=retries.merge(own) if own else retries).get_conn()
 
 
 @contextmanager

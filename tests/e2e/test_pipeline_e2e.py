@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,11 @@ BUCKET = "regen-e2e"
 EXPECTED_PROMPTS = {"B1_glaive": 36, "B2_opencodeinstruct": 48}
 
 
-GOOD = list(EXPECTED_PROMPTS)  # the config also has B3_missing, whose source does not exist
+GOOD = list(EXPECTED_PROMPTS)
+# Files of a version besides those its manifest lists: the bookkeeping that makes each stage idempotent.
+BOOKKEEPING = re.compile(
+    r"(manifest\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json|reports/shard-\d+\.json)$"
+)  # the config also has B3_missing, whose source does not exist
 USER_PROFILE = "my-model"
 # A user's own template over the mini vocabulary: ChatML-shaped, no reasoning, tools as JSON, and calls as tagged JSON
 # between two of the vocabulary's tokens, as its profile declares them.
@@ -72,7 +77,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     config_path.write_text(yaml.safe_dump(config))
     with pytest.MonkeyPatch.context() as patched:
         patched.setenv("REGEN_CONFIG", str(config_path))
-        with Stack(tmp_path_factory.mktemp("airflow"), database="eagle3_regen_e2e", with_s3=True) as running:
+        # Every task's S3 request goes through the fault proxy: S3's 500s, 503 SlowDowns and dropped connections.
+        airflow = tmp_path_factory.mktemp("airflow")
+        with Stack(airflow, database="eagle3_regen_e2e", with_s3=True, s3_fault_rate=0.1) as running:
             running.s3_client().create_bucket(Bucket=BUCKET)
             yield running
 
@@ -138,6 +145,13 @@ def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, 
         assert manifest["prepare"]["rows_read"] == manifest["prepare"]["total"]  # turns: final, one prompt per row
         rejected = s3_lines(stack, prefix + "rejected/prepare.jsonl")
         assert len(rejected) == manifest["prepare"]["dropped"] > 0
+        # Through S3's faults: every file of the version there, and nothing else but its bookkeeping.
+        held = {key.removeprefix(root) for key in s3_keys(stack, prefix, "")}
+        assert set(manifest["files"]) <= held
+        assert [key for key in held if key not in manifest["files"] and not BOOKKEEPING.search(key)] == []
+        assert published[dataset]["verified"]["records_checked"] == expected  # read back whole before its event
+    faults = stack.s3_faults()
+    assert faults.get("500", 0) and faults.get("503", 0) and faults.get("reset", 0), faults
 
 
 @pytest.mark.parametrize("profile", ["qwen3.6", USER_PROFILE])

@@ -194,6 +194,33 @@ def test_a_published_version_is_never_changed_silently(
     assert verify_version(manifest_uri).problems == []
 
 
+def test_a_publish_killed_before_its_manifest_is_completed_by_the_rerun(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shards and the report are uploaded, then the task dies before the manifest lands: the version is not
+    there for anyone; the rerun publishes it whole, and it verifies clean."""
+    prepared, storage = prepare_sample(tmp_path, renderer, "B2_opencodeinstruct", 30)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+    for shard in prepared.shards:
+        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    write = storage.put_bytes
+
+    def killed_at_the_manifest(key: str, data: bytes) -> str:
+        if key.endswith("manifest.json"):
+            raise ConnectionResetError("the task died here")
+        return write(key, data)
+
+    monkeypatch.setattr(storage, "put_bytes", killed_at_the_manifest)
+    with pytest.raises(ConnectionResetError):
+        run_publish(prepared, storage, fleet=[])
+    manifest_key = prepared.location.key("manifest.json")
+    assert storage.exists(prepared.location.key("report.json")) and not storage.exists(manifest_key)
+    monkeypatch.setattr(storage, "put_bytes", write)
+    summary = run_publish(prepared, storage, fleet=[])
+    result = verify_version(summary["manifest"])
+    assert result.problems == [] and summary["records"] == 48 == result.records_checked
+
+
 def test_the_cli_takes_dataset_and_version_under_a_root(published: tuple[PreparedDataset, LocalStorage, str]) -> None:
     prepared, storage, _ = published
     location = prepared.location

@@ -89,9 +89,9 @@ def s3_client_of(factory: S3ClientFactory | None) -> Any:
     """The caller's S3 client, or boto3's default one."""
     if factory is not None:
         return factory()
-    import boto3
+    from regen.storage import default_s3_client
 
-    return boto3.client("s3")
+    return default_s3_client()
 
 
 def _segments_match(pattern: list[str], key: list[str]) -> bool:

@@ -1,0 +1,119 @@
+"""S3 as it really fails: every stage writes and reads through a proxy that answers a quarter of the requests with
+500 InternalError, 503 SlowDown or a dropped connection (tools/s3_fault_proxy.py, in front of a moto server). With
+botocore's retries the version lands exactly once and verifies clean. A user's S3 mistakes are named at once."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from regen.chat import ChatRenderer
+from regen.config import Sampling, load_config
+from regen.datasets.prepare import run_prepare
+from regen.export import run_export
+from regen.generate import GenerateSettings, run_generate
+from regen.manifest import DatasetLocation
+from regen.publish import run_publish
+from regen.storage import S3Storage, check_writable, s3_client_config
+from regen.validate import run_validate
+from regen.verify import verify_version
+from tests.conftest import Simulator
+from tools.devstack import free_port, wait_until
+from tools.s3_fault_proxy import FaultProxy, run_in_thread
+
+# Files a version holds besides those its manifest lists: bookkeeping that makes stages idempotent.
+BOOKKEEPING = re.compile(
+    r"(manifest\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json|reports/shard-\d+\.json)$"
+)
+
+
+def client(endpoint: str, access_key: str = "testing", attempts: int = 10) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=access_key,
+        aws_secret_access_key="testing",
+        config=s3_client_config("standard", attempts),
+    )
+
+
+@pytest.fixture(scope="module")
+def proxied(s3_endpoint: str) -> Iterator[tuple[FaultProxy, str]]:
+    port = free_port()
+    proxy, stop = run_in_thread(s3_endpoint, port, fault_rate=0.25, seed=7)
+    yield proxy, f"http://127.0.0.1:{port}"
+    stop()
+
+
+def test_a_version_published_through_s3_faults_lands_exactly_once_and_verifies_clean(
+    tmp_path: Path,
+    renderer: ChatRenderer,
+    simulator: Simulator,
+    s3_endpoint: str,
+    proxied: tuple[FaultProxy, str],
+) -> None:
+    proxy, url = proxied
+    client(s3_endpoint).create_bucket(Bucket="faults")
+    storage = S3Storage("faults", "runs", client(url))
+    config = load_config()
+    location = DatasetLocation(storage.root_uri, renderer.profile.name, "B1_glaive", "v1")
+    dataset = config.dataset("B1_glaive")
+    prepared = run_prepare(dataset, location, storage, renderer, 20, None, config.resolve, workers=1)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+    for shard in prepared.shards:
+        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(range(256)) * (9 * 4096 + 7))  # a multipart upload through the faults too
+    assert storage.put_file("extra/big.bin", big) == S3Storage("faults", "runs", client(s3_endpoint)).put_file(
+        "extra/big-direct.bin", big
+    )
+    published = run_publish(prepared, storage, fleet=[])
+
+    result = verify_version(published["manifest"], client(url))
+    manifest = result.manifest
+    assert result.problems == []
+    assert result.records_checked == manifest["splits"]["train"] + manifest["splits"]["truncated"] == 36
+    direct = S3Storage("faults", "runs", client(s3_endpoint))
+    held = direct.list_keys(location.prefix)
+    assert set(manifest["files"]) <= set(held)
+    assert [key for key in held if key not in manifest["files"] and not BOOKKEEPING.search(key)] == []  # no strays
+    assert proxy.injected["500"] > 0 and proxy.injected["503"] > 0 and proxy.injected["reset"] > 0, proxy.injected
+
+
+def test_a_missing_bucket_is_named(s3_endpoint: str) -> None:
+    with pytest.raises(PermissionError, match=r"s3://no-such-bucket/x: the bucket does not exist; create it"):
+        check_writable(S3Storage("no-such-bucket", "x", client(s3_endpoint)), "probe")
+
+
+@pytest.fixture(scope="module")
+def authenticating_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A moto server that checks credentials as S3 does (no access key is known to it)."""
+    port = free_port()
+    moto = Path(sys.executable).parent / "moto_server"
+    env = {"INITIAL_NO_AUTH_ACTION_COUNT": "0", "PATH": str(Path(sys.executable).parent)}
+    log = (tmp_path_factory.mktemp("moto-auth") / "moto.log").open("w")
+    process = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)], env=env, stdout=log, stderr=log)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        import requests
+
+        wait_until("moto with authentication", lambda: requests.get(endpoint, timeout=2).status_code > 0, 60)
+        yield endpoint
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_wrong_credentials_are_named(authenticating_s3: str) -> None:
+    refused = r"the S3 credentials were refused \(InvalidAccessKeyId\); fix the access key"
+    with pytest.raises(PermissionError, match=refused):
+        check_writable(S3Storage("bucket", "x", client(authenticating_s3, access_key="AKIAWRONGKEY")), "probe")
