@@ -78,11 +78,11 @@ class FaultProxy:
                 raise asyncio.CancelledError
             # A HEAD answer keeps the object's Content-Length (clients size downloads by it); others carry the body.
             dropped = HOP_BY_HOP | ({"content-encoding"} if request.method == "HEAD" else {"content-length"})
-            headers = [(name, value) for name, value in upstream.headers.items() if name.lower() not in dropped]
+            answer = [(name, value) for name, value in upstream.headers.items() if name.lower() not in dropped]
             if request.method == "HEAD":
-                return web.Response(status=upstream.status, headers=headers)
+                return web.Response(status=upstream.status, headers=answer)
             response = web.Response(status=upstream.status, body=payload)
-            for name, value in headers:
+            for name, value in answer:
                 response.headers.add(name, value)
             return response
 
