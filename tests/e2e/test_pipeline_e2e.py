@@ -326,7 +326,7 @@ def test_the_form_refuses_bad_input_at_trigger(stack: Stack, conf: dict[str, Any
     [
         pytest.param({"sampling": {"temperature": 0.5}}, "unknown run parameters ['sampling']", id="unknown-key"),
         pytest.param({"storage_root": "/proc/eagle3-regen"}, "does not take writes", id="unwritable-root"),
-        pytest.param({"storage_root": f"s3://{BUCKET}-missing/x"}, "does not take writes", id="missing-bucket"),
+        pytest.param({"storage_root": f"s3://{BUCKET}-missing/x"}, "the bucket does not exist", id="missing-bucket"),
     ],
 )
 def test_bad_input_the_form_cannot_check_fails_plan_in_seconds(
