@@ -14,9 +14,12 @@ from typing import Any, Self
 VERSION_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # starts with a letter or digit: never `.` or `..`
+
+
 def version_from_run_id(run_id: str) -> str:
     """A storage-safe version that stays the same for every retry and clear of one DAG run."""
-    version = VERSION_UNSAFE.sub("-", run_id).strip("-.")
+    version = VERSION_UNSAFE.sub("-", run_id).strip("-._")
     if not version:
         raise ValueError(f"run id {run_id!r} gives an empty version")
     return version[:128]
@@ -113,6 +116,13 @@ class DatasetLocation:
     profile: str
     dataset: str
     version: str
+
+    def __post_init__(self) -> None:
+        """Each name becomes a folder of every key: one that could climb out (`..`, `/`, an absolute path) or that
+        S3 and file systems spell differently is refused, whatever checked it upstream."""
+        for part, name in (("profile", self.profile), ("dataset", self.dataset), ("version", self.version)):
+            if not SAFE_NAME.match(name):
+                raise ValueError(f"{part} {name!r} cannot name a storage folder: use letters, digits, '_', '.', '-'")
 
     @property
     def prefix(self) -> str:

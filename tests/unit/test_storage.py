@@ -48,3 +48,21 @@ def test_open_storage_parses_roots(tmp_path: Path) -> None:
     assert isinstance(s3, S3Storage) and s3.uri("k") == "s3://bucket/pre/fix/k"
     with pytest.raises(ValueError, match="only s3:// URIs and local directories"):
         open_storage("gs://bucket/x")
+
+
+@pytest.mark.parametrize(
+    "profile,dataset,version",
+    [
+        ("kimi-k2.5", "..", "v1"),
+        ("kimi-k2.5", "B1", "../v1"),
+        ("/abs", "B1", "v1"),
+        ("kimi-k2.5", "B1/x", "v1"),
+        ("kimi-k2.5", "B1", ""),
+        ("kimi-k2.5", ".hidden", "v1"),
+    ],
+)
+def test_a_location_whose_names_could_leave_the_root_is_refused(profile: str, dataset: str, version: str) -> None:
+    from regen.manifest import DatasetLocation
+
+    with pytest.raises(ValueError, match="cannot name a storage folder"):
+        DatasetLocation("s3://bucket/root", profile, dataset, version)
