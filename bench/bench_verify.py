@@ -35,6 +35,7 @@ from regen.verify import verify_version  # noqa: E402
 
 
 def best_of(runs: int, fn: object) -> float:
+    """The least wall time of a few runs: sha256sum is a child process, whose CPU time process_time() would miss."""
     times = []
     for _ in range(runs):
         start = time.perf_counter()

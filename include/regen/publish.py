@@ -52,16 +52,17 @@ def sizes_of(storage: Storage, keys: list[str]) -> dict[str, int]:
         return dict(zip(keys, pool.map(storage.size, keys), strict=True))
 
 
-def _may_write(storage: Storage, key: str, data_files: dict[str, str], overwrite: bool) -> bool:
-    """False when the version is published already with these data files; raises when it is, with others."""
+def _published_before(storage: Storage, key: str, data_files: dict[str, str], overwrite: bool) -> dict[str, Any] | None:
+    """The version's manifest when it is published already with these data files; None when it is to be written
+    (not published yet, or `overwrite`); raises when it is published with other data."""
     if not storage.exists(key):
-        return True
-    published = json.loads(storage.get_bytes(key))
+        return None
+    published: dict[str, Any] = json.loads(storage.get_bytes(key))
     if {k: v for k, v in published["files"].items() if not _is_report(k)} == data_files:
-        return False  # the report is drawn again each time (its plots are not byte-stable): only the data counts
+        return published  # the report is drawn again each time (its plots are not byte-stable): only the data counts
     if overwrite:
         log.warning("%s: overwriting a published version with other data (overwrite_version is on)", storage.uri(key))
-        return True
+        return None
     raise VersionExists(
         f"{storage.uri(key)} is already published with other data; a published version is never changed: trigger "
         "with a new version, or with overwrite_version on to replace it"
@@ -81,8 +82,9 @@ def _write_manifest(
     data_files: dict[str, str],
     fleet: list[dict[str, Any]],
     sampling_params: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The dataset's report, then the manifest naming every file with its sha256 and size: written last."""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The dataset's report, then the manifest naming every file with its sha256 and size: written last. Returns
+    both."""
     location = prepared.location
     stages = {stage: StageStats.merged([s.stats[stage] for s in shards]).to_dict() for stage in STAGES}
     generations = [s.generation for s in shards if s.generation]
@@ -121,7 +123,7 @@ def _write_manifest(
         "sizes": sizes_of(storage, [*data_files, *report_files]),
     }
     storage.put_bytes(key, json.dumps(manifest, indent=1).encode())
-    return manifest
+    return manifest, report
 
 
 def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], list[str]]:
@@ -156,12 +158,12 @@ def run_publish(
     key = manifest_key(prepared)
     data_files = {s.prompts_key: s.prompts_sha256 for s in shards}  # every file of the version, with its sha256
     data_files |= {k: v for s in shards for k, v in s.files.items()} | prepared.files
-    if _may_write(storage, key, data_files, overwrite):
-        manifest = _write_manifest(prepared, shards, storage, key, data_files, fleet, sampling_params)
+    published = _published_before(storage, key, data_files, overwrite)
+    if published is None:
+        manifest, report = _write_manifest(prepared, shards, storage, key, data_files, fleet, sampling_params)
     else:  # a retried publish: the version stands as it is, report included
-        manifest = json.loads(storage.get_bytes(key))
+        manifest, report = published, json.loads(storage.get_bytes(location.key("report.json")))
         log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)
-    report = json.loads(storage.get_bytes(location.key("report.json")))
     stages = manifest["stages"]
     latest = {
         "version": location.version,

@@ -186,7 +186,7 @@ class S3Storage:
             body.close()
 
 
-def s3_client_config(retry_mode: str = "standard", max_attempts: int = 10) -> Any:
+def s3_client_config(retry_mode: str, max_attempts: int) -> Any:
     """botocore's client config for S3: its retries (the config's `defaults.s3`), for every client the project makes."""
     from botocore.config import Config
 
@@ -194,10 +194,14 @@ def s3_client_config(retry_mode: str = "standard", max_attempts: int = 10) -> An
 
 
 def default_s3_client() -> Any:
-    """A boto3 S3 client from the environment's credentials (AWS_* variables, profiles), with the project's retries."""
+    """A boto3 S3 client from the environment's credentials (AWS_* variables, profiles), with the default retries of
+    `defaults.s3` (outside Airflow no deployment config is read)."""
     import boto3
 
-    return boto3.client("s3", config=s3_client_config())
+    from regen.config import S3Config
+
+    settings = S3Config()
+    return boto3.client("s3", config=s3_client_config(settings.retry_mode, settings.max_attempts))
 
 
 def explain_s3_error(root_uri: str, error: Exception) -> str:

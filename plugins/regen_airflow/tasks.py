@@ -31,8 +31,9 @@ def s3_client() -> Any:
 
     settings = load_config().defaults.s3
     retries = s3_client_config(settings.retry_mode, settings.max_attempts)
-    own = S3Hook(aws_conn_id=AWS_CONN_ID).conn_config.botocore_config
-    return S3Hook(aws_conn_id=AWS_CONN_ID, config=retries.merge(own) if own else retries).get_conn()
+    hook = S3Hook(aws_conn_id=AWS_CONN_ID)  # one connection lookup: its config read, then the client made
+    own = hook.conn_config.botocore_config
+    return hook.get_client_type(region_name=hook.region_name, config=retries.merge(own) if own else retries)
 
 
 @contextmanager
