@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 from regen.chat import ChatRenderer, get_profile  # noqa: E402
 from regen.config import Sampling  # noqa: E402
 from regen.generate import GenerateSettings, run_generate  # noqa: E402
-from regen.manifest import DatasetLocation, ShardManifest  # noqa: E402
+from regen.layout import DatasetLocation  # noqa: E402
+from regen.manifest import ShardManifest  # noqa: E402
 from regen.sglang.client import SGLangClient  # noqa: E402
 from regen.sglang.fleet import EndpointPool  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
@@ -62,7 +63,7 @@ def prompts(n: int, tokens: int, seed: int = 0) -> list[list[int]]:
 def write_shard(folder: Path, n: int, prompt_tokens: int) -> tuple[LocalStorage, ShardManifest]:
     storage = LocalStorage(folder)
     location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "bench", "v1")
-    key = location.key("prompts", "shard-00000.parquet")
+    key = location.shard(0).prompts
     # Built in Arrow, not as Python lists, so the client's peak memory is not the benchmark's own.
     rng = np.random.default_rng(0)
     body = rng.integers(100, 1000, size=(n, prompt_tokens), dtype=np.int32)

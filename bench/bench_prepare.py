@@ -40,7 +40,8 @@ from regen.config import DatasetConfig, load_config  # noqa: E402
 from regen.datasets.normalise import Conversation  # noqa: E402
 from regen.datasets.prepare import run_prepare  # noqa: E402
 from regen.datasets.tokenise import available_cores, render_ordered  # noqa: E402
-from regen.manifest import DatasetLocation, PreparedDataset  # noqa: E402
+from regen.layout import DatasetLocation  # noqa: E402
+from regen.manifest import PreparedDataset  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 
 SHARD_SIZE = 2000

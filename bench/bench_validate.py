@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from regen.chat import ChatRenderer, get_profile  # noqa: E402
 from regen.export import run_export  # noqa: E402
-from regen.manifest import DatasetLocation, ShardManifest  # noqa: E402
+from regen.layout import DatasetLocation  # noqa: E402
+from regen.manifest import ShardManifest  # noqa: E402
 from regen.records import RawAnswer, ShardPrompts, encode_answer, text_digest, write_raw  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from regen.tool_calls import write_tagged  # noqa: E402
@@ -113,11 +114,11 @@ def build_shard(root: Path, renderer: ChatRenderer, records: int, seed: int = 0)
         meta |= {"completion_tokens": len(output), "cached_tokens": 0, "e2e_latency": 1.0}
         digest, tail = text_digest(renderer.decode(output))
         answers.append(RawAnswer(conversation.sample_id, output, meta, digest, tail, f"r{i}", "e", 1))
-    shard = ShardManifest(location, 0, location.key("prompts", "shard-00000.parquet"), "", records)
+    shard = ShardManifest(location, 0, location.shard(0).prompts, "", records)
     path = root.parent / "prompts.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA), path, compression="zstd")
     storage.put_file(shard.prompts_key, path)
-    raw_key = shard.key("raw", ".jsonl.zst")
+    raw_key = shard.keys.raw
     write_raw(root.parent / "raw.zst", (encode_answer(a) for a in answers))
     storage.put_file(raw_key, root.parent / "raw.zst")
     old_raw = sum(

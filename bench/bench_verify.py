@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             "files": files,
             "sizes": {key: storage.size(key) for key in files},
         }
-        manifest_path = Path(storage.uri(location.key("manifest.json")))
+        manifest_path = Path(storage.uri(location.manifest))
         manifest_path.write_text(json.dumps(manifest))
         paths = [storage.uri(key) for key in files]
         megabytes = sum(manifest["sizes"].values()) / 1e6

@@ -2,7 +2,8 @@
 
 Wiring only: every task calls one function of `regen.pipeline`, and tasks pass small manifests, never records.
 plan -> check_server -> prepare (per dataset) -> [generate -> validate -> export] (per shard, pool-limited) ->
-publish (per dataset, manifest.json last, one asset event each) -> report. The run is red unless every selected
+[verify -> publish] (per dataset: every file and record read back, then manifest.json last and one asset event)
+-> report. The run is red unless every selected
 dataset was published or is unchanged since its last version.
 """
 
@@ -255,19 +256,37 @@ def eagle3_regen() -> None:
     def process_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> Any:
         return export_shard(run, validate_shard(run, generate_shard(run, shards)))
 
-    # Publish and report run even when some shards failed: complete datasets are published, the rest say why.
+    # Verify, publish and report run even when some shards failed: complete datasets are published, the rest say why.
+    @task(trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
+    def verify_dataset(run: dict[str, Any], prepared: dict[str, Any]) -> dict[str, Any]:
+        from regen import pipeline
+
+        get_current_context()["label"] = prepared["location"]["dataset"]  # type: ignore[typeddict-unknown-key]
+        with final_errors_fail_now():  # unfinished shards, or data that does not read back as written
+            return pipeline.verify_dataset(_run(run), prepared, s3_client)
+
+    # `verified` is None when this dataset's verify_dataset failed: publish then refuses, and says so.
     @task(outlets=[PUBLISHED_DATASETS], trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
-    def publish_dataset(run: dict[str, Any], prepared: dict[str, Any], fleet: list[dict[str, Any]]) -> dict[str, Any]:
+    def publish_dataset(
+        run: dict[str, Any], prepared: dict[str, Any], fleet: list[dict[str, Any]], verified: dict[str, Any] | None
+    ) -> dict[str, Any]:
         from regen import pipeline
 
         context = get_current_context()
         context["label"] = prepared["location"]["dataset"]  # type: ignore[typeddict-unknown-key]
-        with final_errors_fail_now():  # cannot succeed until the failed shards are cleared
-            published = pipeline.publish_dataset(_run(run), prepared, fleet or [], s3_client)
+        with final_errors_fail_now():  # not verified, or a version published with other data
+            published = pipeline.publish_dataset(_run(run), prepared, fleet or [], verified, s3_client)
         if not published.get("unchanged"):  # an unchanged dataset has no new version: its asset is not updated
             asset = Asset(name=published["dataset_uri"], uri=published["dataset_uri"])
             context["outlet_events"][PUBLISHED_DATASETS].add(asset, extra=pipeline.asset_event(published))
         return published
+
+    # One group per dataset: its publish waits for its own verify only, never for another dataset's.
+    @task_group
+    def deliver_dataset(run: dict[str, Any], prepared: dict[str, Any], fleet: list[dict[str, Any]]) -> Any:
+        verified = verify_dataset(run, prepared)
+        processed >> verified
+        return publish_dataset(run, prepared, fleet, verified)
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
     def report(run: dict[str, Any], published: list[dict[str, Any]], fleet: list[dict[str, Any]]) -> dict[str, Any]:
@@ -286,8 +305,7 @@ def eagle3_regen() -> None:
     fleet >> prepared  # nothing is written for a fleet that cannot serve the run
     shards = list_shards(prepared, fleet)
     processed = process_shard.partial(run=run).expand(shards=shards)
-    published = publish_dataset.partial(run=run, fleet=fleet).expand(prepared=prepared)
-    processed >> published
+    published = deliver_dataset.partial(run=run, fleet=fleet).expand(prepared=prepared)
     report(run, published, fleet)
 
 

@@ -10,10 +10,11 @@ import pytest
 
 from regen.chat import ChatRenderer, get_profile
 from regen.config import load_config
-from regen.datasets.prepare import read_prompts, run_prepare
-from regen.manifest import DatasetLocation, PreparedDataset, ShardManifest
+from regen.datasets.prepare import run_prepare
+from regen.layout import DatasetLocation
+from regen.manifest import PreparedDataset, ShardManifest
 from regen.records import ShardPrompts, read_raw
-from regen.storage import LocalStorage, Storage
+from regen.storage import LocalStorage, Storage, read_table
 from tools.devstack import Simulator, free_port, start_simulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ def raw_answers(storage: Storage, key: str | None) -> list[dict[str, Any]]:
 
 
 def shard_prompt_ids(storage: Storage, shard: ShardManifest) -> dict[str, list[int]]:
-    prompts = ShardPrompts(read_prompts(storage, shard))
+    prompts = ShardPrompts(read_table(storage, shard.prompts_key))
     return {sample_id: prompts.prompt_ids(sample_id).tolist() for sample_id in prompts.ids}
 
 

@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 
 from regen.manifest import ShardManifest, StageStats
+from regen.reasons import OK, split_of
 from regen.records import ShardPrompts, read_raw
 from regen.storage import Storage, read_table, write_table
-from regen.validate import split_of, verdicts_key
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +130,9 @@ def _upload(storage: Storage, shard: ShardManifest, split: str, table: pa.Table,
         # them was a tenth of the write.
         strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
         scalars = [f.name for f in table.schema if not pa.types.is_list(f.type)]
-        key = shard.key(split, ".parquet")
+        key = shard.keys.split(split, "parquet")
         return {key: write_table(storage, key, table, use_dictionary=strings, write_statistics=scalars)}
-    key = shard.key(split, ".jsonl")
+    key = shard.keys.split(split, "jsonl")
     with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
         path = Path(tmp) / "out.jsonl"
         _write_jsonl(table, path)
@@ -145,17 +145,15 @@ def run_export(
     settings: ExportSettings | None = None,
     decode: Callable[[list[int]], str] | None = None,
 ) -> ShardManifest:
-    from regen.datasets.prepare import read_prompts
-
     settings = settings or ExportSettings()
     if shard.raw_key is None:
         raise ValueError(f"{shard.name} has no raw answers yet: run generate first")
     if settings.review_text and decode is None:
         raise ValueError("review_text needs the profile's tokenizer to decode outputs")
     columns = ["id", "verdict", "flags", "finish_reason"]
-    verdicts = read_table(storage, verdicts_key(shard), columns).to_pylist()
+    verdicts = read_table(storage, shard.keys.verdicts, columns).to_pylist()
     kept = {v["id"]: v for v in verdicts if split_of(v["verdict"]) is not None}
-    prompts = ShardPrompts(read_prompts(storage, shard, ["id", "prompt_ids"]))
+    prompts = ShardPrompts(read_table(storage, shard.prompts_key, ["id", "prompt_ids"]))
     splits = {name: _Split() for name in SPLITS}
     with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
         for answer in read_raw(storage, shard.raw_key, Path(tmp)):
@@ -167,7 +165,7 @@ def run_export(
                 )
     stats = StageStats()
     for record in kept.values():
-        stats.keep() if record["verdict"] == "ok" else stats.drop(record["verdict"])
+        stats.keep() if record["verdict"] == OK else stats.drop(record["verdict"])
     files: dict[str, str] = {}
     dataset, profile = shard.location.dataset, shard.location.profile
     for split_name, records in splits.items():
@@ -175,12 +173,7 @@ def run_export(
             table = records.table(dataset, profile, settings.review_text)
             for fmt in settings.formats:
                 files |= _upload(storage, shard, split_name, table, fmt)
-    exported = shard.with_stage("export", stats, files, train_key=shard.key("train", ".parquet"))
-    storage.put_bytes(shard_report_key(shard), json.dumps(exported.to_dict(), indent=1).encode())
+    exported = shard.with_stage("export", stats, files, train_key=shard.keys.split("train"))
+    storage.put_bytes(shard.keys.report, json.dumps(exported.to_dict(), indent=1).encode())
     log.info("%s %s exported: %s", dataset, shard.name, dict(Counter(v["verdict"] for v in kept.values())))
     return exported
-
-
-def shard_report_key(shard: ShardManifest) -> str:
-    """The shard's final manifest; its presence means the shard is finished."""
-    return shard.key("reports", ".json")

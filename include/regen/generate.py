@@ -25,13 +25,12 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from regen.datasets.prepare import read_prompts
 from regen.manifest import GenerationReport, ShardManifest, StageStats
 from regen.reasons import Reason, RejectionWriter
 from regen.records import RawAnswer, ShardPrompts, encode_answer, iter_raw_file, text_digest, write_raw
 from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLangClient, TransientError
 from regen.sglang.fleet import EndpointPool, FleetUnavailable
-from regen.storage import Storage, sha256_file
+from regen.storage import Storage, read_table, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +52,6 @@ class GenerateSettings:
 MERGE_AFTER = 32  # small parts of one try merged into one: a long shard leaves dozens of parts to resume from
 
 
-def _parts_prefix(shard: ShardManifest) -> str:
-    return shard.location.key("raw", shard.name) + "/"
-
-
-def _generation_key(shard: ShardManifest) -> str:
-    return shard.key("raw", ".generation.json")
-
-
 @dataclass
 class Checkpoints:
     """What earlier tries finished for a shard. Answers stay JSON lines: a shard's worth of parsed token lists
@@ -80,7 +71,7 @@ class Checkpoints:
 
 def load_checkpoints(storage: Storage, shard: ShardManifest) -> Checkpoints:
     found = Checkpoints()
-    keys = [k for k in storage.list_keys(_parts_prefix(shard)) if k.endswith(".jsonl")]
+    keys = [k for k in storage.list_keys(shard.keys.checkpoints) if k.endswith(".jsonl")]
     for key in keys:
         for line in storage.get_bytes(key).splitlines():
             record = msgspec.json.decode(line)
@@ -148,7 +139,7 @@ class _Checkpointer:
 
     def _next_key(self) -> str:
         part, self.part = self.part, self.part + 1
-        return f"{_parts_prefix(self.shard)}part-{part:05d}.jsonl"
+        return f"{self.shard.keys.checkpoints}part-{part:05d}.jsonl"
 
     def _merge(self, key: str, parts: list[tuple[str, bytes]]) -> None:
         self.storage.put_bytes(key, b"".join(body for _, body in parts))
@@ -287,8 +278,8 @@ async def _generate_missing(
 
 
 def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSettings) -> ShardManifest:
-    raw_key = shard.key("raw", ".jsonl.zst")
-    prompts = ShardPrompts(read_prompts(storage, shard, ["id", "prompt_ids"]))
+    raw_key = shard.keys.raw
+    prompts = ShardPrompts(read_table(storage, shard.prompts_key, ["id", "prompt_ids"]))
     ids = prompts.ids
     if storage.exists(raw_key):  # an earlier attempt finished this shard
         return _summarise_existing(storage, shard, raw_key, ids)
@@ -309,9 +300,9 @@ def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSetti
         done = load_checkpoints(storage, shard)
     report = GenerationReport.combined(list(done.tries.values()))
     if report is not None:  # beside the raw file, for a try that finds the shard already done
-        storage.put_bytes(_generation_key(shard), msgspec.json.encode(dataclasses.asdict(report)))
+        storage.put_bytes(shard.keys.generation, msgspec.json.encode(dataclasses.asdict(report)))
     files = _write_raw(storage, shard, raw_key, ids, done)
-    for key in storage.list_keys(_parts_prefix(shard)):  # the raw file holds every part's answers now
+    for key in storage.list_keys(shard.keys.checkpoints):  # the raw file holds every part's answers now
         storage.delete(key)
     stats = _stats(ids, done.answers.keys(), {i: r["reason"] for i, r in done.rejected.items()})
     return shard.with_stage("generate", stats, files, raw_key=raw_key, generation=report)
@@ -335,7 +326,7 @@ def _write_raw(
     missing = [i for i in ids if i not in done]
     if missing:
         raise AssertionError(f"{shard.name}: {len(missing)} samples neither answered nor rejected, e.g. {missing[:3]}")
-    with RejectionWriter(storage, shard.key("rejected", "-generate.jsonl")) as rejections:
+    with RejectionWriter(storage, shard.keys.rejected("generate")) as rejections:
         for sample_id, rejected in done.rejected.items():
             rejections.add(sample_id, Reason(rejected["reason"]), rejected["detail"])
         files = rejections.upload()
@@ -355,13 +346,13 @@ def _summarise_existing(storage: Storage, shard: ShardManifest, raw_key: str, id
     if len(answered) != len(set(answered)):
         raise AssertionError(f"{raw_key}: duplicate sample ids")
     rejected: dict[str, str] = {}
-    rejected_key = shard.key("rejected", "-generate.jsonl")
+    rejected_key = shard.keys.rejected("generate")
     if storage.exists(rejected_key):
         body = storage.get_bytes(rejected_key)
         rejected = {r["id"]: r["reason"] for r in map(json.loads, body.splitlines())}  # bytes: only \n, \r split
         files[rejected_key] = hashlib.sha256(body).hexdigest()
     report = None
-    if storage.exists(_generation_key(shard)):
-        report = GenerationReport.from_dict(msgspec.json.decode(storage.get_bytes(_generation_key(shard))))
+    if storage.exists(shard.keys.generation):
+        report = GenerationReport.from_dict(msgspec.json.decode(storage.get_bytes(shard.keys.generation)))
     stats = _stats(ids, set(answered), rejected)
     return shard.with_stage("generate", stats, files, raw_key=raw_key, generation=report)

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from regen.config import DatasetConfig
 from regen.datasets.sources import S3ClientFactory, expand_files, s3_client_of
-from regen.manifest import DatasetLocation
+from regen.layout import DatasetLocation, latest_key
 from regen.storage import Storage, sha256_file
 
 log = logging.getLogger(__name__)
@@ -78,22 +78,24 @@ def dataset_inputs(
     return {**inputs, "digest": canonical_digest(inputs) if sources is not None else None}
 
 
-def latest_key(profile: str, dataset: str) -> str:
-    return f"{profile}/{dataset}/latest.json"
-
-
 def latest_published(storage: Storage, profile: str, dataset: str) -> dict[str, Any] | None:
     """The last published version of a dataset (version, manifest URI, inputs digest), if its manifest still exists."""
     key = latest_key(profile, dataset)
     if not storage.exists(key):
         return None
     latest = json.loads(storage.get_bytes(key))
-    if not storage.exists(DatasetLocation(storage.root_uri, profile, dataset, latest["version"]).key("manifest.json")):
+    manifest = DatasetLocation(storage.root_uri, profile, dataset, latest["version"]).manifest
+    if not storage.exists(manifest):
         log.warning("%s: latest.json names version %s, whose manifest is gone; ignoring it", dataset, latest["version"])
+        return None
+    expected = latest.get("manifest_sha256")
+    if expected and hashlib.sha256(storage.get_bytes(manifest)).hexdigest() != expected:
+        log.warning("%s: version %s's manifest is not the one published; ignoring it", dataset, latest["version"])
         return None
     return dict(latest)
 
 
 def record_published(storage: Storage, profile: str, dataset: str, entry: dict[str, Any]) -> None:
-    """Written after the manifest: `entry` holds version, manifest, inputs_digest, published_at, records."""
+    """Written after the manifest: `entry` holds version, manifest, manifest_sha256, inputs_digest, published_at,
+    records."""
     storage.put_bytes(latest_key(profile, dataset), json.dumps(entry, indent=1).encode())

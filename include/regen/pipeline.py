@@ -18,18 +18,18 @@ from pydantic import ValidationError
 
 from regen.chat import ChatRenderer, why_tokenizer_fails
 from regen.config import ConfigError, ExportConfig, RegenConfig, Sampling, find_profile, load_config
-from regen.datasets.prepare import prepare_manifest_key, run_prepare
+from regen.datasets.prepare import run_prepare
 from regen.errors import FinalError
 from regen.export import ExportSettings, run_export
 from regen.generate import GenerateSettings, run_generate
 from regen.inputs import dataset_inputs, latest_published
-from regen.manifest import DatasetLocation, GenerationReport, PreparedDataset, ShardManifest, version_from_run_id
-from regen.publish import run_publish
+from regen.layout import DatasetLocation, run_report_key, version_from_run_id, write_check_key
+from regen.manifest import GenerationReport, PreparedDataset, ShardManifest
+from regen.publish import run_publish, verify_contents
 from regen.report import fleet_utilisation, log_summary
 from regen.sglang.server_check import check_fleet
-from regen.storage import S3Storage, Storage, check_writable, open_storage
+from regen.storage import Storage, check_writable, open_storage
 from regen.validate import ValidateSettings, run_validate
-from regen.verify import verify_published
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def plan(params: dict[str, Any], run_id: str, s3_client: S3ClientFactory | None 
     except ValueError as e:  # a token role the tokenizer does not have
         raise ConfigError(str(e)) from e
     try:
-        check_writable(_storage(run, s3_client), f"{run.profile}/.write-check-{uuid.uuid4().hex}")
+        check_writable(_storage(run, s3_client), write_check_key(run.profile, uuid.uuid4().hex))
     except PermissionError as e:
         raise ConfigError(f"{e}: give a storage_root this worker can write to") from e
     log.info("plan: %s", run.to_dict())
@@ -180,7 +180,7 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
     config = load_config()
     location, storage, renderer = run.location(dataset), _storage(run, s3_client), renderer_for(run.profile)
     inputs: dict[str, Any] = {}
-    if not storage.exists(prepare_manifest_key(location)):  # a new version, not a resumed one
+    if not storage.exists(location.prepared):  # a new version, not a resumed one
         inputs = dataset_inputs(
             config.dataset(dataset), renderer.record, run.sampling, run.limit, config.resolve, s3_client
         )
@@ -252,24 +252,42 @@ def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory
     return run_export(ShardManifest.from_dict(shard), _storage(run, s3_client), settings, decode).to_dict()
 
 
+def verify_dataset(run: RunSpec, prepared: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    """A finished version read back whole before any manifest names it (regen.verify): every file's sha256, and
+    every record's invariants. Raises VerificationFailed naming every problem, IncompleteDataset when shards did not
+    finish. An unchanged dataset has nothing new to verify."""
+    if "unchanged_since" in prepared:
+        return {"dataset": prepared["location"]["dataset"], "unchanged": True}
+    return verify_contents(PreparedDataset.from_dict(prepared), _storage(run, s3_client))
+
+
+class NotVerified(FinalError):
+    """Publish never writes a manifest for data the verifier did not pass."""
+
+
 def publish_dataset(
-    run: RunSpec, prepared: dict[str, Any], fleet: list[dict[str, Any]], s3_client: S3ClientFactory | None = None
+    run: RunSpec,
+    prepared: dict[str, Any],
+    fleet: list[dict[str, Any]],
+    verified: dict[str, Any] | None,
+    s3_client: S3ClientFactory | None = None,
 ) -> dict[str, Any]:
-    """The published version's summary, once the verifier has read it back whole (regen.verify): every file's
-    sha256 and size, and every record's invariants. For an unchanged dataset, its last version's, marked
-    `unchanged`."""
+    """The published version's summary, for the version `verify_dataset` passed (`verified`: what it returned; None
+    when it failed). For an unchanged dataset, its last version's, marked `unchanged`."""
     if "unchanged_since" in prepared:
         latest = prepared["unchanged_since"]
         return {"dataset": prepared["location"]["dataset"], "unchanged": True, **latest}
+    dataset = prepared["location"]["dataset"]
+    if not verified or "contents" not in verified:
+        raise NotVerified(f"{dataset}: verify_dataset did not pass, so nothing is published; its log says why")
     storage = _storage(run, s3_client)
-    published = run_publish(PreparedDataset.from_dict(prepared), storage, fleet, run.sampling, run.overwrite_version)
-    client = storage.client if isinstance(storage, S3Storage) else None
-    return {**published, "verified": verify_published(published["manifest"], client)}
+    prepared_dataset = PreparedDataset.from_dict(prepared)
+    return run_publish(prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified)
 
 
 def asset_event(published: dict[str, Any]) -> dict[str, Any]:
     """What a dataset's asset event carries: enough for a consumer to find and verify the version."""
-    keys = ("dataset", "version", "manifest", "records", "splits", "inputs_digest")
+    keys = ("dataset", "version", "manifest", "manifest_sha256", "records", "splits", "inputs_digest")
     return {key: published[key] for key in keys if key in published}
 
 
@@ -292,7 +310,7 @@ def report(
         "unpublished": missing,
     }
     storage = _storage(run, s3_client)
-    key = f"{run.profile}/runs/{run.version}.json"
+    key = run_report_key(run.profile, run.version)
     storage.put_bytes(key, json.dumps(summary, indent=1).encode())
     log_summary(published, missing, fleet_usage)
     log.info("run report: %s", storage.uri(key))

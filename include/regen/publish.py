@@ -1,13 +1,15 @@
-"""Stage 6: a dataset version becomes visible. `manifest.json` is written last, only when every shard is finished.
+"""Stage 6: a dataset version becomes visible. `manifest.json` is written last, only when every shard is finished
+and the verifier has read the version's files and records back whole.
 
 Before it: the dataset's report (report.json, report.html and its plots) beside where the manifest goes. The manifest
-names every file of the version with its sha256, the splits, the counts of every stage, and exactly which template
-and tokenizer rendered the prompts.
+names every file of the version with its sha256 and size, the splits, the counts of every stage, and exactly which
+template and tokenizer rendered the prompts. After it, `latest.json` names the version and the manifest's sha256.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 from datetime import UTC, datetime
@@ -15,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from regen.errors import FinalError
-from regen.export import shard_report_key
 from regen.inputs import record_published
-from regen.manifest import DatasetLocation, PreparedDataset, ShardManifest, StageStats
+from regen.layout import DatasetLocation, dataset_prefix, is_report_file
+from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.quality import dataset_report, read_verdicts, write_dataset_report
+from regen.reasons import OK
 from regen.storage import Storage
+from regen.verify import VerificationFailed, verify_manifest
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +38,93 @@ class VersionExists(FinalError):
     """The version is already published with other content: a published version is never changed silently."""
 
 
-def manifest_key(prepared: PreparedDataset) -> str:
-    return prepared.location.key("manifest.json")
+class ChangedSinceVerified(FinalError):
+    """The version's files are not the ones the verifier read: they are verified again before they are published."""
 
 
 def dataset_uri(storage: Storage, location: DatasetLocation) -> str:
     """Where every version of a dataset lives, as a URI: the identity of the dataset's Airflow asset."""
-    uri = storage.uri(f"{location.profile}/{location.dataset}")
+    uri = storage.uri(dataset_prefix(location.profile, location.dataset))
     return uri if "://" in uri else Path(uri).as_uri()
+
+
+def version_contents(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], dict[str, str]]:
+    """Every shard, finished, and every data file of the version with its sha256. Raises IncompleteDataset."""
+    location = prepared.location
+    shards, missing = finished_shards(prepared, storage)
+    if missing:
+        raise IncompleteDataset(
+            f"{location.dataset} {location.version}: shards {', '.join(missing)} did not finish; clear their failed "
+            "tasks (finished answers are kept) and this task publishes once they succeed"
+        )
+    data_files = {s.prompts_key: s.prompts_sha256 for s in shards}
+    data_files |= {k: v for s in shards for k, v in s.files.items()} | prepared.files
+    return shards, dict(sorted(data_files.items()))
+
+
+def contents_digest(data_files: dict[str, str]) -> str:
+    """One sha256 over every data file's key and sha256: what the verifier read is what publish writes out."""
+    return hashlib.sha256(json.dumps(sorted(data_files.items())).encode()).hexdigest()
+
+
+def _shard_entries(shards: list[ShardManifest]) -> list[dict[str, Any]]:
+    return [
+        {
+            "shard": s.name,
+            "prompts": s.prompts_key,
+            "num_prompts": s.num_prompts,
+            "train": s.train_key,
+            "raw": s.raw_key,
+            "records": s.stats["export"].kept,
+        }
+        for s in shards
+    ]
+
+
+def draft_manifest(
+    prepared: PreparedDataset, shards: list[ShardManifest], data_files: dict[str, str]
+) -> dict[str, Any]:
+    """What the verifier needs of a manifest that is not written yet: the files, the shards, the token roles."""
+    location = prepared.location
+    return {
+        "dataset": location.dataset,
+        "version": location.version,
+        "token_roles": prepared.token_roles,
+        "records": sum(s.stats["export"].kept for s in shards),
+        "shards": _shard_entries(shards),
+        "files": data_files,
+    }
+
+
+def verify_contents(prepared: PreparedDataset, storage: Storage) -> dict[str, Any]:
+    """Reads every data file of a finished version back (sha256) and checks every record's invariants, before any
+    manifest names them. Raises VerificationFailed naming every problem; returns what was read and the contents'
+    digest, which publish checks before it writes the manifest."""
+    shards, data_files = version_contents(prepared, storage)
+    result = verify_manifest(draft_manifest(prepared, shards, data_files), storage)
+    location = prepared.location
+    if result.problems:
+        raise VerificationFailed(
+            f"{location.dataset} {location.version}: not published, {len(result.problems)} problems: "
+            + "; ".join(result.problems)
+        )
+    log.info(
+        "verified %s %s: %d files (%d bytes), %d records checked",
+        location.dataset,
+        location.version,
+        len(data_files),
+        result.bytes_read,
+        result.records_checked,
+    )
+    return {
+        "dataset": location.dataset,
+        "version": location.version,
+        "contents": contents_digest(data_files),
+        "files": len(data_files),
+        "bytes": result.bytes_read,
+        "records_checked": result.records_checked,
+        "verified_at": datetime.now(UTC).isoformat(),
+    }
 
 
 def sizes_of(storage: Storage, keys: list[str]) -> dict[str, int]:
@@ -52,14 +135,15 @@ def sizes_of(storage: Storage, keys: list[str]) -> dict[str, int]:
         return dict(zip(keys, pool.map(storage.size, keys), strict=True))
 
 
-def _published_before(storage: Storage, key: str, data_files: dict[str, str], overwrite: bool) -> dict[str, Any] | None:
+def _published_before(storage: Storage, key: str, data_files: dict[str, str], overwrite: bool) -> bytes | None:
     """The version's manifest when it is published already with these data files; None when it is to be written
     (not published yet, or `overwrite`); raises when it is published with other data."""
     if not storage.exists(key):
         return None
-    published: dict[str, Any] = json.loads(storage.get_bytes(key))
-    if {k: v for k, v in published["files"].items() if not _is_report(k)} == data_files:
-        return published  # the report is drawn again each time (its plots are not byte-stable): only the data counts
+    body = storage.get_bytes(key)
+    published = json.loads(body)
+    if {k: v for k, v in published["files"].items() if not is_report_file(k)} == data_files:
+        return body  # the report is drawn again each time (its plots are not byte-stable): only the data counts
     if overwrite:
         log.warning("%s: overwriting a published version with other data (overwrite_version is on)", storage.uri(key))
         return None
@@ -69,29 +153,24 @@ def _published_before(storage: Storage, key: str, data_files: dict[str, str], ov
     )
 
 
-def _is_report(key: str) -> bool:
-    """The dataset report's files: report.json, report.html and its plots, beside the manifest."""
-    return Path(key).name in ("report.json", "report.html") or key.endswith(".png")
-
-
 def _write_manifest(
     prepared: PreparedDataset,
     shards: list[ShardManifest],
     storage: Storage,
-    key: str,
     data_files: dict[str, str],
+    verified: dict[str, Any],
     fleet: list[dict[str, Any]],
     sampling_params: dict[str, Any] | None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[bytes, dict[str, Any]]:
     """The dataset's report, then the manifest naming every file with its sha256 and size: written last. Returns
-    both."""
+    the manifest's bytes and the report."""
     location = prepared.location
     stages = {stage: StageStats.merged([s.stats[stage] for s in shards]).to_dict() for stage in STAGES}
     generations = [s.generation for s in shards if s.generation]
     verdicts = read_verdicts(storage, shards)
     report = dataset_report(verdicts, generations)
     title = f"{location.dataset} {location.version} ({location.profile})"
-    report_files = write_dataset_report(storage, location.prefix, title, verdicts, report)
+    report_files = write_dataset_report(storage, location, title, verdicts, report)
     manifest = {
         "dataset": location.dataset,
         "profile": prepared.profile,
@@ -103,33 +182,28 @@ def _write_manifest(
         "stages": stages,
         "records": report.get("train_records", 0),
         "splits": {"train": report.get("train_records", 0), "truncated": report.get("truncated_records", 0)},
-        "report": {"json": storage.uri(location.key("report.json")), "html": storage.uri(location.key("report.html"))},
+        "report": {
+            "json": storage.uri(location.report_file("report.json")),
+            "html": storage.uri(location.report_file("report.html")),
+        },
         "retokenize_drift": report.get("retokenize_drift"),
         "sampling_params": sampling_params,
         "inputs": prepared.inputs,
         "fleet": fleet,
-        "shards": [
-            {
-                "shard": s.name,
-                "prompts": s.prompts_key,
-                "num_prompts": s.num_prompts,
-                "train": s.train_key,
-                "raw": s.raw_key,
-                "records": s.stats["export"].kept,
-            }
-            for s in shards
-        ],
+        "verified": {k: verified[k] for k in ("bytes", "records_checked", "verified_at")},
+        "shards": _shard_entries(shards),
         "files": data_files | report_files,
         "sizes": sizes_of(storage, [*data_files, *report_files]),
     }
-    storage.put_bytes(key, json.dumps(manifest, indent=1).encode())
-    return manifest, report
+    body = json.dumps(manifest, indent=1).encode()
+    storage.put_bytes(location.manifest, body)
+    return body, report
 
 
 def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], list[str]]:
     finished, missing = [], []
     for shard in prepared.shards:
-        key = shard_report_key(shard)
+        key = shard.keys.report
         if storage.exists(key):
             finished.append(ShardManifest.from_dict(json.loads(storage.get_bytes(key))))
         else:
@@ -143,31 +217,35 @@ def run_publish(
     fleet: list[dict[str, Any]],
     sampling_params: dict[str, Any] | None = None,
     overwrite: bool = False,
+    verified: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`sampling_params`: exactly what every /generate request of this version sent, recorded in the manifest.
+    `verified`: what `verify_contents` returned for this version (the DAG verifies in a task of its own); without it,
+    the version is verified here. Either way no manifest names data the verifier has not read back.
 
     A version is immutable: publishing into one that has a manifest already is a no-op when its data files are the
     same (a retried publish), and refused when they differ, unless `overwrite`."""
     location = prepared.location
-    shards, missing = finished_shards(prepared, storage)
-    if missing:
-        raise IncompleteDataset(
-            f"{location.dataset} {location.version}: shards {', '.join(missing)} did not finish; clear their failed "
-            "tasks (finished answers are kept) and this task publishes once they succeed"
+    if verified is None:
+        verified = verify_contents(prepared, storage)
+    shards, data_files = version_contents(prepared, storage)
+    if contents_digest(data_files) != verified["contents"]:
+        raise ChangedSinceVerified(
+            f"{location.dataset} {location.version}: its files changed after they were verified; clear "
+            "verify_dataset to verify them again"
         )
-    key = manifest_key(prepared)
-    data_files = {s.prompts_key: s.prompts_sha256 for s in shards}  # every file of the version, with its sha256
-    data_files |= {k: v for s in shards for k, v in s.files.items()} | prepared.files
-    published = _published_before(storage, key, data_files, overwrite)
-    if published is None:
-        manifest, report = _write_manifest(prepared, shards, storage, key, data_files, fleet, sampling_params)
+    body = _published_before(storage, location.manifest, data_files, overwrite)
+    if body is None:
+        body, report = _write_manifest(prepared, shards, storage, data_files, verified, fleet, sampling_params)
     else:  # a retried publish: the version stands as it is, report included
-        manifest, report = published, json.loads(storage.get_bytes(location.key("report.json")))
         log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)
-    stages = manifest["stages"]
+        report = json.loads(storage.get_bytes(location.report_file("report.json")))
+    manifest = json.loads(body)
+    manifest_uri = storage.uri(location.manifest)
     latest = {
         "version": location.version,
-        "manifest": storage.uri(key),
+        "manifest": manifest_uri,
+        "manifest_sha256": hashlib.sha256(body).hexdigest(),
         "inputs_digest": prepared.inputs.get("digest"),
         "published_at": manifest["published_at"],
         "records": manifest["records"],
@@ -178,7 +256,7 @@ def run_publish(
         location.dataset,
         location.version,
         manifest["records"],
-        storage.uri(key),
+        manifest_uri,
     )
     drift = report.get("retokenize_drift") or {}
     log.info(
@@ -189,23 +267,25 @@ def run_publish(
         report.get("train_records", 0),
         report.get("truncated_records", 0),
         report.get("rejected_records", 0),
-        {k: v for k, v in report.get("verdicts", {}).items() if k != "ok"},
+        {k: v for k, v in report.get("verdicts", {}).items() if k != OK},
         report.get("tool_call_rate"),
         drift.get("drifted"),
         drift.get("sampled"),
-        storage.uri(location.key("report.html")),
+        storage.uri(location.report_file("report.html")),
     )
     return {
         "dataset": location.dataset,
         "version": location.version,
         "dataset_uri": dataset_uri(storage, location),
         "inputs_digest": latest["inputs_digest"],
-        "manifest": storage.uri(key),
+        "manifest": manifest_uri,
+        "manifest_sha256": latest["manifest_sha256"],
         "report": manifest["report"]["html"],
         "records": manifest["records"],
         "splits": manifest["splits"],
         "retokenize_drift": manifest["retokenize_drift"],
-        "stages": stages,
+        "stages": manifest["stages"],
         "prepare": manifest["prepare"],
+        "verified": {k: v for k, v in verified.items() if k != "contents"},
         "generation": [dataclasses.asdict(s.generation) for s in shards if s.generation],
     }

@@ -17,16 +17,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from regen.layout import DatasetLocation
 from regen.manifest import GenerationReport, ShardManifest
+from regen.reasons import OK, split_of
 from regen.storage import Storage, read_table
-from regen.validate import OK, split_of, verdicts_key
 
 PERCENTILES = (50, 90, 99)
 LENGTHS = ("prompt", "reasoning", "answer", "output")
 
 
 def read_verdicts(storage: Storage, shards: list[ShardManifest]) -> pa.Table:
-    tables = [read_table(storage, verdicts_key(shard)) for shard in shards]
+    tables = [read_table(storage, shard.keys.verdicts) for shard in shards]
     return pa.concat_tables(tables) if tables else pa.table({})
 
 
@@ -166,15 +167,15 @@ Re-tokenisation drift: {drift.get("drifted", 0)} of {drift.get("sampled", 0)} sa
 
 
 def write_dataset_report(
-    storage: Storage, prefix_key: str, title: str, verdicts: pa.Table, report: dict[str, Any]
+    storage: Storage, location: DatasetLocation, title: str, verdicts: pa.Table, report: dict[str, Any]
 ) -> dict[str, str]:
-    """report.json, report.html and its PNGs under {prefix_key}/; returns key -> sha256 of each."""
+    """report.json, report.html and its PNGs beside the version's manifest; returns key -> sha256 of each."""
     files: dict[str, str] = {}
     pngs = _plots(verdicts, report)
     for name, body in pngs.items():
-        key = f"{prefix_key}/{name}"
+        key = location.report_file(name)
         files[key] = storage.put_bytes(key, body)
-    json_key, html_key = f"{prefix_key}/report.json", f"{prefix_key}/report.html"
+    json_key, html_key = location.report_file("report.json"), location.report_file("report.html")
     files[json_key] = storage.put_bytes(json_key, json.dumps(report, indent=1).encode())
     files[html_key] = storage.put_bytes(html_key, _html(title, report, list(pngs)).encode())
     return files

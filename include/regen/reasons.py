@@ -73,6 +73,7 @@ class Reason(StrEnum):
         return STAGE_OF[self]
 
 
+OK = "ok"  # the verdict of an answer that passed every check
 TRUNCATED = frozenset({Reason.TRUNCATED_IN_REASONING, Reason.TRUNCATED_IN_ANSWER})
 _GENERATE = frozenset({Reason.SERVER_REJECTED, Reason.SERVER_ABORTED, Reason.COUNT_MISMATCH})
 _FIRST_VALIDATE = list(Reason).index(Reason.PROMPT_SUFFIX)
@@ -80,6 +81,11 @@ STAGE_OF: dict[Reason, str] = {
     reason: "generate" if reason in _GENERATE else "validate" if i >= _FIRST_VALIDATE else "prepare"
     for i, reason in enumerate(Reason)
 }
+
+
+def split_of(verdict: str) -> str | None:
+    """Where a record with this verdict goes: train/, the flagged truncated/ split, or nowhere (rejected/)."""
+    return "train" if verdict == OK else "truncated" if verdict in TRUNCATED else None
 
 
 class RejectionWriter:

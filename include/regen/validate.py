@@ -36,14 +36,13 @@ import pyarrow as pa
 from regen.chat import ChatRenderer, TokenRoles
 from regen.errors import FinalError
 from regen.manifest import ShardManifest, StageStats
-from regen.reasons import TRUNCATED, Reason, RejectionWriter
+from regen.reasons import OK, Reason, RejectionWriter, split_of
 from regen.records import RawAnswer, ShardPrompts, read_raw, text_digest
-from regen.storage import Storage, write_table
+from regen.storage import Storage, read_table, write_table
 from regen.tool_calls import BadCall, read_tagged
 
 log = logging.getLogger(__name__)
 
-OK = "ok"
 FLAG_NO_REASONING_END = "tool_call_without_reasoning_end"
 Decode = Callable[[list[int]], str]
 
@@ -97,11 +96,6 @@ class Judgement:
     @property
     def split(self) -> str | None:
         return split_of(self.verdict)
-
-
-def split_of(verdict: str) -> str | None:
-    """Where a record with this verdict goes: train/, the flagged truncated/ split, or nowhere (rejected/)."""
-    return "train" if verdict == OK else "truncated" if verdict in TRUNCATED else None
 
 
 def _reject(reason: Reason, detail: str) -> Judgement:
@@ -359,18 +353,19 @@ def run_validate(
     shard: ShardManifest, storage: Storage, renderer: ChatRenderer, settings: ValidateSettings | None = None
 ) -> ShardManifest:
     """Judges every raw answer; writes the verdicts (reports/...-verdicts.parquet) and the rejections."""
-    from regen.datasets.prepare import read_prompts
 
     settings = settings or ValidateSettings()
     if shard.raw_key is None:
         raise ValueError(f"{shard.name} has no raw answers yet: run generate first")
     checks_render = bool(settings.render_check_fraction or settings.render_check_minimum)
-    stored = read_prompts(storage, shard, ["id", "prompt_ids", "tools", *(["messages"] if checks_render else [])])
+    stored = read_table(
+        storage, shard.prompts_key, ["id", "prompt_ids", "tools", *(["messages"] if checks_render else [])]
+    )
     if checks_render:
         check_render_drift(stored, renderer, settings.render_check_fraction, settings.render_check_minimum)
     prompts = ShardPrompts(stored)
     stats, columns = StageStats(), _Columns()
-    with RejectionWriter(storage, shard.key("rejected", "-validate.jsonl")) as rejections:
+    with RejectionWriter(storage, shard.keys.rejected("validate")) as rejections:
         with tempfile.TemporaryDirectory(prefix="regen-validate-") as tmp:
             for answer in read_raw(storage, shard.raw_key, Path(tmp)):
                 prompt_ids = prompts.prompt_ids(answer.id)
@@ -386,7 +381,7 @@ def run_validate(
                     drift = renderer.tokenizer.encode(verdict.decoded, add_special_tokens=False) != answer.output_ids
                 columns.append(answer, verdict, len(prompt_ids), drift)
         files = rejections.upload()
-    key = verdicts_key(shard)
+    key = shard.keys.verdicts
     files[key] = write_table(storage, key, columns.table())
     log.info("%s %s validated: %s", shard.location.dataset, shard.name, stats.to_dict())
     return shard.with_stage("validate", stats, files)
@@ -417,7 +412,3 @@ class _Columns:
 
     def table(self) -> pa.Table:
         return pa.Table.from_pydict(self.data, schema=VERDICTS_SCHEMA)
-
-
-def verdicts_key(shard: ShardManifest) -> str:
-    return shard.key("reports", "-verdicts.parquet")

@@ -9,8 +9,10 @@ the train and truncated splits and checks the invariants a trainer relies on:
 - a kept (`ok`) record ends with an EOS id;
 - each split holds the records the manifest counts.
 
-`python -m regen verify` runs it from a shell, publish runs it before a dataset's asset event, and
-`read_training_data` checks every file it reads before it yields a batch.
+`verify_manifest` does the same for a manifest not written yet: the DAG's verify_dataset task reads a finished
+version back before publish writes its manifest, so no manifest names data that was not read back whole.
+`python -m regen verify` runs it from a shell, and `read_training_data` checks every file it reads before it yields a
+batch. A manifest found through `latest.json` is itself checked against the sha256 recorded there.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from regen.errors import FinalError
+from regen.layout import MANIFEST, DatasetLocation, latest_key
+from regen.reasons import OK
 from regen.storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
@@ -60,27 +64,51 @@ class Verification:
         }
 
 
-def manifest_uri_of(target: str, root: str | None = None, profile: str | None = None) -> str:
-    """A manifest URI as given, or `dataset/version` under `root` and `profile`."""
-    if target.endswith("manifest.json"):
-        return target
+def manifest_uri_of(
+    target: str, root: str | None = None, profile: str | None = None, s3_client: Any = None
+) -> tuple[str, str | None]:
+    """The manifest a target names, and the sha256 it must have (known when it is found through latest.json).
+    A target is a manifest URI, `dataset/version`, or `dataset` alone for its latest version, under root/profile."""
+    if target.endswith(MANIFEST):
+        return target, None
     parts = target.strip("/").split("/")
-    if len(parts) != 2 or root is None or profile is None or not all(parts):
-        raise ValueError(f"{target!r}: give a manifest URI, or dataset/version with --root and --profile")
-    return f"{root.rstrip('/')}/{profile}/{parts[0]}/{parts[1]}/manifest.json"
+    if len(parts) not in (1, 2) or root is None or profile is None or not all(parts):
+        raise ValueError(f"{target!r}: give a manifest URI, or dataset[/version] with --root and --profile")
+    storage = open_storage(root, s3_client)
+    if len(parts) == 2:
+        return storage.uri(DatasetLocation(root, profile, parts[0], parts[1]).manifest), None
+    latest = json.loads(storage.get_bytes(latest_key(profile, parts[0])))
+    return latest["manifest"], latest.get("manifest_sha256")
 
 
-def read_manifest(manifest_uri: str, s3_client: Any = None) -> tuple[dict[str, Any], Storage]:
-    """The manifest and the storage its keys are relative to."""
+def read_manifest(
+    manifest_uri: str, s3_client: Any = None, sha256: str | None = None
+) -> tuple[dict[str, Any], Storage]:
+    """The manifest and the storage its keys are relative to; with `sha256`, the manifest must have it."""
     folder, name = manifest_uri.rsplit("/", 1)
-    manifest = json.loads(open_storage(folder, s3_client).get_bytes(name))
+    body = open_storage(folder, s3_client).get_bytes(name)
+    if sha256 is not None and (actual := hashlib.sha256(body).hexdigest()) != sha256:
+        raise VerificationFailed(f"{manifest_uri}: sha256 {actual}, but latest.json says {sha256}")
+    manifest = json.loads(body)
     return manifest, open_storage(manifest["root"], s3_client)
 
 
-def verify_version(manifest_uri: str, s3_client: Any = None, records: bool = True) -> Verification:
+def verify_version(
+    manifest_uri: str, s3_client: Any = None, records: bool = True, manifest_sha256: str | None = None
+) -> Verification:
     """Every problem found, none raised: files that are missing, altered, truncated or not listed, record counts,
-    and (with `records`) every record's invariants."""
-    manifest, storage = read_manifest(manifest_uri, s3_client)
+    and (with `records`) every record's invariants. `manifest_sha256`: what the manifest must hash to."""
+    try:
+        manifest, storage = read_manifest(manifest_uri, s3_client, manifest_sha256)
+    except VerificationFailed as e:
+        return Verification(manifest_uri, {}, problems=[str(e)])
+    return verify_manifest(manifest, storage, records, manifest_uri)
+
+
+def verify_manifest(
+    manifest: dict[str, Any], storage: Storage, records: bool = True, manifest_uri: str = ""
+) -> Verification:
+    """`verify_version` over a manifest given whole, written or not; its keys are relative to `storage`."""
     result = Verification(manifest_uri, manifest)
     files, sizes = manifest["files"], manifest.get("sizes", {})
     shards = manifest["shards"]
@@ -100,9 +128,9 @@ def verify_version(manifest_uri: str, s3_client: Any = None, records: bool = Tru
     return result
 
 
-def verify_published(manifest_uri: str, s3_client: Any = None) -> dict[str, Any]:
+def verify_published(manifest_uri: str, s3_client: Any = None, manifest_sha256: str | None = None) -> dict[str, Any]:
     """Raises VerificationFailed naming every problem; returns the version's identity and counts when all is right."""
-    result = verify_version(manifest_uri, s3_client)
+    result = verify_version(manifest_uri, s3_client, manifest_sha256=manifest_sha256)
     if result.problems:
         raise VerificationFailed(f"{manifest_uri}: " + "; ".join(result.problems))
     log.info(
@@ -117,13 +145,18 @@ def verify_published(manifest_uri: str, s3_client: Any = None) -> dict[str, Any]
 
 
 def read_training_data(
-    manifest_uri: str, s3_client: Any = None, split: str = "train", columns: list[str] | None = None
+    manifest_uri: str,
+    s3_client: Any = None,
+    split: str = "train",
+    columns: list[str] | None = None,
+    manifest_sha256: str | None = None,
 ) -> Iterator[Any]:
     """The version's records as pyarrow RecordBatches, shard by shard. Each file is checked against the manifest
-    (sha256, size) before any of its batches is yielded; a mismatch raises VerificationFailed."""
+    (sha256, size) before any of its batches is yielded, and the manifest against `manifest_sha256` (an asset
+    event's or latest.json's) when given; a mismatch raises VerificationFailed."""
     import pyarrow.parquet as pq
 
-    manifest, storage = read_manifest(manifest_uri, s3_client)
+    manifest, storage = read_manifest(manifest_uri, s3_client, manifest_sha256)
     keys = sorted(key for key in manifest["files"] if _is_split(key) and f"/{split}/" in key)
     with tempfile.TemporaryDirectory(prefix="regen-read-") as tmp:
         for key in keys:
@@ -209,7 +242,7 @@ def _check_records(
         masked = mask.flatten().to_numpy(zero_copy_only=False)
         bad(np.unique(row_of_id[masked != boundary]), "whose loss mask is not the prompt boundary")
         last = values[starts + lengths - 1]
-        ok = np.asarray(table.column("verdict").to_pylist()) == "ok"
+        ok = np.asarray(table.column("verdict").to_pylist()) == OK
         bad(np.flatnonzero(ok & ~np.isin(last, roles["eos_ids"])), "kept as ok that do not end with an EOS id")
         rows = (sample_ids, values, starts, lengths, prompt_len)
         problems += _against_sources(storage, manifest, key, rows, result.bad_files)

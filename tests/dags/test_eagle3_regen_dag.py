@@ -44,8 +44,14 @@ def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
         "process_shard.generate_shard": ["list_shards", "plan"],
         "process_shard.validate_shard": ["plan", "process_shard.generate_shard"],
         "process_shard.export_shard": ["plan", "process_shard.validate_shard"],
-        "publish_dataset": ["check_server", "plan", "prepare_dataset", "process_shard.export_shard"],
-        "report": ["check_server", "plan", "publish_dataset"],
+        "deliver_dataset.verify_dataset": ["plan", "prepare_dataset", "process_shard.export_shard"],
+        "deliver_dataset.publish_dataset": [
+            "check_server",
+            "deliver_dataset.verify_dataset",
+            "plan",
+            "prepare_dataset",
+        ],
+        "report": ["check_server", "deliver_dataset.publish_dataset", "plan"],
     }
 
 
@@ -57,8 +63,10 @@ def test_policy_pool_one_run_at_a_time_and_an_asset_per_dataset(dag) -> None:  #
     assert set(dag.tags) >= {"eagle3", "sglang"}
     assert dag.max_active_runs == 1
     assert dag.get_task("process_shard.generate_shard").pool == "sglang_fleet"
-    assert dag.get_task("publish_dataset").outlets == [AssetAlias("eagle3_regen_datasets")]
-    assert dag.get_task("publish_dataset").trigger_rule == "all_done"
+    publish, verify = dag.get_task("deliver_dataset.publish_dataset"), dag.get_task("deliver_dataset.verify_dataset")
+    assert publish.outlets == [AssetAlias("eagle3_regen_datasets")] and verify.outlets == []
+    # Both run after failed shards (complete datasets are published); publish refuses when its own verify failed.
+    assert publish.trigger_rule == verify.trigger_rule == "all_done"
     assert all(any(isinstance(n, FailureLog) for n in t.on_failure_callback) for t in dag.tasks)
 
 

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from regen.manifest import version_from_run_id
+from regen.layout import version_from_run_id
 from tools.devstack import ADMIN, DAG_ID, Simulator, Stack, free_port, start_simulator, wait_until
 
 pytestmark = pytest.mark.e2e

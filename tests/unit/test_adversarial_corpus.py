@@ -194,7 +194,7 @@ from regen.chat import ChatRenderer, get_profile
 from regen.config import DatasetConfig
 from regen.datasets.prepare import run_prepare
 from regen.datasets.sources import CorruptSource
-from regen.manifest import DatasetLocation
+from regen.layout import DatasetLocation
 from regen.storage import LocalStorage
 
 corpus, root = Path(sys.argv[1]), Path(sys.argv[2])
@@ -208,7 +208,7 @@ for dataset, pattern in [("corpus", "*.json*"), ("parquet", "rows.parquet"), ("g
         prepared = run_prepare(config, location, storage, renderer, 2000, None, workers=2)
         outcomes[dataset] = {"rows_read": prepared.rows_read, "stats": prepared.stats.to_dict()}
     except CorruptSource as e:
-        outcomes[dataset] = {"error": str(e), "left": storage.list_keys(location.key("prompts"))}
+        outcomes[dataset] = {"error": str(e), "left": storage.list_keys(location.prompts_folder)}
 print(json.dumps(outcomes))
 """
 

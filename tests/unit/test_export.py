@@ -72,12 +72,12 @@ def test_every_answer_lands_in_exactly_one_place_as_the_server_sent_it(
     sent = {r["rid"]: r for r in server.records()}
     [shard] = prepared.shards
     location = prepared.location
-    raw = {r["id"]: r for r in raw_answers(storage, shard.key("raw", ".jsonl.zst"))}
+    raw = {r["id"]: r for r in raw_answers(storage, shard.keys.raw)}
     prompt_ids = shard_prompt_ids(storage, shard)
-    train = parquet(storage, shard.key("train", ".parquet"))
-    truncated = parquet(storage, shard.key("truncated", ".parquet"))
-    rejected = {r["id"]: r for r in lines(storage, location.key("rejected", "shard-00000-validate.jsonl"))}
-    generate_rejected = lines(storage, location.key("rejected", "shard-00000-generate.jsonl"))
+    train = parquet(storage, shard.keys.split("train"))
+    truncated = parquet(storage, shard.keys.split("truncated"))
+    rejected = {r["id"]: r for r in lines(storage, location.shard(0).rejected("validate"))}
+    generate_rejected = lines(storage, location.shard(0).rejected("generate"))
 
     placed = [r["id"] for r in train] + [r["id"] for r in truncated] + list(rejected)
     assert sorted(placed) == sorted(raw) and len(raw) + len(generate_rejected) == len(prompt_ids)
@@ -95,7 +95,7 @@ def test_every_answer_lands_in_exactly_one_place_as_the_server_sent_it(
         defect = sent[raw[sample_id]["rid"]]["defect"]
         assert defect is not None and rejection["reason"] == BY_NAME[defect].reason.value, (defect, rejection)
     assert rejected and all(r["reason"] == "count_mismatch" for r in generate_rejected)
-    assert lines(storage, shard.key("train", ".jsonl")) == [
+    assert lines(storage, shard.keys.split("train", "jsonl")) == [
         {"id": r["id"], "input_ids": r["input_ids"], "loss_mask": r["loss_mask"], "text": r["text"]} for r in train
     ]
 
@@ -103,12 +103,12 @@ def test_every_answer_lands_in_exactly_one_place_as_the_server_sent_it(
 def test_the_dataset_report_counts_what_landed(published: tuple[PreparedDataset, LocalStorage, dict[str, Any]]) -> None:
     prepared, storage, summary = published
     location = prepared.location
-    report = json.loads(storage.get_bytes(location.key("report.json")))
-    manifest = json.loads(storage.get_bytes(location.key("manifest.json")))
+    report = json.loads(storage.get_bytes(location.report_file("report.json")))
+    manifest = json.loads(storage.get_bytes(location.manifest))
     [shard] = prepared.shards
-    train = parquet(storage, shard.key("train", ".parquet"))
-    truncated = parquet(storage, shard.key("truncated", ".parquet"))
-    rejected = lines(storage, location.key("rejected", "shard-00000-validate.jsonl"))
+    train = parquet(storage, shard.keys.split("train"))
+    truncated = parquet(storage, shard.keys.split("truncated"))
+    rejected = lines(storage, location.shard(0).rejected("validate"))
 
     assert report["train_records"] == manifest["splits"]["train"] == summary["records"] == len(train)
     assert report["truncated_records"] == manifest["splits"]["truncated"] == len(truncated)
@@ -120,14 +120,12 @@ def test_the_dataset_report_counts_what_landed(published: tuple[PreparedDataset,
     assert report["tool_call_rate"] == round(sum("<|tool_call_end|>" in r["text"] for r in kept) / len(kept), 4)
     drift = report["retokenize_drift"]
     assert min(16, len(kept)) <= drift["sampled"] <= len(kept)
-    measured = [
-        v for v in parquet(storage, shard.key("reports", "-verdicts.parquet")) if v["retokenize_drift"] is not None
-    ]
+    measured = [v for v in parquet(storage, shard.keys.verdicts) if v["retokenize_drift"] is not None]
     assert len(measured) == drift["sampled"] and sum(v["retokenize_drift"] for v in measured) == drift["drifted"]
     for name in ("report.html", "lengths.png", "verdicts.png"):
-        assert location.key(name) in manifest["files"]
-    assert Path(storage.uri(location.key("verdicts.png"))).read_bytes()[:4] == b"\x89PNG"
-    html = storage.get_bytes(location.key("report.html")).decode()
+        assert location.report_file(name) in manifest["files"]
+    assert Path(storage.uri(location.report_file("verdicts.png"))).read_bytes()[:4] == b"\x89PNG"
+    html = storage.get_bytes(location.report_file("report.html")).decode()
     assert f"{report['train_records']} training records" in html and 'src="lengths.png"' in html
     assert manifest["profile"]["chat_template_sha256"] and manifest["profile"]["tokenizer_files_sha256"]
 
@@ -137,9 +135,9 @@ def test_retokenisation_drift_is_what_a_text_pipeline_would_corrupt(
 ) -> None:
     prepared, storage, _ = published
     [shard] = prepared.shards
-    records = {r["id"]: r for r in parquet(storage, shard.key("train", ".parquet"))}
-    records |= {r["id"]: r for r in parquet(storage, shard.key("truncated", ".parquet"))}
-    for verdict in parquet(storage, shard.key("reports", "-verdicts.parquet")):
+    records = {r["id"]: r for r in parquet(storage, shard.keys.split("train"))}
+    records |= {r["id"]: r for r in parquet(storage, shard.keys.split("truncated"))}
+    for verdict in parquet(storage, shard.keys.verdicts):
         if verdict["retokenize_drift"] is None:
             continue
         record = records[verdict["id"]]
@@ -152,7 +150,7 @@ def test_a_template_that_changed_since_prepare_fails_validate(
     published: tuple[PreparedDataset, LocalStorage, dict[str, Any]], renderer: ChatRenderer
 ) -> None:
     prepared, storage, _ = published
-    shard = dataclasses.replace(prepared.shards[0], raw_key=prepared.shards[0].key("raw", ".jsonl.zst"))
+    shard = dataclasses.replace(prepared.shards[0], raw_key=prepared.shards[0].keys.raw)
     moved = dataclasses.replace(
         renderer.profile,
         chat_template_kwargs={"thinking": False},

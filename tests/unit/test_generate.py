@@ -28,9 +28,9 @@ def test_rerun_after_a_crash_requests_only_the_missing_samples(
         patched.setattr(generate, "_write_raw", crash)
         with pytest.raises(SystemExit):
             run_generate(shard, storage, settings)
-    parts = storage.list_keys(location.key("raw", "shard-00000/"))
+    parts = storage.list_keys(location.shard(0).checkpoints)
     assert len(parts) >= 4  # flushed as they finished, not at the end
-    assert not storage.exists(shard.key("raw", ".jsonl.zst"))
+    assert not storage.exists(shard.keys.raw)
 
     # ... and lost its last three checkpoints too.
     for key in parts[-3:]:
@@ -53,7 +53,7 @@ def test_rerun_after_a_crash_requests_only_the_missing_samples(
     # The report counts both tries: the first up to its last surviving checkpoint, the second whole.
     assert second.generation is not None and second.generation.tries == 2
     assert second.generation.answered == 48 and second.generation.requests >= 48
-    assert storage.list_keys(location.key("raw", "shard-00000/")) == []  # the raw file replaced the checkpoints
+    assert storage.list_keys(location.shard(0).checkpoints) == []  # the raw file replaced the checkpoints
 
 
 def test_a_finished_shard_is_not_generated_again(tmp_path: Path, renderer: ChatRenderer, simulator: Simulator) -> None:
@@ -72,7 +72,8 @@ def test_answers_are_flushed_within_the_interval_even_when_no_more_arrive(tmp_pa
     import time
 
     from regen.generate import MERGE_AFTER, _Checkpointer
-    from regen.manifest import DatasetLocation, GenerationReport, ShardManifest
+    from regen.layout import DatasetLocation
+    from regen.manifest import GenerationReport, ShardManifest
     from regen.storage import LocalStorage
 
     storage = LocalStorage(tmp_path)

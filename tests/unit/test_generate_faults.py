@@ -112,7 +112,7 @@ def test_sigkill_mid_shard_then_rerun_requests_only_the_unfinished(
         worker = subprocess.Popen(
             [sys.executable, "-c", KILLABLE, json.dumps(prompts.to_dict()), str(storage.root), sim.url]
         )
-        parts = prompts.location.key("raw", "shard-00000/")
+        parts = prompts.location.shard(0).checkpoints
         deadline = time.monotonic() + 60
         while len(storage.list_keys(parts)) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)

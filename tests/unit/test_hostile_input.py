@@ -129,7 +129,7 @@ def test_a_prepare_broken_off_by_a_damaged_file_leaves_nothing_a_rerun_keeps(tmp
     from regen.chat import ChatRenderer, get_profile
     from regen.datasets.prepare import run_prepare
     from regen.datasets.sources import CorruptSource
-    from regen.manifest import DatasetLocation
+    from regen.layout import DatasetLocation
     from regen.storage import LocalStorage
 
     rows = b"".join(json.dumps({"input": f"task {i}"}).encode() + b"\n" for i in range(1500))  # past the read-ahead
@@ -141,13 +141,13 @@ def test_a_prepare_broken_off_by_a_damaged_file_leaves_nothing_a_rerun_keeps(tmp
     renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
     with pytest.raises(CorruptSource, match=r"part-1\.jsonl\.gz: the gzip stream is damaged"):
         run_prepare(config, location, storage, renderer, 100, None, workers=1)
-    left = storage.list_keys(location.key("prompts"))
-    assert left and location.key("prompts", "prepare.json") not in left  # shards of part-0, no completion marker
+    left = storage.list_keys(location.prompts_folder)
+    assert left and location.prepared not in left  # shards of part-0, no completion marker
 
     (tmp_path / "part-1.jsonl.gz").unlink()  # the damaged file is taken out of the dataset
     prepared = run_prepare(config, location, storage, renderer, 1000, None, workers=1)
-    assert sorted(storage.list_keys(location.key("prompts"))) == sorted(
-        [s.prompts_key for s in prepared.shards] + [location.key("prompts", "prepare.json")]
+    assert sorted(storage.list_keys(location.prompts_folder)) == sorted(
+        [s.prompts_key for s in prepared.shards] + [location.prepared]
     )
 
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from regen import pipeline
-from regen.inputs import dataset_inputs, latest_key
+from regen.inputs import dataset_inputs
+from regen.layout import latest_key
 from regen.verify import VerificationFailed, verify_published
 from tests.conftest import ROOT, Simulator
 
@@ -40,7 +41,8 @@ def run_stages(run_id: str, simulator: Simulator, **params: Any) -> dict[str, An
     for shard in [s for group in pipeline.shard_groups(prepared, 256) for s in group]:
         generated = pipeline.generate_shard(run, shard)
         pipeline.export_shard(run, pipeline.validate_shard(run, generated))
-    published = [pipeline.publish_dataset(run, p, []) for p in prepared]
+    verified = [pipeline.verify_dataset(run, p) for p in prepared]
+    published = [pipeline.publish_dataset(run, p, [], v) for p, v in zip(prepared, verified, strict=True)]
     return pipeline.report(run, published, [])
 
 
@@ -154,3 +156,12 @@ def test_more_shards_than_the_task_limit_are_grouped_in_order_within_a_dataset()
     assert all(len({s["shard"] >= 100 for s in g}) == 1 for g in groups)  # no group spans two datasets
     assert len(pipeline.shard_groups(prepared, 2)) == len(pipeline.shard_groups(prepared, 1)) == 2  # one per dataset
     assert pipeline.shard_groups([{"shards": []}], 20) == []
+
+
+def test_publish_refuses_a_dataset_whose_verification_did_not_pass(deployment: Path, simulator: Simulator) -> None:
+    """In the DAG, publish gets None from a failed verify_dataset: it names the cause and writes nothing."""
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url]}, "unverified"))
+    prepared = pipeline.prepare_dataset(run, run.datasets[0])
+    with pytest.raises(pipeline.NotVerified, match="verify_dataset did not pass"):
+        pipeline.publish_dataset(run, prepared, [], None)
+    assert not (deployment / "storage" / run.location(run.datasets[0]).manifest).exists()

@@ -12,8 +12,9 @@ import pytest
 
 from regen.chat import ChatRenderer
 from regen.config import DatasetConfig, HubDataset, load_config
-from regen.datasets.prepare import prepare_manifest_key, run_prepare
-from regen.manifest import DatasetLocation, PreparedDataset
+from regen.datasets.prepare import run_prepare
+from regen.layout import DatasetLocation
+from regen.manifest import PreparedDataset
 from regen.storage import LocalStorage, Storage
 from tests.conftest import prepare_sample
 
@@ -62,7 +63,7 @@ def test_sample_dataset_is_sharded_with_every_row_accounted_for(tmp_path: Path, 
     assert len(rows) == len({r["id"] for r in rows}) == 36
     results = [m for row in rows for m in json.loads(row["messages"]) if m["role"] == "tool"]
     assert results and all(m["tool_call_id"].startswith(f"functions.{m['name']}:") for m in results)  # named
-    manifest = json.loads(storage.get_bytes(prepare_manifest_key(prepared.location)))
+    manifest = json.loads(storage.get_bytes(prepared.location.prepared))
     assert manifest["rows_read"] == 40 and manifest["turns"] == "final"
 
 
@@ -105,7 +106,7 @@ def test_every_assistant_turn_makes_one_sample_per_turn(tmp_path: Path, renderer
         "dropped_by_reason": {"duplicate": 1, "unknown_role": 1},
     }
     assert [len(json.loads(r["messages"])) for r in shard_rows(storage, prepared)] == [1, 3]
-    assert json.loads(storage.get_bytes(prepare_manifest_key(prepared.location)))["rows_read"] == 3
+    assert json.loads(storage.get_bytes(prepared.location.prepared))["rows_read"] == 3
 
 
 def test_sample_ids_do_not_depend_on_file_order(tmp_path: Path, renderer: ChatRenderer) -> None:
@@ -160,7 +161,7 @@ def test_parallel_tokenisation_gives_the_same_shards_as_one_process(
     assert f"tokenising with {workers} worker processes" in caplog.text
     assert many.stats == one.stats and many.stats.kept == 1036
     assert shard_rows(storage, many) == shard_rows(storage, one)
-    rejected = [storage.get_bytes(p.location.key("rejected", "prepare.jsonl")) for p in (one, many)]
+    rejected = [storage.get_bytes(p.location.prepare_rejections) for p in (one, many)]
     assert rejected[0] == rejected[1]
 
 

@@ -15,8 +15,8 @@ from regen.chat import ChatRenderer, get_profile
 from regen.config import DatasetConfig
 from regen.datasets.formats import CONVERTERS, SHAREGPT_ROLES, normalise_row
 from regen.datasets.normalise import Conversation, Rejection
-from regen.datasets.prepare import prepare_manifest_key, run_prepare
-from regen.manifest import DatasetLocation
+from regen.datasets.prepare import run_prepare
+from regen.layout import DatasetLocation
 from regen.reasons import Reason
 from regen.storage import LocalStorage
 
@@ -141,13 +141,13 @@ def test_prepare_accounts_for_every_row(data: list[bytes], turns: Any) -> None:
         config = DatasetConfig(paths=[str(source)], turns=turns)
         prepared = run_prepare(config, location, storage, RENDERER, 5, None, workers=1)
         stats = prepared.stats
-        rows_read = json.loads(storage.get_bytes(prepare_manifest_key(location)))["rows_read"]
+        rows_read = json.loads(storage.get_bytes(location.prepared))["rows_read"]
         assert rows_read == len(data)  # every line, a blank one included
         assert stats.total == stats.kept + stats.dropped >= rows_read
         assert turns == "every_assistant_turn" or stats.total == rows_read
         assert set(stats.dropped_by_reason) <= REASONS
         kept = [r for s in prepared.shards for r in pq.read_table(storage.uri(s.prompts_key)).to_pylist()]
         assert len(kept) == stats.kept == len({r["id"] for r in kept})
-        rejected = storage.list_keys(location.key("rejected"))
+        rejected = storage.list_keys(location.prepare_rejections)
         rejected_lines = storage.get_bytes(rejected[0]).splitlines() if rejected else []
         assert len(rejected_lines) == stats.dropped

@@ -30,13 +30,13 @@ def test_publish_waits_for_every_shard_then_writes_the_manifest_last(
     ]
     with pytest.raises(IncompleteDataset, match="shard-00001 did not finish"):
         run_publish(prepared, storage, fleet=[])
-    assert not storage.exists(location.key("manifest.json"))
+    assert not storage.exists(location.manifest)
 
     finish.append(
         run_export(run_validate(run_generate(prepared.shards[1], storage, settings), storage, renderer), storage)
     )
     summary = run_publish(prepared, storage, fleet=[{"url": simulator.url}], sampling_params=Sampling().as_params())
-    manifest_path = Path(storage.uri(location.key("manifest.json")))
+    manifest_path = Path(storage.uri(location.manifest))
     manifest = json.loads(manifest_path.read_text())
     assert summary["records"] == manifest["records"] == 36
     assert manifest["stages"]["generate"] == {"total": 36, "kept": 36, "dropped": 0, "dropped_by_reason": {}}

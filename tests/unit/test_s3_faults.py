@@ -18,7 +18,7 @@ from regen.config import Sampling, load_config
 from regen.datasets.prepare import run_prepare
 from regen.export import run_export
 from regen.generate import GenerateSettings, run_generate
-from regen.manifest import DatasetLocation
+from regen.layout import DatasetLocation
 from regen.publish import run_publish
 from regen.storage import S3Storage, check_writable, s3_client_config
 from regen.validate import run_validate

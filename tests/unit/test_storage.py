@@ -62,7 +62,7 @@ def test_open_storage_parses_roots(tmp_path: Path) -> None:
     ],
 )
 def test_a_location_whose_names_could_leave_the_root_is_refused(profile: str, dataset: str, version: str) -> None:
-    from regen.manifest import DatasetLocation
+    from regen.layout import DatasetLocation
 
     with pytest.raises(ValueError, match="cannot name a storage folder"):
         DatasetLocation("s3://bucket/root", profile, dataset, version)

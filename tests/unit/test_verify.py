@@ -19,8 +19,9 @@ from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.export import run_export
 from regen.generate import GenerateSettings, run_generate
+from regen.inputs import latest_published
 from regen.manifest import PreparedDataset
-from regen.publish import VersionExists, run_publish
+from regen.publish import ChangedSinceVerified, VersionExists, run_publish, verify_contents
 from regen.storage import LocalStorage, S3Storage
 from regen.validate import run_validate
 from regen.verify import VerificationFailed, read_training_data, verify_version
@@ -182,14 +183,14 @@ def test_a_published_version_is_never_changed_silently(
     before = Path(manifest_uri).read_bytes()
     again = run_publish(prepared, storage, fleet=[])  # a retried publish: the same data, nothing written
     assert Path(manifest_uri).read_bytes() == before and again["manifest"] == manifest_uri
-    other = dataclasses.replace(prepared, files={**prepared.files, prepared.location.key("extra.txt"): "0" * 64})
-    storage.put_bytes(prepared.location.key("extra.txt"), b"")
+    extra = f"{prepared.location.prefix}/extra.txt"
+    other = dataclasses.replace(prepared, files={**prepared.files, extra: storage.put_bytes(extra, b"other data\n")})
     with pytest.raises(VersionExists, match=r"already published with other data.*overwrite_version"):
         run_publish(other, storage, fleet=[])
     assert Path(manifest_uri).read_bytes() == before
     run_publish(other, storage, fleet=[], overwrite=True)
-    assert prepared.location.key("extra.txt") in json.loads(Path(manifest_uri).read_text())["files"]
-    storage.delete(prepared.location.key("extra.txt"))
+    assert extra in json.loads(Path(manifest_uri).read_text())["files"]
+    storage.delete(extra)
     run_publish(prepared, storage, fleet=[], overwrite=True)  # put back for the other tests of the module
     assert verify_version(manifest_uri).problems == []
 
@@ -213,8 +214,8 @@ def test_a_publish_killed_before_its_manifest_is_completed_by_the_rerun(
     monkeypatch.setattr(storage, "put_bytes", killed_at_the_manifest)
     with pytest.raises(ConnectionResetError):
         run_publish(prepared, storage, fleet=[])
-    manifest_key = prepared.location.key("manifest.json")
-    assert storage.exists(prepared.location.key("report.json")) and not storage.exists(manifest_key)
+    manifest_key = prepared.location.manifest
+    assert storage.exists(prepared.location.report_file("report.json")) and not storage.exists(manifest_key)
     monkeypatch.setattr(storage, "put_bytes", write)
     summary = run_publish(prepared, storage, fleet=[])
     result = verify_version(summary["manifest"])
@@ -227,3 +228,63 @@ def test_the_cli_takes_dataset_and_version_under_a_root(published: tuple[Prepare
     target = f"{location.dataset}/{location.version}"
     assert main(["verify", target, "--root", storage.root_uri, "--profile", location.profile]) == 0
     assert main(["verify", target]) == 2  # no root: says what to give
+
+
+def test_data_that_does_not_read_back_as_written_is_never_published(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    """The verifier reads a finished version back before any manifest names it: a damaged file leaves no manifest
+    and no latest.json, so neither a trainer nor the nightly skip ever takes the version as published."""
+    prepared, storage = prepare_sample(tmp_path, renderer, "B2_opencodeinstruct", 30)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+    for shard in prepared.shards:
+        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    train = Path(storage.uri(prepared.shards[0].keys.split("train")))
+    body = train.read_bytes()
+    train.write_bytes(body[:100] + bytes([body[100] ^ 1]) + body[101:])  # one bit flipped, the size unchanged
+    with pytest.raises(VerificationFailed, match=f"{prepared.shards[0].keys.split('train')}: sha256"):
+        run_publish(prepared, storage, fleet=[])
+    location = prepared.location
+    assert not storage.exists(location.manifest) and not storage.exists(location.latest)
+    train.write_bytes(body)
+    assert run_publish(prepared, storage, fleet=[])["verified"]["records_checked"] == 48
+
+
+def test_publish_refuses_data_that_changed_after_it_was_verified(
+    published: tuple[PreparedDataset, LocalStorage, str],
+) -> None:
+    prepared, storage, manifest_uri = published
+    verified = verify_contents(prepared, storage)
+    before = Path(manifest_uri).read_bytes()
+    extra = f"{prepared.location.prefix}/extra.txt"
+    other = dataclasses.replace(prepared, files={**prepared.files, extra: storage.put_bytes(extra, b"late\n")})
+    try:
+        with pytest.raises(ChangedSinceVerified, match="changed after they were verified"):
+            run_publish(other, storage, fleet=[], overwrite=True, verified=verified)
+        assert Path(manifest_uri).read_bytes() == before
+    finally:
+        storage.delete(extra)
+
+
+def test_latest_json_pins_the_manifest_by_its_sha256(published: tuple[PreparedDataset, LocalStorage, str]) -> None:
+    """latest.json moves only after the manifest landed, and names its sha256: a manifest edited afterwards is caught
+    by the CLI, by a trainer given the sha256, and by the nightly skip, which then regenerates the dataset."""
+    prepared, storage, manifest_uri = published
+    location = prepared.location
+    latest = json.loads(storage.get_bytes(location.latest))
+    original = Path(manifest_uri).read_bytes()
+    assert latest["manifest_sha256"] == hashlib.sha256(original).hexdigest()
+    assert latest_published(storage, location.profile, location.dataset) == latest
+    args = ["verify", location.dataset, "--root", storage.root_uri, "--profile", location.profile, "--files-only"]
+    assert main(args) == 0
+    edited = json.loads(original)
+    edited["sampling_params"] = {"temperature": 0.0}  # files and records untouched: only the pin can tell
+    Path(manifest_uri).write_text(json.dumps(edited, indent=1))
+    try:
+        assert main(args) == 1
+        assert verify_version(manifest_uri).problems == []  # without the pin the edit passes: it is what pins catch
+        with pytest.raises(VerificationFailed, match=r"latest\.json says"):
+            next(read_training_data(manifest_uri, manifest_sha256=latest["manifest_sha256"]))
+        assert latest_published(storage, location.profile, location.dataset) is None
+    finally:
+        Path(manifest_uri).write_bytes(original)

@@ -30,9 +30,10 @@ from regen.datasets.formats import normalise_row
 from regen.datasets.normalise import Conversation, Rejection
 from regen.datasets.sources import BadRow, S3ClientFactory, SourceRow, iter_rows
 from regen.datasets.tokenise import Rendered, available_cores, render_ordered
-from regen.manifest import DatasetLocation, PreparedDataset, ShardManifest, StageStats
+from regen.layout import DatasetLocation
+from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.reasons import Reason, RejectionWriter
-from regen.storage import Storage, read_table, write_table
+from regen.storage import Storage, write_table
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +49,6 @@ PROMPT_SCHEMA = pa.schema(
         ("prompt_ids", pa.list_(pa.int32())),
     ]
 )
-
-
-def prepare_manifest_key(location: DatasetLocation) -> str:
-    return location.key("prompts", "prepare.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +101,10 @@ class _ShardWriter:
     def flush(self) -> None:
         if not self._rows:
             return
-        shard = ShardManifest(self.location, len(self.shards), "", "", len(self._rows))
-        key = shard.key("prompts", ".parquet")
+        number = len(self.shards)
+        key = self.location.shard(number).prompts
         digest = write_table(self.storage, key, pa.Table.from_pylist(self._rows, schema=PROMPT_SCHEMA))
-        self.shards.append(ShardManifest(self.location, shard.shard, key, digest, len(self._rows)))
+        self.shards.append(ShardManifest(self.location, number, key, digest, len(self._rows)))
         self._rows = []
 
 
@@ -203,17 +200,17 @@ def run_prepare(
     """`s3_client` makes the boto3 client for `s3://` sources; `workers` tokenises in that many processes (None:
     all cores, 1: in this process); `inputs` (regen.inputs.dataset_inputs) is recorded as what the version is made
     from."""
-    existing = prepare_manifest_key(location)
+    existing = location.prepared
     if storage.exists(existing):
         log.info("%s already prepared; reusing %s", location.dataset, storage.uri(existing))
         return PreparedDataset.from_dict(json.loads(storage.get_bytes(existing)))
 
     # A prepare that failed part-way (a damaged source, a killed task) left shards with no prepare.json: they are
     # not this version's prompts, and a source fixed since may give fewer shards.
-    for stale in storage.list_keys(location.key("prompts")):
+    for stale in storage.list_keys(location.prompts_folder):
         storage.delete(stale)
     tally = _Tally(location.dataset)
-    rejections = RejectionWriter(storage, location.key("rejected", "prepare.jsonl"))
+    rejections = RejectionWriter(storage, location.prepare_rejections)
     with tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp, rejections:
         workdir = Path(tmp)
         shards = _ShardWriter(location, storage, shard_size)
@@ -241,7 +238,3 @@ def run_prepare(
     storage.put_bytes(existing, json.dumps(record, indent=1).encode())
     tally.log(f"prepared ({len(shards.shards)} shards)")
     return prepared
-
-
-def read_prompts(storage: Storage, shard: ShardManifest, columns: list[str] | None = None) -> pa.Table:
-    return read_table(storage, shard.prompts_key, columns)

@@ -1,0 +1,168 @@
+"""Every storage key the pipeline reads or writes, in one place: the layout DESIGN.md documents.
+
+    {profile}/{dataset}/latest.json            the last published version, with its manifest's sha256
+    {profile}/{dataset}/{version}/
+      prompts/prepare.json                     prepare's record of the version's shards (its presence: prepared)
+      prompts/shard-00042.parquet              id, source_index, source, messages, tools, meta, prompt_ids
+      raw/shard-00042/part-*.jsonl.zst         checkpoints written while generating (resume reads them)
+      raw/shard-00042.jsonl.zst                every answer of the shard, exactly as the server sent it
+      raw/shard-00042.generation.json          how generating went (requests, retries, server seconds)
+      train/shard-00042.parquet                training records (and .jsonl when configured); truncated/ alike
+      rejected/prepare.jsonl                   rejected rows, each with its reason; rejected/shard-00042-{stage}.jsonl
+      reports/shard-00042-verdicts.parquet     validate's verdict on every answer
+      reports/shard-00042.json                 the shard's final manifest (its presence: the shard is finished)
+      report.json, report.html, *.png          the dataset report
+      manifest.json                            written last: its presence means the version is complete
+    {profile}/runs/{version}.json              the run's report
+    {profile}/.write-check-*                   plan's probe write, deleted at once
+
+Stages take their keys from here and never from each other. Profile, dataset and version names become folders of
+every key, so each is checked: one that could climb out of the root is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # starts with a letter or digit: never `.` or `..`
+VERSION_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+MANIFEST = "manifest.json"
+SPLITS = ("train", "truncated")
+REPORT_FILES = ("report.json", "report.html")
+
+
+def version_from_run_id(run_id: str) -> str:
+    """A storage-safe version that stays the same for every retry and clear of one DAG run."""
+    version = VERSION_UNSAFE.sub("-", run_id).strip("-._")
+    if not version:
+        raise ValueError(f"run id {run_id!r} gives an empty version")
+    return version[:128]
+
+
+def checked_name(part: str, name: str) -> str:
+    if not SAFE_NAME.match(name):
+        raise ValueError(f"{part} {name!r} cannot name a storage folder: use letters, digits, '_', '.', '-'")
+    return name
+
+
+def dataset_prefix(profile: str, dataset: str) -> str:
+    """Where every version of one dataset lives."""
+    return f"{checked_name('profile', profile)}/{checked_name('dataset', dataset)}"
+
+
+def latest_key(profile: str, dataset: str) -> str:
+    return f"{dataset_prefix(profile, dataset)}/latest.json"
+
+
+def run_report_key(profile: str, version: str) -> str:
+    return f"{checked_name('profile', profile)}/runs/{checked_name('version', version)}.json"
+
+
+def write_check_key(profile: str, token: str) -> str:
+    return f"{checked_name('profile', profile)}/.write-check-{token}"
+
+
+def is_report_file(key: str) -> bool:
+    """The dataset report's files beside the manifest: drawn again on every publish (plots are not byte-stable)."""
+    name = key.rsplit("/", 1)[-1]
+    return name in REPORT_FILES or name.endswith(".png")
+
+
+@dataclass(frozen=True)
+class DatasetLocation:
+    """Where one dataset version lives: {root}/{profile}/{dataset}/{version}/."""
+
+    root: str
+    profile: str
+    dataset: str
+    version: str
+
+    def __post_init__(self) -> None:
+        """Checked whatever checked the names upstream: an unsafe name never reaches a key."""
+        checked_name("profile", self.profile)
+        checked_name("dataset", self.dataset)
+        checked_name("version", self.version)
+
+    @property
+    def prefix(self) -> str:
+        return f"{dataset_prefix(self.profile, self.dataset)}/{self.version}"
+
+    def _key(self, *parts: str) -> str:
+        return "/".join((self.prefix, *parts))
+
+    @property
+    def latest(self) -> str:
+        return latest_key(self.profile, self.dataset)
+
+    @property
+    def manifest(self) -> str:
+        return self._key(MANIFEST)
+
+    @property
+    def prepared(self) -> str:
+        return self._key("prompts", "prepare.json")
+
+    @property
+    def prompts_folder(self) -> str:
+        return self._key("prompts") + "/"
+
+    @property
+    def prepare_rejections(self) -> str:
+        return self._key("rejected", "prepare.jsonl")
+
+    def report_file(self, name: str) -> str:
+        """report.json, report.html or one of its plots, beside the manifest."""
+        return self._key(name)
+
+    def shard(self, number: int) -> ShardKeys:
+        return ShardKeys(self, number)
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The keys of one shard of a version, named by what each holds."""
+
+    location: DatasetLocation
+    number: int
+
+    @property
+    def name(self) -> str:
+        return f"shard-{self.number:05d}"
+
+    def _key(self, folder: str, suffix: str) -> str:
+        return self.location._key(folder, f"{self.name}{suffix}")
+
+    @property
+    def prompts(self) -> str:
+        return self._key("prompts", ".parquet")
+
+    @property
+    def checkpoints(self) -> str:
+        """The folder of the checkpoint parts, ending in `/`."""
+        return self._key("raw", "/")
+
+    @property
+    def raw(self) -> str:
+        return self._key("raw", ".jsonl.zst")
+
+    @property
+    def generation(self) -> str:
+        return self._key("raw", ".generation.json")
+
+    def rejected(self, stage: str) -> str:
+        return self._key("rejected", f"-{stage}.jsonl")
+
+    @property
+    def verdicts(self) -> str:
+        return self._key("reports", "-verdicts.parquet")
+
+    @property
+    def report(self) -> str:
+        """The shard's final manifest; its presence means the shard is finished."""
+        return self._key("reports", ".json")
+
+    def split(self, split: str, fmt: str = "parquet") -> str:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}: one of {', '.join(SPLITS)}")
+        return self._key(split, f".{fmt}")
