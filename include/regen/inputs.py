@@ -14,12 +14,11 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from regen.config import DatasetConfig
-from regen.datasets.sources import S3ClientFactory, expand_files, s3_client_of
+from regen.datasets.sources import expand_files
 from regen.layout import DatasetLocation, latest_key
-from regen.storage import Storage, sha256_file
+from regen.storage import Locator, S3ClientFactory, Storage, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +40,11 @@ def source_digests(
                 return None  # prepare says it is missing, with its own message
             return {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
         return {f"hf://{config.hf.id}": config.hf.revision} if config.hf.revision else None
-    files = expand_files([resolve_path(p) for p in config.paths or []], s3_client)
+    locate = Locator(s3_client)
     digests: dict[str, str] = {}
-    client: Any = None
-    for file in files:
-        parsed = urlparse(file.uri)
-        if parsed.scheme == "s3":
-            client = client or s3_client_of(s3_client)
-            head = client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))
-            digests[file.uri] = f"etag:{head['ETag'].strip(chr(34))}:{head['ContentLength']}"
-        else:
-            digests[file.uri] = sha256_file(Path(file.uri.removeprefix("file://")))
+    for file in expand_files([resolve_path(p) for p in config.paths or []], locate):
+        storage, key = locate(file.uri)
+        digests[file.uri] = storage.content_id(key)
     return digests
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
@@ -28,12 +27,11 @@ from regen.manifest import GenerationReport, PreparedDataset, ShardManifest
 from regen.publish import run_publish, verify_contents
 from regen.report import fleet_utilisation, log_summary
 from regen.sglang.server_check import check_fleet
-from regen.storage import Storage, check_writable, open_storage
+from regen.storage import S3ClientFactory, Storage, check_writable, open_storage
 from regen.validate import ValidateSettings, run_validate
 
 log = logging.getLogger(__name__)
 
-S3ClientFactory = Callable[[], Any]
 
 
 class IncompleteRun(FinalError):

@@ -1,4 +1,6 @@
-"""One storage root, local directory or S3 prefix, addressed by relative keys.
+"""The project's one I/O layer: a storage root, local directory or S3 prefix, addressed by relative keys. The
+pipeline's output and the datasets' sources are both read through it (`Locator` finds the storage of any URI), with
+one S3 client factory, so credentials, endpoint and retries are set in one place.
 
 Writes are all-or-nothing: a local file appears by atomic rename, an S3 object by a single PUT or a completed
 multipart upload. Every write returns the SHA-256 of what was written, which manifests record; S3 additionally checks
@@ -8,16 +10,21 @@ the upload with its own SHA-256 checksum.
 from __future__ import annotations
 
 import base64
+import fnmatch
+import glob
 import hashlib
+import io
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 from urllib.parse import urlparse
 
 CHUNK = 8 * 1024 * 1024
+READ_BUFFER = 1024 * 1024  # what a stream opened for reading fetches at a time
+S3ClientFactory = Callable[[], Any]  # makes the boto3 client: from an Airflow connection, or boto3's defaults
 
 
 def sha256_file(path: Path) -> str:
@@ -41,6 +48,9 @@ class Storage(Protocol):
     def delete(self, key: str) -> None: ...
     def size(self, key: str) -> int: ...
     def iter_chunks(self, key: str) -> Iterator[bytes]: ...
+    def open(self, key: str) -> IO[bytes]: ...
+    def content_id(self, key: str) -> str: ...
+    def glob(self, pattern: str) -> list[str]: ...
 
 
 class LocalStorage:
@@ -112,6 +122,18 @@ class LocalStorage:
         with self._path(key).open("rb") as f:
             while chunk := f.read(CHUNK):
                 yield chunk
+
+    def open(self, key: str) -> IO[bytes]:
+        return self._path(key).open("rb")
+
+    def content_id(self, key: str) -> str:
+        """The file's sha256."""
+        return sha256_file(self._path(key))
+
+    def glob(self, pattern: str) -> list[str]:
+        """Keys of the files matching a glob (`**` spans folders), sorted; walks only the folders it must."""
+        matches = glob.glob(str(self.root / pattern), recursive=True)
+        return sorted(str(Path(m).relative_to(self.root)) for m in matches if Path(m).is_file())
 
 
 class S3Storage:
@@ -185,6 +207,44 @@ class S3Storage:
         finally:
             body.close()
 
+    def open(self, key: str) -> IO[bytes]:
+        """The object as a buffered stream, fetched as it is read: never whole in memory."""
+        body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        return io.BufferedReader(_BodyStream(body), READ_BUFFER)
+
+    def content_id(self, key: str) -> str:
+        """The object's ETag (S3 computes it from the content) and size."""
+        head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        return f"etag:{head['ETag'].strip(chr(34))}:{head['ContentLength']}"
+
+    def glob(self, pattern: str) -> list[str]:
+        """Keys matching a glob, sorted: `*` stays within a `/`-separated segment, `**` spans any number of them.
+        Lists from the longest prefix without a wildcard."""
+        prefix = pattern[: min(pattern.find(c) for c in "*?[" if c in pattern)] if glob.has_magic(pattern) else pattern
+        wanted = pattern.split("/")
+        return [k for k in self.list_keys(prefix) if _segments_match(wanted, k.split("/"))]
+
+
+class _BodyStream(io.RawIOBase):
+    """A boto3 streaming body as a raw stream, for `io.BufferedReader`: botocore's body has `read(n)` but no
+    `readinto`."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._body.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._body.close()
+        super().close()
+
 
 def s3_client_config(retry_mode: str, max_attempts: int) -> Any:
     """botocore's client config for S3: its retries (the config's `defaults.s3`), for every client the project makes."""
@@ -235,6 +295,48 @@ def open_storage(root_uri: str, s3_client: Any = None) -> Storage:
     if parsed.scheme not in ("", "file"):
         raise ValueError(f"storage root {root_uri!r}: only s3:// URIs and local directories are supported")
     return LocalStorage(Path(parsed.path if parsed.scheme == "file" else root_uri))
+
+
+class Locator:
+    """The storage that holds any URI (a local path, file:// or s3://bucket/key) and the URI's key there. Every
+    s3:// URI is read with one client, made on first use by the caller's factory (an Airflow connection's, say) or
+    from boto3's defaults."""
+
+    def __init__(self, s3_client: S3ClientFactory | None = None) -> None:
+        self._factory = s3_client
+        self._client: Any = None
+
+    def __call__(self, uri: str) -> tuple[Storage, str]:
+        # Split by hand: urlparse would read a glob's `?` as the start of a query.
+        scheme, _, rest = uri.partition("://") if "://" in uri else ("", "", uri)
+        if scheme == "s3":
+            bucket, _, key = rest.partition("/")
+            if not bucket:
+                raise ValueError(f"{uri!r}: write s3://bucket/key")
+            if self._client is None:
+                self._client = self._factory() if self._factory is not None else default_s3_client()
+            return S3Storage(bucket, "", self._client), key.lstrip("/")
+        if scheme not in ("", "file"):
+            raise ValueError(f"{uri!r}: only local paths and s3:// URIs are supported")
+        path = Path(rest).absolute()
+        return LocalStorage(Path(path.anchor)), path.relative_to(path.anchor).as_posix()
+
+    def expand(self, pattern: str) -> list[str]:
+        """The URIs of the files a glob matches, sorted (`**` spans folders); a pattern without wildcards names one
+        file, listed when it exists."""
+        storage, key = self(pattern)
+        if not glob.has_magic(key):
+            return [storage.uri(key)] if storage.exists(key) else []
+        return [storage.uri(k) for k in storage.glob(key)]
+
+
+def _segments_match(pattern: list[str], key: list[str]) -> bool:
+    """Glob semantics on `/`-separated keys: `*` stays within a segment, `**` spans any number of them."""
+    if not pattern:
+        return not key
+    if pattern[0] == "**":
+        return any(_segments_match(pattern[1:], key[i:]) for i in range(len(key) + 1))
+    return bool(key) and fnmatch.fnmatchcase(key[0], pattern[0]) and _segments_match(pattern[1:], key[1:])
 
 
 def check_writable(storage: Storage, key: str) -> None:

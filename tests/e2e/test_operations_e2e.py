@@ -178,9 +178,10 @@ def test_a_run_whose_fleet_dies_is_red_and_clearing_it_completes_it(ops: Operati
         instances = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
         failed = [t for t in instances if t["task_id"] == "process_shard.generate_shard" and t["state"] == "failed"]
         assert failed, stack.task_states(run_id)
-        # A dataset with unfinished shards cannot be published by retrying: its publish failed on the first try.
-        publishes = [t for t in instances if t["task_id"] == "publish_dataset" and t["state"] == "failed"]
-        assert publishes and {t["try_number"] for t in publishes} == {1}, stack.task_states(run_id)
+        # A dataset with unfinished shards cannot be verified or published by retrying: both failed on the first try.
+        for task_id in ("deliver_dataset.verify_dataset", "deliver_dataset.publish_dataset"):
+            ended = [t for t in instances if t["task_id"] == task_id and t["state"] == "failed"]
+            assert ended and {t["try_number"] for t in ended} == {1}, stack.task_states(run_id)
         alert = stack.task_log(run_id, failed[0]["task_id"], failed[0]["map_index"], failed[0]["try_number"])
         assert f"eagle3-regen FAILED: process_shard.generate_shard [{failed[0]['rendered_map_index']}]" in alert
         assert "FleetUnavailable" in alert

@@ -3,6 +3,7 @@ simulator, publishing through boto3 to an S3 HTTP API on loopback. Then: what la
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -116,6 +117,7 @@ def test_every_stage_ran_per_shard(finished_run: dict[str, Any]) -> None:
     states = finished_run["states"]
     assert all(state == "success" for _, _, state in states)
     assert len([s for s in states if s[0] == "process_shard.generate_shard"]) == 2  # one 2000-prompt shard each
+    assert len([s for s in states if s[0] == "deliver_dataset.verify_dataset"]) == 2  # each dataset read back whole
 
 
 def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, finished_run: dict[str, Any]) -> None:
@@ -212,6 +214,10 @@ def test_each_dataset_is_an_asset_and_the_handoff_dag_verifies_what_was_publishe
         assert event["uri"] == f"s3://{BUCKET}/runs/kimi-k2.5-mini/{dataset}"  # one asset per dataset
         assert event["extra"]["manifest"] == published[dataset]["manifest"]
         assert event["extra"]["records"] == published[dataset]["records"]
+        manifest = stack.s3_client().get_object(
+            Bucket=BUCKET, Key=event["extra"]["manifest"].removeprefix(f"s3://{BUCKET}/")
+        )
+        assert event["extra"]["manifest_sha256"] == hashlib.sha256(manifest["Body"].read()).hexdigest()
 
     def verified() -> set[str]:
         runs = stack.call("GET", "/dags/eagle3_training_handoff/dagRuns", params={"limit": 100})["dag_runs"]

@@ -13,6 +13,7 @@ import zstandard
 
 from regen.config import DatasetConfig, HubDataset
 from regen.datasets.sources import BadRow, CorruptSource, SourceRow, expand_files, file_kind, iter_rows
+from regen.storage import Locator
 
 ROWS = [{"input": f"task {i}", "domain": "generic"} for i in range(5)]
 
@@ -139,7 +140,7 @@ def test_s3_sources_stream_objects_and_expand_globs(s3_client: Any) -> None:
     rows = read(config, s3_client=lambda: s3_client)
     assert values(rows) == ROWS
     assert [r.source for r in rows][::2] == ["part-0.jsonl.zst:1", "part-1.json[1]", "b.parquet:row 2"]
-    recursive = expand_files([f"s3://{bucket}/data/**/*.jsonl"], lambda: s3_client)
+    recursive = expand_files([f"s3://{bucket}/data/**/*.jsonl"], Locator(lambda: s3_client))
     assert [f.uri for f in recursive] == [f"s3://{bucket}/data/a/deeper/skip.jsonl"]
 
 
@@ -187,6 +188,7 @@ def test_a_hub_id_streams_through_load_dataset(tmp_path: Path) -> None:
     assert rows[0].source == f"{repo}[train]:row 1"
 
 
+@pytest.mark.parametrize("backend", ["local", "s3"])
 @pytest.mark.parametrize(
     "name,compress",
     [
@@ -194,7 +196,48 @@ def test_a_hub_id_streams_through_load_dataset(tmp_path: Path) -> None:
         pytest.param("rows.jsonl.zst", zstandard.ZstdCompressor().compress, id="zstd"),
     ],
 )
-def test_a_damaged_compressed_file_fails_naming_the_file(tmp_path: Path, name: str, compress: Any) -> None:
-    (tmp_path / name).write_bytes(compress(jsonl(ROWS * 50))[:-20])
+def test_a_damaged_compressed_file_fails_naming_the_file(
+    tmp_path: Path, s3_client: Any, backend: str, name: str, compress: Any
+) -> None:
+    """Local files and S3 objects stream through the same storage layer: a cut stream fails the same way."""
+    damaged = compress(jsonl(ROWS * 50))[:-20]
+    if backend == "local":
+        (tmp_path / name).write_bytes(damaged)
+        uri = str(tmp_path / name)
+    else:
+        bucket = f"damaged-{uuid.uuid4().hex[:8]}"
+        s3_client.create_bucket(Bucket=bucket)
+        s3_client.put_object(Bucket=bucket, Key=f"in/{name}", Body=damaged)
+        uri = f"s3://{bucket}/in/{name}"
     with pytest.raises(CorruptSource, match=name):
-        read(DatasetConfig(paths=[str(tmp_path / name)]))
+        read(DatasetConfig(paths=[uri]), s3_client=lambda: s3_client)
+
+
+TREE = ["data/a/part-0.jsonl", "data/a/part-1.json", "data/a/deeper/skip.jsonl", "data/b/x.parquet", "data/top.jsonl"]
+
+
+@pytest.mark.parametrize(
+    "pattern,expected",
+    [
+        ("data/*.jsonl", ["data/top.jsonl"]),
+        ("data/**/*.jsonl", ["data/a/deeper/skip.jsonl", "data/a/part-0.jsonl", "data/top.jsonl"]),
+        ("data/a/part-?.json*", ["data/a/part-0.jsonl", "data/a/part-1.json"]),
+        ("data/[ab]/*", ["data/a/part-0.jsonl", "data/a/part-1.json", "data/b/x.parquet"]),
+        ("data/**", sorted(TREE)),
+        ("data/a/part-1.json", ["data/a/part-1.json"]),
+        ("data/a/missing.json", []),
+    ],
+)
+def test_a_glob_matches_the_same_files_locally_and_on_s3(
+    tmp_path: Path, s3_client: Any, pattern: str, expected: list[str]
+) -> None:
+    bucket = f"glob-{uuid.uuid4().hex[:8]}"
+    s3_client.create_bucket(Bucket=bucket)
+    for key in TREE:
+        (tmp_path / key).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / key).write_text("{}\n")
+        s3_client.put_object(Bucket=bucket, Key=key, Body=b"{}\n")
+    locate = Locator(lambda: s3_client)
+    local = [Path(uri).relative_to(tmp_path.resolve()).as_posix() for uri in locate.expand(f"{tmp_path}/{pattern}")]
+    on_s3 = [uri.removeprefix(f"s3://{bucket}/") for uri in locate.expand(f"s3://{bucket}/{pattern}")]
+    assert local == on_s3 == expected

@@ -28,12 +28,12 @@ from regen.chat import ChatRenderer
 from regen.config import DatasetConfig
 from regen.datasets.formats import normalise_row
 from regen.datasets.normalise import Conversation, Rejection
-from regen.datasets.sources import BadRow, S3ClientFactory, SourceRow, iter_rows
+from regen.datasets.sources import BadRow, SourceRow, iter_rows
 from regen.datasets.tokenise import Rendered, available_cores, render_ordered
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.reasons import Reason, RejectionWriter
-from regen.storage import Storage, write_table
+from regen.storage import S3ClientFactory, Storage, write_table
 
 log = logging.getLogger(__name__)
 

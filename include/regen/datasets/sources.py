@@ -7,8 +7,6 @@ becomes a `BadRow`, counted and rejected downstream, never an exception that sto
 
 from __future__ import annotations
 
-import fnmatch
-import glob
 import gzip
 import io
 import json
@@ -20,19 +18,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlparse
 
 from regen.config import DatasetConfig, HubDataset
 from regen.errors import FinalError
+from regen.storage import READ_BUFFER, LocalStorage, Locator, S3ClientFactory
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK = 1024 * 1024
+READ_CHUNK = READ_BUFFER
 # Bounds that no chat row comes near and that keep a hostile row from exhausting the stack or memory.
 MAX_DEPTH = 64
 MAX_ROW_BYTES = 32 * 1024 * 1024
 PARQUET_BATCH = 1024
-S3ClientFactory = Callable[[], Any]
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 FILE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
 
@@ -85,101 +82,46 @@ def file_kind(uri: str) -> tuple[str, str | None]:
     return kind, compression
 
 
-def s3_client_of(factory: S3ClientFactory | None) -> Any:
-    """The caller's S3 client, or boto3's default one."""
-    if factory is not None:
-        return factory()
-    from regen.storage import default_s3_client
-
-    return default_s3_client()
-
-
-def _segments_match(pattern: list[str], key: list[str]) -> bool:
-    """Glob semantics on `/`-separated keys: `*` stays within a segment, `**` spans any number of them."""
-    if not pattern:
-        return not key
-    if pattern[0] == "**":
-        return any(_segments_match(pattern[1:], key[i:]) for i in range(len(key) + 1))
-    return bool(key) and fnmatch.fnmatchcase(key[0], pattern[0]) and _segments_match(pattern[1:], key[1:])
-
-
-def _expand_s3(pattern: str, client: Any) -> list[str]:
-    parsed = urlparse(pattern)
-    bucket, key = parsed.netloc, parsed.path.lstrip("/")
-    if not glob.has_magic(key):
-        return [pattern]
-    prefix = key[: min(key.find(c) for c in "*?[" if c in key)]
-    paginator = client.get_paginator("list_objects_v2")
-    keys = (obj["Key"] for page in paginator.paginate(Bucket=bucket, Prefix=prefix) for obj in page.get("Contents", []))
-    return [f"s3://{bucket}/{k}" for k in sorted(keys) if _segments_match(key.split("/"), k.split("/"))]
-
-
-def _expand_local(pattern: str) -> list[str]:
-    matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
-    return [m for m in matches if Path(m).is_file()]
-
-
-def expand_files(patterns: list[str], s3_client: S3ClientFactory | None = None) -> list[SourceFile]:
+def expand_files(patterns: list[str], locate: Locator | None = None) -> list[SourceFile]:
     """Every file of a dataset, in a stable order, each checked for a known type before any is read."""
-    client: Any = None
+    locate = locate or Locator()
     files: list[SourceFile] = []
     for pattern in patterns:
-        scheme = urlparse(pattern).scheme
-        if scheme == "s3":
-            client = client or s3_client_of(s3_client)
-            matches = _expand_s3(pattern, client)
-        elif scheme in ("", "file"):
-            matches = _expand_local(pattern.removeprefix("file://"))
-        else:
-            raise ValueError(f"dataset source {pattern!r}: only local paths and s3:// URIs are supported")
+        matches = locate.expand(pattern)
         if not matches:
             raise MissingSource(f"dataset source {pattern!r} matches no file")
         files.extend(SourceFile(m, *file_kind(m)) for m in matches)
     return files
 
 
-class _ReadableStream(io.RawIOBase):
-    """Any object with `read(n)` (a boto3 body, a zstd reader) as a raw stream that `io.BufferedReader` wraps."""
-
-    def __init__(self, source: Any) -> None:
-        self._source = source
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self._source.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        if not self.closed and hasattr(self._source, "close"):
-            self._source.close()
-        super().close()
-
-
-class _ZstdFrames:
-    """zstd decompression read as a stream, frame after frame. A stream that ends inside a frame raises `EOFError`
-    (zstandard's own `stream_reader` returns a short read there, which would lose the rest of the file silently)."""
+class _ZstdFrames(io.RawIOBase):
+    """zstd decompression read as a raw stream, frame after frame. A stream that ends inside a frame raises
+    `EOFError` (zstandard's own `stream_reader` returns a short read there, which would lose the rest of the file
+    silently)."""
 
     def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__()
         import zstandard
 
         self._raw, self._new_frame = raw, zstandard.ZstdDecompressor().decompressobj
         self._frame, self._in_frame = self._new_frame(), False
         self._pending, self._offset = b"", 0
 
-    def read(self, size: int) -> bytes:
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
         while self._offset >= len(self._pending):
             compressed = self._raw.read(READ_CHUNK)
             if not compressed:
                 if self._in_frame:
                     raise EOFError("the zstd stream ends inside a frame")
-                return b""
+                return 0
             self._pending, self._offset = self._decompress(compressed), 0
-        data = self._pending[self._offset : self._offset + size]
+        data = self._pending[self._offset : self._offset + len(buffer)]
+        buffer[: len(data)] = data
         self._offset += len(data)
-        return data
+        return len(data)
 
     def _decompress(self, compressed: bytes) -> bytes:
         out = []
@@ -193,25 +135,23 @@ class _ZstdFrames:
         return b"".join(out)
 
     def close(self) -> None:
-        self._raw.close()
+        if not self.closed:
+            self._raw.close()
+        super().close()
 
 
 @contextmanager
-def _open_bytes(file: SourceFile, s3_client: S3ClientFactory | None) -> Iterator[IO[bytes]]:
+def _open_bytes(file: SourceFile, locate: Locator) -> Iterator[IO[bytes]]:
     """A buffered, decompressed byte stream: read as it goes, never whole."""
-    if file.uri.startswith("s3://"):
-        parsed = urlparse(file.uri)
-        body = s3_client_of(s3_client).get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
-        raw: IO[bytes] = io.BufferedReader(_ReadableStream(body), READ_CHUNK)
-    else:
-        raw = open(file.uri.removeprefix("file://"), "rb")  # noqa: SIM115  (closed below, with the decompressor)
+    storage, key = locate(file.uri)
+    raw = storage.open(key)
     import zstandard
 
     try:
         if file.compression == "gzip":
             yield io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), READ_CHUNK)
         elif file.compression == "zstd":
-            yield io.BufferedReader(_ReadableStream(_ZstdFrames(raw)), READ_CHUNK)
+            yield io.BufferedReader(_ZstdFrames(raw), READ_CHUNK)
         else:
             yield raw
     except (EOFError, gzip.BadGzipFile, zstandard.ZstdError) as e:
@@ -359,24 +299,23 @@ def _json_array_values(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any]
         yield BadRow(-1, f"{name}[{reading}]", "number_too_long", f"{str(e)[:200]} (rest of the file skipped)")
 
 
-def _text_values(file: SourceFile, s3_client: S3ClientFactory | None) -> Iterator[tuple[str, Any] | BadRow]:
-    with _open_bytes(file, s3_client) as stream:
+def _text_values(file: SourceFile, locate: Locator) -> Iterator[tuple[str, Any] | BadRow]:
+    with _open_bytes(file, locate) as stream:
         peeked = stream.peek(READ_CHUNK) if isinstance(stream, io.BufferedReader) else b""
         is_array = file.kind == "json" and peeked.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] == b"["
         yield from (_json_array_values if is_array else _jsonl_values)(stream, file.name)
 
 
-def _parquet_values(file: SourceFile, s3_client: S3ClientFactory | None) -> Iterator[tuple[str, Any] | BadRow]:
+def _parquet_values(file: SourceFile, locate: Locator) -> Iterator[tuple[str, Any] | BadRow]:
     """Record batch by record batch. Parquet needs random access, so an S3 object is first copied to local disk."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    storage, key = locate(file.uri)
     with tempfile.TemporaryDirectory(prefix="regen-source-") as tmp:
-        path = file.uri.removeprefix("file://")
-        if file.uri.startswith("s3://"):
-            parsed = urlparse(file.uri)
-            path = str(Path(tmp) / "source.parquet")
-            s3_client_of(s3_client).download_file(parsed.netloc, parsed.path.lstrip("/"), path)
+        path = Path(storage.uri(key)) if isinstance(storage, LocalStorage) else Path(tmp) / "source.parquet"
+        if not isinstance(storage, LocalStorage):
+            storage.get_file(key, path)
         row = 0
         try:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH):
@@ -415,12 +354,13 @@ def iter_rows(
     if config.hf is not None:
         values: Iterator[tuple[str, Any] | BadRow] = _hub_rows(config.hf, resolve_path)
     else:
-        files = expand_files([resolve_path(p) for p in config.paths or []], s3_client)
+        locate = Locator(s3_client)
+        files = expand_files([resolve_path(p) for p in config.paths or []], locate)
         log.info("reading %d file(s): %s", len(files), ", ".join(f.uri for f in files[:5]))
         values = (
             value
             for file in files
-            for value in (_parquet_values if file.kind == "parquet" else _text_values)(file, s3_client)
+            for value in (_parquet_values if file.kind == "parquet" else _text_values)(file, locate)
         )
     for index, value in enumerate(values):
         if isinstance(value, BadRow):
