@@ -289,13 +289,17 @@ def eagle3_regen() -> None:
         return publish_dataset(run, prepared, fleet, verified)
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
-    def report(run: dict[str, Any], published: list[dict[str, Any]], fleet: list[dict[str, Any]]) -> dict[str, Any]:
+    def report(
+        run: dict[str, Any], published: list[dict[str, Any]] | dict[str, Any], fleet: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
         from regen import pipeline
 
         if run is None:
             raise AirflowFailException("plan failed: nothing ran; its log says what to fix")
+        if isinstance(published, dict):  # from a mapped task group of one, Airflow hands the one value, not a list
+            published = [published]
         with final_errors_fail_now():  # the report is written; the run is red
             return pipeline.report(_run(run), [p for p in published or [] if p], fleet or [], s3_client)
 
