@@ -33,7 +33,6 @@ from regen.validate import ValidateSettings, run_validate
 log = logging.getLogger(__name__)
 
 
-
 class IncompleteRun(FinalError):
     """Some selected dataset was not published: the run failed, though complete datasets were published."""
 
