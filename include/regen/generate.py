@@ -95,7 +95,8 @@ class _Checkpointer:
     file every `seconds` (or sooner, once `every` records wait), off the event loop. However many requests are in
     flight, that is one PUT a flush; a killed try loses only its requests in flight and its unflushed answers. Each
     part ends with the try's counts so far. Every `MERGE_AFTER` parts the try's small parts are merged into one (the
-    merged part is written before the small ones are deleted), so a resume reads dozens of parts, not thousands."""
+    merged part is written before the small ones are deleted), so a resume reads dozens of parts, not thousands.
+    After each part, the shard's progress (what the UI shows) is written beside the parts."""
 
     def __init__(self, storage: Storage, shard: ShardManifest, next_part: int, every: int, seconds: float) -> None:
         self.storage, self.shard, self.part = storage, shard, next_part
@@ -105,29 +106,34 @@ class _Checkpointer:
         self.unmerged: list[tuple[str, bytes]] = []
         self.wake = asyncio.Event()
         self.stopping = False
+        self.flushed = 0  # records (answers and rejections) this try has written to storage
 
     def add(self, record: bytes) -> None:
         self.pending.append(record)
         if len(self.pending) >= self.every:
             self.wake.set()
 
-    async def run(self, counts: Callable[[], GenerationReport]) -> None:
-        """Flush until `stop`, then once more: the only writer, so parts never race."""
+    async def run(
+        self, counts: Callable[[], GenerationReport], status: Callable[[int], dict[str, Any]] | None = None
+    ) -> None:
+        """Flush until `stop`, then once more: the only writer, so parts never race. `status(flushed)`: the
+        progress to write after each part."""
         while not self.stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.seconds)
             self.wake.clear()
-            await self._flush(counts())
-        await self._flush(counts())
+            await self._flush(counts(), status)
+        await self._flush(counts(), status)
 
     def stop(self) -> None:
         self.stopping = True
         self.wake.set()
 
-    async def _flush(self, counts: GenerationReport) -> None:
+    async def _flush(self, counts: GenerationReport, status: Callable[[int], dict[str, Any]] | None = None) -> None:
         if not self.pending:
             return
         batch, self.pending = self.pending, []
+        self.flushed += len(batch)
         batch.append(msgspec.json.encode({"try": self.try_id, "generation": dataclasses.asdict(counts)}))
         body = b"".join(line + b"\n" for line in batch)
         key = self._next_key()
@@ -136,6 +142,9 @@ class _Checkpointer:
         if len(self.unmerged) >= MERGE_AFTER:
             merged, self.unmerged = self.unmerged, []
             await asyncio.to_thread(self._merge, self._next_key(), merged)
+        if status is not None:  # after the part: `done` never counts an answer that is not in storage
+            progress = msgspec.json.encode(status(self.flushed))
+            await asyncio.to_thread(self.storage.put_bytes, self.shard.keys.progress, progress)
 
     def _next_key(self) -> str:
         part, self.part = self.part, self.part + 1
@@ -151,7 +160,7 @@ class _Progress:
     """The numbers behind the progress lines and the shard's GenerationReport."""
 
     def __init__(self, shard: ShardManifest, total: int, already: int) -> None:
-        self.shard, self.total, self.done = shard, total, already
+        self.shard, self.total, self.done, self.already = shard, total, already, already
         self.started_at, self.started = time.time(), time.monotonic()
         self.answered = self.output_tokens = 0
         self.request_seconds = 0.0
@@ -177,6 +186,20 @@ class _Progress:
             dict(client.stats.retries_by_cause),
             eta,
         )
+
+    def status(self, client: SGLangClient, concurrency: int, flushed: int) -> dict[str, Any]:
+        """The shard's numbers as the UI shows them; `done` counts only what is checkpointed."""
+        return {
+            "total": self.total,
+            "done": self.already + flushed,
+            "answered": self.answered,
+            "started_at": self.started_at,
+            "updated_at": time.time(),
+            "in_flight": client.pool.in_flight,
+            "concurrency": concurrency,
+            "requests": client.stats.requests,
+            "retries_by_cause": dict(client.stats.retries_by_cause),
+        }
 
     def report(self, client: SGLangClient) -> GenerationReport:
         return GenerationReport(
@@ -258,7 +281,11 @@ async def _generate_missing(
             for _ in range(min(settings.concurrency, len(todo)))
         ]
         ticker = asyncio.create_task(_ticker(progress, client, settings.progress_s))
-        flusher = asyncio.create_task(checkpointer.run(lambda: progress.report(client)))
+        flusher = asyncio.create_task(
+            checkpointer.run(
+                lambda: progress.report(client), lambda flushed: progress.status(client, len(workers), flushed)
+            )
+        )
         try:
             await asyncio.gather(*workers)
         except TransientError as e:

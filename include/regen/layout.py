@@ -4,7 +4,8 @@
     {profile}/{dataset}/{version}/
       prompts/prepare.json                     prepare's record of the version's shards (its presence: prepared)
       prompts/shard-00042.parquet              id, source_index, source, messages, tools, meta, prompt_ids
-      raw/shard-00042/part-*.jsonl.zst         checkpoints written while generating (resume reads them)
+      raw/shard-00042/part-*.jsonl             checkpoints written while generating (resume reads them)
+      raw/shard-00042/progress.json            the generating task's numbers at its last checkpoint
       raw/shard-00042.jsonl.zst                every answer of the shard, exactly as the server sent it
       raw/shard-00042.generation.json          how generating went (requests, retries, server seconds)
       train/shard-00042.parquet                training records (and .jsonl when configured); truncated/ alike
@@ -141,6 +142,11 @@ class ShardKeys:
     def checkpoints(self) -> str:
         """The folder of the checkpoint parts, ending in `/`."""
         return self._key("raw", "/")
+
+    @property
+    def progress(self) -> str:
+        """Where the generating task writes its numbers at every checkpoint, for the UI; gone with the checkpoints."""
+        return f"{self.checkpoints}progress.json"
 
     @property
     def raw(self) -> str:

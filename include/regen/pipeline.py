@@ -59,6 +59,7 @@ class RunSpec:
     validation: dict[str, Any]
     skip_unchanged: bool = True
     overwrite_version: bool = False  # publish over a version that exists with other data (never by default)
+    run_id: str = ""  # the Airflow run: recorded beside what it writes, so people find the run from the data
 
     @classmethod
     def from_params(cls, params: dict[str, Any], run_id: str, config: RegenConfig | None = None) -> RunSpec:
@@ -118,6 +119,7 @@ class RunSpec:
             validation=d.validation.model_dump(),
             skip_unchanged=skip_unchanged,
             overwrite_version=overwrite,
+            run_id=run_id,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,6 +205,7 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
         s3_client=s3_client,
         workers=config.defaults.tokenize_workers,
         inputs=inputs,
+        run_id=run.run_id,
     )
     return prepared.to_dict()
 
@@ -279,7 +282,9 @@ def publish_dataset(
         raise NotVerified(f"{dataset}: verify_dataset did not pass, so nothing is published; its log says why")
     storage = _storage(run, s3_client)
     prepared_dataset = PreparedDataset.from_dict(prepared)
-    return run_publish(prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified)
+    return run_publish(
+        prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run_id=run.run_id
+    )
 
 
 def asset_event(published: dict[str, Any]) -> dict[str, Any]:

@@ -161,6 +161,7 @@ def _write_manifest(
     verified: dict[str, Any],
     fleet: list[dict[str, Any]],
     sampling_params: dict[str, Any] | None,
+    run_id: str | None,
 ) -> tuple[bytes, dict[str, Any]]:
     """The dataset's report, then the manifest naming every file with its sha256 and size: written last. Returns
     the manifest's bytes and the report."""
@@ -178,6 +179,7 @@ def _write_manifest(
         "version": location.version,
         "root": storage.root_uri,
         "published_at": datetime.now(UTC).isoformat(),
+        "run_id": run_id,
         "prepare": {**prepared.stats.to_dict(), "rows_read": prepared.rows_read, "duplicates": prepared.duplicates},
         "stages": stages,
         "records": report.get("train_records", 0),
@@ -218,6 +220,7 @@ def run_publish(
     sampling_params: dict[str, Any] | None = None,
     overwrite: bool = False,
     verified: dict[str, Any] | None = None,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
     """`sampling_params`: exactly what every /generate request of this version sent, recorded in the manifest.
     `verified`: what `verify_contents` returned for this version (the DAG verifies in a task of its own); without it,
@@ -236,7 +239,7 @@ def run_publish(
         )
     body = _published_before(storage, location.manifest, data_files, overwrite)
     if body is None:
-        body, report = _write_manifest(prepared, shards, storage, data_files, verified, fleet, sampling_params)
+        body, report = _write_manifest(prepared, shards, storage, data_files, verified, fleet, sampling_params, run_id)
     else:  # a retried publish: the version stands as it is, report included
         log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)
         report = json.loads(storage.get_bytes(location.report_file("report.json")))

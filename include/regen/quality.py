@@ -23,6 +23,7 @@ from regen.reasons import OK, split_of
 from regen.storage import Storage, read_table
 
 PERCENTILES = (50, 90, 99)
+HISTOGRAM_BINS = 20
 LENGTHS = ("prompt", "reasoning", "answer", "output")
 
 
@@ -46,6 +47,14 @@ def _percentiles(values: np.ndarray) -> dict[str, float]:
         "mean": round(float(values.mean()), 1),
         **{f"p{p}": float(v) for p, v in zip(PERCENTILES, found, strict=True)},
     }
+
+
+def _histogram(values: np.ndarray) -> dict[str, list[float] | list[int]]:
+    """Counts over HISTOGRAM_BINS equal bins from 0 to the largest value: what the UI draws, and two versions of a
+    dataset compare on."""
+    top = float(values.max()) if len(values) else 1.0
+    counts, edges = np.histogram(values, bins=HISTOGRAM_BINS, range=(0.0, max(top, 1.0)))
+    return {"edges": [round(float(e), 1) for e in edges], "counts": [int(c) for c in counts]}
 
 
 def _throughput(generations: list[GenerationReport]) -> dict[str, Any]:
@@ -85,6 +94,7 @@ def dataset_report(verdicts: pa.Table, generations: list[GenerationReport]) -> d
         "flags": dict(flags),
         "tokens": {"prompt": int(lengths["prompt"][kept].sum()), "output": int(lengths["output"][kept].sum())},
         "lengths": {name: _percentiles(values[kept]) for name, values in lengths.items()},
+        "histograms": {name: _histogram(lengths[name][kept]) for name in ("prompt", "output")},
         "tool_call_rate": round(float((verdicts.column("tool_calls").to_numpy()[kept] > 0).mean()), 4)
         if kept.any()
         else 0.0,

@@ -51,6 +51,7 @@ class Storage(Protocol):
     def open(self, key: str) -> IO[bytes]: ...
     def content_id(self, key: str) -> str: ...
     def glob(self, pattern: str) -> list[str]: ...
+    def folders(self, prefix: str) -> list[str]: ...
 
 
 class LocalStorage:
@@ -129,6 +130,11 @@ class LocalStorage:
     def content_id(self, key: str) -> str:
         """The file's sha256."""
         return sha256_file(self._path(key))
+
+    def folders(self, prefix: str) -> list[str]:
+        """The names of the folders directly under `prefix` (a key ending in `/`), sorted."""
+        base = self._path(prefix) if prefix else self.root
+        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
 
     def glob(self, pattern: str) -> list[str]:
         """Keys of the files matching a glob (`**` spans folders), sorted; walks only the folders it must."""
@@ -216,6 +222,14 @@ class S3Storage:
         """The object's ETag (S3 computes it from the content) and size."""
         head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         return f"etag:{head['ETag'].strip(chr(34))}:{head['ContentLength']}"
+
+    def folders(self, prefix: str) -> list[str]:
+        """The names of the folders directly under `prefix` (a key ending in `/`), sorted: one listing with a
+        delimiter, not every key below."""
+        paginator = self.client.get_paginator("list_objects_v2")
+        start = len(self._key(prefix))
+        pages = paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix), Delimiter="/")
+        return sorted(p["Prefix"][start:].rstrip("/") for page in pages for p in page.get("CommonPrefixes", []))
 
     def glob(self, pattern: str) -> list[str]:
         """Keys matching a glob, sorted: `*` stays within a `/`-separated segment, `**` spans any number of them.

@@ -121,6 +121,10 @@ def test_sigkill_mid_shard_then_rerun_requests_only_the_unfinished(
         time.sleep(0.5)  # requests the dead worker left in flight are dropped by the server
         checkpointed = load_checkpoints(storage, prompts).answers
         assert 0 < len(checkpointed) < SAMPLES
+        # What the UI shows of the killed try: never more done than is in storage (written after each part).
+        progress = json.loads(storage.get_bytes(prompts.keys.progress))
+        assert progress["total"] == SAMPLES and progress["concurrency"] == 4
+        assert 0 < progress["done"] <= len(checkpointed)
         before = len(sim.records())
         manifest = run_generate(prompts, storage, settings(sim.url))
         rerun_requests = len(sim.records()) - before

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,7 @@ def run_prepare(
     s3_client: S3ClientFactory | None = None,
     workers: int | None = None,
     inputs: dict[str, Any] | None = None,
+    run_id: str | None = None,
 ) -> PreparedDataset:
     """`s3_client` makes the boto3 client for `s3://` sources; `workers` tokenises in that many processes (None:
     all cores, 1: in this process); `inputs` (regen.inputs.dataset_inputs) is recorded as what the version is made
@@ -234,7 +236,12 @@ def run_prepare(
         rows_read=tally.rows_read,
         inputs=inputs or {},
     )
-    record = {**prepared.to_dict(), "turns": config.turns}
+    record = {
+        **prepared.to_dict(),
+        "turns": config.turns,
+        "prepared_at": datetime.now(UTC).isoformat(),
+        "run_id": run_id,
+    }
     storage.put_bytes(existing, json.dumps(record, indent=1).encode())
     tally.log(f"prepared ({len(shards.shards)} shards)")
     return prepared

@@ -103,6 +103,7 @@ class Counters:
     requests: int = 0  # /generate calls
     answered: int = 0  # answers sent (batch items count one each)
     running: int = 0
+    waiting: int = 0  # requests queued for a running slot
     busy_slot_seconds: float = 0.0
     changed_at: float = 0.0
     first_start: float | None = None  # unix time: comparable with the client's own timestamps
@@ -217,7 +218,9 @@ async def _one(
     seed = params["sampling_seed"]
     answer = state.model.answer(prompt_ids, None if seed is None else seed + index)
     output_ids, finish_reason = _finish(answer.ids, params)
+    state.counters.waiting += 1
     async with state.running:
+        state.counters.waiting -= 1
         state.counters.slot_taken()
         try:
             await asyncio.sleep(state.latency.seconds(len(prompt_ids), len(output_ids)) + extra_s)
@@ -368,6 +371,34 @@ async def server_info(request: web.Request) -> web.Response:
     )
 
 
+def _load(state: SimulatorState) -> dict[str, Any]:
+    """One data-parallel rank's load, with the core fields of SGLang's LoadSnapshot."""
+    counters, slots = state.counters, state.latency.max_running
+    return {
+        "dp_rank": 0,
+        "num_running_reqs": counters.running,
+        "num_waiting_reqs": counters.waiting,
+        "max_running_requests": slots,
+        "max_total_num_tokens": state.context_length * slots,
+        "utilization": counters.running / slots,
+    }
+
+
+async def loads(request: web.Request) -> web.Response:
+    """GET /v1/loads: one entry per data-parallel rank (this simulator has one)."""
+    state: SimulatorState = request.app[STATE]
+    return web.json_response({"timestamp": time.time(), "version": SERVER_VERSION, "loads": [_load(state)]})
+
+
+async def get_load(request: web.Request) -> web.Response:
+    """GET /get_load, the deprecated shim: `num_reqs` counts running and waiting requests together."""
+    load = _load(request.app[STATE])
+    running, waiting = load["num_running_reqs"], load["num_waiting_reqs"]
+    return web.json_response(
+        [{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting, "ts_tic": time.perf_counter()}]
+    )
+
+
 async def models(request: web.Request) -> web.Response:
     state: SimulatorState = request.app[STATE]
     name = state.profile.served_model_names[0]
@@ -416,6 +447,8 @@ def build_app(state: SimulatorState) -> web.Application:
     for path in ("/server_info", "/get_server_info"):
         app.router.add_get(path, server_info)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/loads", loads)
+    app.router.add_get("/get_load", get_load)
     app.router.add_post("/flush_cache", flush_cache)
     app.router.add_post("/abort_request", abort_request)
     app.router.add_get("/sim/stats", stats)
