@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import json
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,12 +36,12 @@ def shard_prompt_ids(storage: Storage, shard: ShardManifest) -> dict[str, list[i
 
 
 def prepare_sample(
-    root: Path, renderer: ChatRenderer, dataset: str, shard_size: int, limit: int | None = None
+    root: Path, renderer: ChatRenderer, dataset: str, shard_size: int, limit: int | None = None, version: str = "v1"
 ) -> tuple[PreparedDataset, LocalStorage]:
-    """One of the bundled sample datasets, prepared into a local storage root as version v1."""
+    """One of the bundled sample datasets, prepared into a local storage root as `version`."""
     config = load_config()
     storage = LocalStorage(root)
-    location = DatasetLocation(storage.root_uri, renderer.profile.name, dataset, "v1")
+    location = DatasetLocation(storage.root_uri, renderer.profile.name, dataset, version)
     prepared = run_prepare(
         config.dataset(dataset), location, storage, renderer, shard_size, limit, config.resolve, workers=1
     )
@@ -81,3 +84,67 @@ def s3_client(s3_endpoint: str):  # type: ignore[no-untyped-def]
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
     )
+
+
+KILLABLE_GENERATE = """
+import json, sys
+from regen.config import Sampling
+from regen.generate import GenerateSettings, run_generate
+from regen.manifest import ShardManifest
+from regen.storage import LocalStorage
+shard = ShardManifest.from_dict(json.loads(sys.argv[1]))
+settings = GenerateSettings([sys.argv[3]], Sampling().as_params(), concurrency=4, checkpoint_every=4, checkpoint_s=0.2)
+run_generate(shard, LocalStorage(__import__("pathlib").Path(sys.argv[2])), settings)
+"""
+
+
+def _publish_sample(root: Path, renderer: ChatRenderer, simulator: Simulator, version: str, limit: int) -> None:
+    from regen.config import Sampling
+    from regen.export import run_export
+    from regen.generate import GenerateSettings, run_generate
+    from regen.publish import run_publish
+    from regen.validate import run_validate
+
+    prepared, storage = prepare_sample(root, renderer, "B1_glaive", 10, limit, version=version)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+    for shard in prepared.shards:
+        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    run_publish(prepared, storage, fleet=[], run_id=f"manual__{version}")
+
+
+@pytest.fixture(scope="session")
+def drafter_root(tmp_path_factory: pytest.TempPathFactory, renderer: ChatRenderer, simulator: Simulator) -> Path:
+    """A storage root as the "Drafter data" page finds it: B1_glaive published twice (12, then 20 prompts) and a
+    third version whose first shard is finished and whose second was being generated when its task was SIGKILLed;
+    B2_opencodeinstruct prepared and never generated."""
+    import signal
+    import subprocess
+
+    from regen.config import Sampling
+    from regen.export import run_export
+    from regen.generate import GenerateSettings, run_generate
+    from regen.validate import run_validate
+
+    path = tmp_path_factory.mktemp("drafter")
+    _publish_sample(path, renderer, simulator, "night-1", 12)
+    _publish_sample(path, renderer, simulator, "night-2", 20)
+    prepared, storage = prepare_sample(path, renderer, "B1_glaive", 10, 20, version="night-3")
+    first, second = prepared.shards
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+    run_export(run_validate(run_generate(first, storage, settings), storage, renderer), storage)
+    slow = start_simulator(path, "--decode-ms-per-token", "4")
+    try:
+        worker = subprocess.Popen(
+            [sys.executable, "-c", KILLABLE_GENERATE, json.dumps(second.to_dict()), str(path), slow.url]
+        )
+        deadline = time.monotonic() + 60
+        while not storage.exists(second.keys.progress) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # a few more checkpoints
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+    finally:
+        slow.process.terminate()
+        slow.process.wait(10)
+    prepare_sample(path, renderer, "B2_opencodeinstruct", 10, 10, version="night-3")
+    return path
