@@ -72,6 +72,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     for dataset in config["datasets"].values():
         dataset["paths"] = [str((project.parent / path).resolve()) for path in dataset["paths"]]
     config["datasets"]["B3_missing"] = {"format": "input_output", "paths": [str(project.parent / "absent.jsonl")]}
+    config["defaults"]["storage_root"] = f"s3://{BUCKET}/runs"  # where the "Drafter data" page looks
     folder = tmp_path_factory.mktemp("config")
     config.setdefault("profiles", {})[USER_PROFILE] = user_profile(folder)  # beside the project's own
     config_path = folder / "regen.yaml"
@@ -416,3 +417,49 @@ def test_on_two_celery_workers_the_shards_are_shared_and_the_output_is_the_local
     for sample_id, record in local.items():
         for column in ("input_ids", "loss_mask", "verdict", "finish_reason"):
             assert distributed[sample_id][column] == record[column], (sample_id, column)
+
+
+ARTEFACTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def test_the_drafter_data_page_in_a_real_browser(stack: Stack, finished_run: dict[str, Any]) -> None:
+    """Headless Chromium signs in to Airflow's UI, finds "Drafter data" in its navigation, reads the published
+    counts and sees the plots drawn, and triggers B1_glaive again from its Regenerate button, as the signed-in user."""
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM.exists(), "install Debian's chromium (apt-get install chromium); .ci/run does"
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    published = {d["dataset"]: d for d in finished_run["report"]["datasets"]}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{stack.api}/")
+        page.get_by_label("Username").fill("admin")
+        page.get_by_label("Password").fill("admin")
+        page.get_by_role("button", name=re.compile("sign in|log in|login", re.I)).click()
+        page.get_by_role("link", name="Drafter data").click()  # Airflow's navigation, the page in its frame
+        frame = page.frame_locator("iframe")
+        frame.get_by_role("heading", name="Datasets").wait_for(timeout=60_000)
+        page.screenshot(path=str(ARTEFACTS / "drafter-data-in-airflow.png"), full_page=True)
+
+        page.goto(f"{stack.api}/drafter/")  # the same page alone, to read it
+        for dataset, numbers in published.items():
+            row = page.locator(f'tr.dataset[data-dataset="{dataset}"]')
+            assert row.locator("td.records").inner_text() == f"{numbers['records']:,}"
+            assert finished_run["report"]["run"]["version"] in row.inner_text()
+        drawn = page.locator("svg.plot rect").evaluate_all("rects => rects.filter(r => r.getBBox().height > 0).length")
+        assert drawn > 10  # histogram and verdict bars, laid out by the browser
+        page.screenshot(path=str(ARTEFACTS / "drafter-data.png"), full_page=True)
+
+        page.locator('tr.dataset[data-dataset="B1_glaive"] button.trigger').click()
+        dialog = page.locator("#trigger-dialog")
+        assert json.loads(dialog.locator("pre").inner_text()) == {"datasets": ["B1_glaive"]}
+        page.screenshot(path=str(ARTEFACTS / "drafter-data-regenerate.png"))
+        dialog.get_by_role("button", name="Trigger now").click()
+        dialog.locator(".outcome a").wait_for(timeout=30_000)
+        run_id = dialog.locator(".outcome a").inner_text()
+        browser.close()
+    run = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
+    stack.call("DELETE", f"/dags/{DAG_ID}/dagRuns/{run_id}")  # it would hold the one-run-at-a-time slot
+    assert run["conf"] == {"datasets": ["B1_glaive"]} and run["run_type"] == "manual"

@@ -1,0 +1,113 @@
+"""The "Drafter data" plugin's endpoints, inside Airflow's own API server app (its auth, its plugin loading), over a
+storage root with published, generating and never-generated versions: the right numbers, and no answer without a
+signed-in user."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import Simulator
+from tests.dags.conftest import USERS
+
+ROOT = Path(__file__).resolve().parents[2]
+DATASETS = ["B1_glaive", "B2_opencodeinstruct"]
+ENDPOINTS = ["/drafter/", "/drafter/api/datasets", "/drafter/api/runs", "/drafter/api/fleet"]
+
+
+@pytest.fixture(scope="module")
+def client(drafter_root: Path, simulator: Simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from airflow.api_fastapi.app import create_app
+    from airflow.utils import db
+    from fastapi.testclient import TestClient
+
+    from regen.config import load_config
+
+    shipped = load_config()
+    config = {
+        "defaults": {"storage_root": str(drafter_root), "endpoints": [simulator.url, "http://127.0.0.1:9"]},
+        "datasets": {
+            name: {
+                **shipped.datasets[name].model_dump(mode="json", exclude_none=True),
+                "paths": [shipped.resolve(p) for p in shipped.datasets[name].paths or []],
+            }
+            for name in DATASETS
+        },
+    }
+    path = tmp_path_factory.mktemp("deployment") / "regen.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("REGEN_CONFIG", str(path))
+        db.initdb()  # the API server's metadata DB (SQLite in this test's Airflow home)
+        with TestClient(create_app()) as client:
+            yield client
+
+
+@pytest.fixture(scope="module")
+def token(client: Any) -> dict[str, str]:
+    answer = client.post("/auth/token", json={"username": "reader", "password": USERS["reader"]})
+    assert answer.status_code == 201
+    return {"Authorization": f"Bearer {answer.json()['access_token']}"}
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_an_anonymous_request_is_refused(client: Any, endpoint: str) -> None:
+    assert client.get(endpoint).status_code == 401
+    assert client.get(endpoint, headers={"Authorization": "Bearer not-a-token"}).status_code == 403
+
+
+def test_the_datasets_with_their_published_versions(client: Any, token: dict[str, str], drafter_root: Path) -> None:
+    answer = client.get("/drafter/api/datasets", headers=token)
+    assert answer.status_code == 200
+    glaive, code = answer.json()
+    manifest = json.loads((drafter_root / "kimi-k2.5-mini/B1_glaive/night-2/manifest.json").read_text())
+    assert glaive["dataset"] == "B1_glaive" and glaive["latest"]["version"] == "night-2"
+    assert glaive["latest"]["records"] == manifest["records"]
+    assert [v["version"] for v in glaive["versions"]] == ["night-3", "night-2", "night-1"]
+    assert code["latest"] is None and code["versions"][0]["state"] == "unpublished"
+    assert "aws" not in answer.text.lower() and "secret" not in answer.text.lower()
+
+
+def test_the_runs_in_progress_shard_by_shard(client: Any, token: dict[str, str]) -> None:
+    running, waiting = client.get("/drafter/api/runs", headers=token).json()
+    assert (running["dataset"], running["state"]) == ("B1_glaive", "generating")
+    assert [s["state"] for s in running["shards"]] == ["finished", "generating"]
+    assert 10 < running["done"] < 20 and waiting["done"] == 0
+
+
+def test_two_versions_compared_and_a_wrong_one_named(client: Any, token: dict[str, str]) -> None:
+    query = {"dataset": "B1_glaive", "before": "night-1", "after": "night-2"}
+    compared = client.get("/drafter/api/compare", params=query, headers=token).json()
+    assert (compared["before"]["answered"], compared["after"]["answered"]) == (12, 20)
+    wrong = client.get("/drafter/api/compare", params={**query, "after": "night-9"}, headers=token)
+    assert wrong.status_code == 404 and "night-9 is not a published version" in wrong.json()["detail"]
+
+
+def test_the_fleet_is_asked_now_and_a_dead_endpoint_says_so(
+    client: Any, token: dict[str, str], simulator: Simulator
+) -> None:
+    alive, dead = client.get("/drafter/api/fleet", headers=token).json()
+    assert alive["url"] == simulator.url and alive["health"] == "ok" and alive["error"] is None
+    assert alive["model"] == "kimi-k2.5-mini" and alive["max_running_requests"] > 0
+    assert alive["running_requests"] == 0 and alive["context_length"] > 0
+    assert dead["url"] == "http://127.0.0.1:9" and "ClientConnectorError" in dead["error"]
+
+
+def test_the_page_renders_for_a_signed_in_user(client: Any, token: dict[str, str]) -> None:
+    page = client.get("/drafter/", headers=token)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "Drafter data" in page.text and page.text.count("<svg") >= 3
+
+
+def test_the_plugin_adds_the_page_to_the_navigation(client: Any, token: dict[str, str]) -> None:
+    plugins = client.get("/api/v2/plugins", headers=token).json()["plugins"]
+    [ours] = [p for p in plugins if p["name"] == "eagle3_regen"]
+    assert [(v["name"], v["href"], v["destination"]) for v in ours["external_views"]] == [
+        ("Drafter data", "/drafter/", "nav")
+    ]
+    assert [app["url_prefix"] for app in ours["fastapi_apps"]] == ["/drafter"]
