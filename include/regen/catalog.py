@@ -58,6 +58,7 @@ def _published(storage: Storage, location: DatasetLocation, manifest: dict[str, 
         "manifest": storage.uri(location.manifest),
         "report": storage.uri(location.report_file("report.html")),
         "verified": manifest.get("verified"),
+        "cost": manifest.get("cost") or {},
     }
 
 

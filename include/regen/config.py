@@ -190,6 +190,19 @@ class ProfileConfig(BaseModel):
         )
 
 
+class CostConfig(BaseModel):
+    """What generation costs: GPU-hours come from the fleet (each server's tp_size x dp_size GPUs, from its server
+    info) and the time requests held its running slots; with a price, the report gives the cost per 1M training
+    tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gpu_hour_price: float | None = Field(None, ge=0, description="price of one GPU-hour; null: GPU-hours only")
+    currency: str = "USD"
+    gpus_per_endpoint: int | None = Field(
+        None, ge=1, description="when a server does not report tp_size/dp_size (a router's worker out of reach)"
+    )
+
+
 class Defaults(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     profile: str = "kimi-k2.5-mini"
@@ -212,6 +225,7 @@ class Defaults(BaseModel):
     export: ExportConfig = ExportConfig()
     validation: ValidationConfig = ValidationConfig()
     s3: S3Config = S3Config()
+    cost: CostConfig = CostConfig()
     schedule: str | None = Field(None, description="cron or preset for nightly runs; null: triggered runs only")
     # Airflow's retries for transient faults (user errors never retry); the delay doubles each try, up to 10 min.
     task_retries: int = Field(3, ge=0)

@@ -135,10 +135,23 @@ def _version_cells(row: dict[str, Any]) -> str:
         f'<td>{esc(row["version"])}</td><td class="n records">{_num(row.get("records"))}</td>'
         f"<td class=n>{_rejections(row)}</td><td class=n>{_pct(row.get('truncation_rate'))}</td>"
         f"<td class=n>{_pct(row.get('tool_call_rate'))}</td><td class=n>{_drift(row)}</td>"
-        f"<td class=n>{_num(tokens.get('prompt'))} / {_num(tokens.get('output'))}</td>"
+        f"<td class=n>{_num(tokens.get('prompt'))} / {_num(tokens.get('output'))}{_cost(row)}</td>"
         f"<td>{esc(row.get('profile'))}<div class=small>{esc(template)}</div></td>"
         f"<td>{esc((row.get('published_at') or '')[:19].replace('T', ' '))}</td><td>{_links(row)}</td>"
     )
+
+
+def _cost(row: dict[str, Any]) -> str:
+    """Prefix-cache share and GPU-hours under the token totals; the cost per 1M training tokens with a price."""
+    cost = row.get("cost") or {}
+    parts = []
+    if cost.get("cached_share") is not None:
+        parts.append(f"{_pct(cost['cached_share'])} cached")
+    if cost.get("gpu_hours") is not None:
+        parts.append(f"{cost['gpu_hours']:.3g} GPU-h")
+    if cost.get("cost_per_million_train_tokens") is not None:
+        parts.append(f"{cost['cost_per_million_train_tokens']:.4g} {esc(cost.get('currency'))}/1M tokens")
+    return f'<div class="small">{", ".join(parts)}</div>' if parts else ""
 
 
 HEADER = (

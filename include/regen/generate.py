@@ -162,13 +162,15 @@ class _Progress:
     def __init__(self, shard: ShardManifest, total: int, already: int) -> None:
         self.shard, self.total, self.done, self.already = shard, total, already, already
         self.started_at, self.started = time.time(), time.monotonic()
-        self.answered = self.output_tokens = 0
+        self.answered = self.output_tokens = self.prompt_tokens = self.cached_tokens = 0
         self.request_seconds = 0.0
 
     def answer(self, generation: Generation) -> None:
         self.done += 1
         self.answered += 1
         self.output_tokens += len(generation.output_ids)
+        self.prompt_tokens += int(generation.meta_info.get("prompt_tokens") or 0)
+        self.cached_tokens += int(generation.meta_info.get("cached_tokens") or 0)
 
     def log_line(self, client: SGLangClient) -> None:
         elapsed = max(time.monotonic() - self.started, 1e-9)
@@ -210,6 +212,8 @@ class _Progress:
             request_seconds=round(client.stats.request_seconds, 3),
             output_tokens=self.output_tokens,
             retries_by_cause=dict(client.stats.retries_by_cause),
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
         )
 
 

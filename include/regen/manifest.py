@@ -72,6 +72,8 @@ class GenerationReport:
     output_tokens: int
     retries_by_cause: dict[str, int] = field(default_factory=dict)
     tries: int = 1  # task tries that sent requests
+    prompt_tokens: int = 0  # of the answers received, as the server counted them (meta_info)
+    cached_tokens: int = 0  # of those, what the server's prefix cache held (meta_info.cached_tokens): not prefilled
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GenerationReport:
@@ -93,6 +95,8 @@ class GenerationReport:
             output_tokens=sum(t.output_tokens for t in tries),
             retries_by_cause=dict(retries),
             tries=sum(t.tries for t in tries),
+            prompt_tokens=sum(t.prompt_tokens for t in tries),
+            cached_tokens=sum(t.cached_tokens for t in tries),
         )
 
 

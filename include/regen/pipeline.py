@@ -25,7 +25,7 @@ from regen.inputs import dataset_inputs, latest_published
 from regen.layout import DatasetLocation, run_report_key, version_from_run_id, write_check_key
 from regen.manifest import GenerationReport, PreparedDataset, ShardManifest
 from regen.publish import run_publish, verify_contents
-from regen.report import fleet_utilisation, log_summary
+from regen.report import fleet_utilisation, generation_cost, log_summary
 from regen.sglang.server_check import check_fleet
 from regen.storage import S3ClientFactory, Storage, check_writable, open_storage
 from regen.validate import ValidateSettings, run_validate
@@ -282,8 +282,9 @@ def publish_dataset(
         raise NotVerified(f"{dataset}: verify_dataset did not pass, so nothing is published; its log says why")
     storage = _storage(run, s3_client)
     prepared_dataset = PreparedDataset.from_dict(prepared)
+    cost = load_config().defaults.cost.model_dump()
     return run_publish(
-        prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run_id=run.run_id
+        prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run.run_id, cost
     )
 
 
@@ -303,10 +304,12 @@ def report(
     missing = sorted(set(run.datasets) - {p["dataset"] for p in published})
     generations = [GenerationReport.from_dict(g) for p in published for g in p.get("generation", [])]
     fleet_usage = fleet_utilisation(generations, fleet)
+    train_tokens = sum((p.get("cost") or {}).get("train_tokens", 0) for p in published if not p.get("unchanged"))
     summary: dict[str, Any] = {
         "run": run.to_dict(),
         "fleet": fleet,
         "fleet_usage": fleet_usage,
+        "cost": generation_cost(generations, fleet, train_tokens, load_config().defaults.cost.model_dump()),
         "datasets": [p for p in published if not p.get("unchanged")],
         "unchanged": [p for p in published if p.get("unchanged")],
         "unpublished": missing,

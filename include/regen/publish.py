@@ -22,6 +22,7 @@ from regen.layout import DatasetLocation, dataset_prefix, is_report_file
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.quality import dataset_report, read_verdicts, write_dataset_report
 from regen.reasons import OK
+from regen.report import generation_cost
 from regen.storage import Storage
 from regen.verify import VerificationFailed, verify_manifest
 
@@ -162,6 +163,7 @@ def _write_manifest(
     fleet: list[dict[str, Any]],
     sampling_params: dict[str, Any] | None,
     run_id: str | None,
+    cost: dict[str, Any],
 ) -> tuple[bytes, dict[str, Any]]:
     """The dataset's report, then the manifest naming every file with its sha256 and size: written last. Returns
     the manifest's bytes and the report."""
@@ -170,6 +172,7 @@ def _write_manifest(
     generations = [s.generation for s in shards if s.generation]
     verdicts = read_verdicts(storage, shards)
     report = dataset_report(verdicts, generations)
+    report["cost"] = generation_cost(generations, fleet, report.get("train_tokens", 0), cost)
     title = f"{location.dataset} {location.version} ({location.profile})"
     report_files = write_dataset_report(storage, location, title, verdicts, report)
     manifest = {
@@ -189,6 +192,7 @@ def _write_manifest(
             "html": storage.uri(location.report_file("report.html")),
         },
         "retokenize_drift": report.get("retokenize_drift"),
+        "cost": report["cost"],
         "sampling_params": sampling_params,
         "inputs": prepared.inputs,
         "fleet": fleet,
@@ -221,6 +225,7 @@ def run_publish(
     overwrite: bool = False,
     verified: dict[str, Any] | None = None,
     run_id: str | None = None,
+    cost: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`sampling_params`: exactly what every /generate request of this version sent, recorded in the manifest.
     `verified`: what `verify_contents` returned for this version (the DAG verifies in a task of its own); without it,
@@ -239,7 +244,8 @@ def run_publish(
         )
     body = _published_before(storage, location.manifest, data_files, overwrite)
     if body is None:
-        body, report = _write_manifest(prepared, shards, storage, data_files, verified, fleet, sampling_params, run_id)
+        args = (verified, fleet, sampling_params, run_id, cost or {})
+        body, report = _write_manifest(prepared, shards, storage, data_files, *args)
     else:  # a retried publish: the version stands as it is, report included
         log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)
         report = json.loads(storage.get_bytes(location.report_file("report.json")))
@@ -287,6 +293,7 @@ def run_publish(
         "records": manifest["records"],
         "splits": manifest["splits"],
         "retokenize_drift": manifest["retokenize_drift"],
+        "cost": manifest.get("cost"),
         "stages": manifest["stages"],
         "prepare": manifest["prepare"],
         "verified": {k: v for k, v in verified.items() if k != "contents"},

@@ -93,6 +93,7 @@ def dataset_report(verdicts: pa.Table, generations: list[GenerationReport]) -> d
         "rejected_records": int(n - kept.sum()),
         "flags": dict(flags),
         "tokens": {"prompt": int(lengths["prompt"][kept].sum()), "output": int(lengths["output"][kept].sum())},
+        "train_tokens": int((lengths["prompt"] + lengths["output"])[np.asarray(verdict) == OK].sum()),
         "lengths": {name: _percentiles(values[kept]) for name, values in lengths.items()},
         "histograms": {name: _histogram(lengths[name][kept]) for name in ("prompt", "output")},
         "tool_call_rate": round(float((verdicts.column("tool_calls").to_numpy()[kept] > 0).mean()), 4)

@@ -32,6 +32,54 @@ def fleet_utilisation(reports: list[GenerationReport], fleet: list[dict[str, Any
     }
 
 
+def fleet_gpus(fleet: list[dict[str, Any]], gpus_per_endpoint: int | None = None) -> int | None:
+    """The fleet's GPUs from each endpoint's server info (tp_size x dp_size), or the config's count per server where
+    one did not say; None when any stays unknown."""
+    counts: list[int] = []
+    for endpoint in fleet:
+        servers = max(1, len(endpoint.get("workers") or []))  # a router: its workers
+        known = endpoint.get("gpus") or (gpus_per_endpoint * servers if gpus_per_endpoint else None)
+        if not known:
+            return None
+        counts.append(int(known))
+    return sum(counts) or None
+
+
+def generation_cost(
+    reports: list[GenerationReport], fleet: list[dict[str, Any]], train_tokens: int, cost: dict[str, Any]
+) -> dict[str, Any]:
+    """Tokens, server time and GPU-hours of generation and, with `cost["gpu_hour_price"]`, what it cost per 1M
+    training tokens. A request holds one running slot for its request seconds, and a slot of a fleet with G GPUs and
+    S slots costs G/S GPU-seconds per second: `gpu_hours` is what the requests used (client-side time includes
+    queueing, so an upper bound); `gpu_hours_window` is the whole fleet over the generation window, what a fleet
+    reserved for the run costs. `cost` is the config's defaults.cost."""
+    gpus = fleet_gpus(fleet, cost.get("gpus_per_endpoint"))
+    slots = [s for s in (e.get("max_running_requests") for e in fleet) if isinstance(s, int) and s > 0]
+    known_slots = sum(slots) if fleet and len(slots) == len(fleet) else 0
+    request_seconds = sum(r.request_seconds for r in reports)
+    window = max(r.finished_at for r in reports) - min(r.started_at for r in reports) if reports else 0.0
+    prompt, cached = sum(r.prompt_tokens for r in reports), sum(r.cached_tokens for r in reports)
+    used = request_seconds * gpus / known_slots / 3600 if gpus and known_slots else None
+    price = cost.get("gpu_hour_price")
+    spent = round(used * price, 4) if used is not None and price is not None else None
+    return {
+        "prompt_tokens": prompt,
+        "cached_prompt_tokens": cached,
+        "cached_share": round(cached / prompt, 4) if prompt else None,
+        "output_tokens": sum(r.output_tokens for r in reports),
+        "request_seconds": round(request_seconds, 3),
+        "gpus": gpus,
+        "slots": known_slots or None,
+        "gpu_hours": round(used, 6) if used is not None else None,
+        "gpu_hours_window": round(gpus * window / 3600, 6) if gpus else None,
+        "gpu_hour_price": price,
+        "currency": cost.get("currency", "USD"),
+        "cost": spent,
+        "train_tokens": train_tokens,
+        "cost_per_million_train_tokens": round(spent / (train_tokens / 1e6), 4) if spent and train_tokens else None,
+    }
+
+
 def log_summary(published: list[dict[str, Any]], missing: list[str], fleet_usage: dict[str, Any]) -> None:
     for p in published:
         if p.get("unchanged"):

@@ -61,6 +61,7 @@ class WorkerInfo:
     max_running_requests: int | None = None
     version: str | None = None
     context_length: int | None = None
+    gpus: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class EndpointInfo:
     max_running_requests: int | None  # the running slots behind this URL (a router: its healthy workers' sum)
     probe_output_tokens: int
     probe_finish_reason: dict[str, Any]
+    gpus: int | None = None  # tp_size x dp_size of the server (a router: its healthy workers' sum); None: unknown
     router: bool = False
     workers: list[WorkerInfo] = field(default_factory=list)
 
@@ -97,6 +99,18 @@ def fleet_capacity(workers: list[WorkerInfo]) -> int | None:
     """The healthy workers' running slots: None unless every one of them is known."""
     slots = [w.max_running_requests for w in workers if w.healthy]
     return sum(s for s in slots if s is not None) if slots and None not in slots else None
+
+
+def gpus_of(server: dict[str, Any]) -> int | None:
+    """A server's GPUs: tensor- times data-parallel size, as its server info reports them."""
+    tp, dp = server.get("tp_size"), server.get("dp_size") or 1
+    return int(tp) * int(dp) if isinstance(tp, int) and tp > 0 else None
+
+
+def fleet_gpus(workers: list[WorkerInfo]) -> int | None:
+    """The healthy workers' GPUs: None unless every one of them is known."""
+    gpus = [w.gpus for w in workers if w.healthy]
+    return sum(g for g in gpus if g) if gpus and all(gpus) else None
 
 
 def fleet_version(workers: list[WorkerInfo]) -> str | None:
@@ -152,6 +166,7 @@ async def _check_one(
         version=fleet_version(workers) if workers else server.get("version"),
         context_length=fleet_context_length(workers) if workers else _context_length(server),
         max_running_requests=fleet_capacity(workers) if workers else server.get("max_running_requests"),
+        gpus=fleet_gpus(workers) if workers else gpus_of(server),
         probe_output_tokens=len(generation.output_ids),
         probe_finish_reason=generation.finish_reason,
         router=bool(server.get("router_manager")),
@@ -190,6 +205,7 @@ async def _router_fleet(session: aiohttp.ClientSession, url: str, deadline_s: fl
             max_running_requests=s.get("max_running_requests"),
             version=s.get("version"),
             context_length=_context_length(s),
+            gpus=gpus_of(s),
         )
         for w, s in zip(workers, served, strict=True)
     ]

@@ -25,6 +25,7 @@ from regen.chat import ModelProfile
 from regen.simulator.defects import BY_NAME, defect_sent, plant_in_response
 from regen.simulator.faults import FaultModel, abort_answer, server_error
 from regen.simulator.model import SimulatedModel
+from regen.simulator.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ class SimulatorState:
         self.context_length = context_length
         self.started = time.monotonic()
         self.running = asyncio.Semaphore(latency.max_running)
+        self.prefix_cache = PrefixCache(context_length * latency.max_running)
         self.active_rids: set[str] = set()
         self.record_file = record_path.open("a", encoding="utf-8") if record_path else None
 
@@ -222,8 +224,9 @@ async def _one(
     async with state.running:
         state.counters.waiting -= 1
         state.counters.slot_taken()
+        cached = state.prefix_cache.admit(prompt_ids)  # only the uncached part is prefilled
         try:
-            await asyncio.sleep(state.latency.seconds(len(prompt_ids), len(output_ids)) + extra_s)
+            await asyncio.sleep(state.latency.seconds(len(prompt_ids) - cached, len(output_ids)) + extra_s)
         finally:
             state.counters.slot_released()
     output_ids, defect = defect_sent(answer.defect, answer.defect_at, output_ids, finish_reason, state.model.roles)
@@ -232,7 +235,7 @@ async def _one(
         "finish_reason": finish_reason,
         "prompt_tokens": len(prompt_ids),
         "completion_tokens": len(output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": cached,
         "e2e_latency": round(time.monotonic() - started, 6),
     }
     text = _text(state, output_ids, finish_reason, params)
