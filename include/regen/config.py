@@ -88,12 +88,20 @@ class DatasetConfig(BaseModel):
     hf: HubDataset | None = None
     format: SourceFormat = "auto"
     turns: Literal["final", "every_assistant_turn"] = "final"
+    # Each prompt answered at each temperature (null: the run's), samples_per_prompt times, each with its own seed.
+    samples_per_prompt: int = Field(1, ge=1, le=64)
+    temperatures: list[float] | None = Field(None, min_length=1)
     description: str = ""
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
         if (self.paths is None) == (self.hf is None):
             raise ValueError("a dataset needs exactly one source: 'paths' (files, globs, s3:// URIs) or 'hf'")
+        if self.temperatures is not None:
+            if any(t < 0 for t in self.temperatures):
+                raise ValueError(f"temperatures {self.temperatures}: each must be 0 or more")
+            if len(set(self.temperatures)) != len(self.temperatures):
+                raise ValueError(f"temperatures {self.temperatures}: each once (samples_per_prompt repeats them)")
         return self
 
 

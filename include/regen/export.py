@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from regen.manifest import ShardManifest, StageStats
 from regen.reasons import OK, split_of
-from regen.records import ShardPrompts, read_raw
+from regen.records import read_prompts, read_raw
 from regen.storage import Storage, read_table, write_table
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ TRAIN_SCHEMA = pa.schema(
         ("finish_reason", pa.string()),
         ("dataset", pa.string()),
         ("profile", pa.string()),
+        ("temperature", pa.float32()),  # the sample's own (regen.samples); null: the run's, in the manifest
+        ("sampling_seed", pa.int64()),  # null: no seed was sent
     ]
 )
 REVIEW_FIELD = pa.field("text", pa.string())  # decode(output_ids): for people reading samples, never for training
@@ -82,15 +84,21 @@ class _Split:
     prompts: list[np.ndarray] = field(default_factory=list)
     outputs: list[np.ndarray] = field(default_factory=list)
     rows: dict[str, list[Any]] = field(
-        default_factory=lambda: {k: [] for k in ("id", "verdict", "flags", "finish_reason", "text")}
+        default_factory=lambda: {
+            k: [] for k in ("id", "verdict", "flags", "finish_reason", "text", "temperature", "sampling_seed")
+        }
     )
 
-    def add(self, prompt: np.ndarray, output: list[int], verdict: dict[str, Any], text: str | None) -> None:
+    def add(
+        self, prompt: np.ndarray, output: list[int], verdict: dict[str, Any], text: str | None, sampling: dict[str, Any]
+    ) -> None:
         self.prompts.append(prompt)
         self.outputs.append(np.asarray(output, dtype=np.int32))
         for name in ("id", "verdict", "flags", "finish_reason"):
             self.rows[name].append(verdict[name])
         self.rows["text"].append(text)
+        self.rows["temperature"].append(sampling.get("temperature"))
+        self.rows["sampling_seed"].append(sampling.get("sampling_seed"))
 
     def table(self, dataset: str, profile: str, review_text: bool) -> pa.Table:
         input_ids, loss_mask = build_training_columns(self.prompts, self.outputs)
@@ -105,6 +113,8 @@ class _Split:
             "finish_reason": pa.array(self.rows["finish_reason"], pa.string()),
             "dataset": pa.repeat(pa.scalar(dataset), n),
             "profile": pa.repeat(pa.scalar(profile), n),
+            "temperature": pa.array(self.rows["temperature"], pa.float32()),
+            "sampling_seed": pa.array(self.rows["sampling_seed"], pa.int64()),
         }
         schema = TRAIN_SCHEMA
         if review_text:
@@ -153,7 +163,7 @@ def run_export(
     columns = ["id", "verdict", "flags", "finish_reason"]
     verdicts = read_table(storage, shard.keys.verdicts, columns).to_pylist()
     kept = {v["id"]: v for v in verdicts if split_of(v["verdict"]) is not None}
-    prompts = ShardPrompts(read_table(storage, shard.prompts_key, ["id", "prompt_ids"]))
+    prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids"])
     splits = {name: _Split() for name in SPLITS}
     with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
         for answer in read_raw(storage, shard.raw_key, Path(tmp)):
@@ -161,7 +171,7 @@ def run_export(
             if verdict is not None:
                 text = decode(answer.output_ids) if settings.review_text and decode else None
                 splits[str(split_of(verdict["verdict"]))].add(
-                    prompts.prompt_ids(answer.id), answer.output_ids, verdict, text
+                    prompts.prompt_ids(answer.id), answer.output_ids, verdict, text, prompts.sampling(answer.id)
                 )
     stats = StageStats()
     for record in kept.values():

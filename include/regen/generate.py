@@ -27,10 +27,10 @@ import msgspec
 
 from regen.manifest import GenerationReport, ShardManifest, StageStats
 from regen.reasons import Reason, RejectionWriter
-from regen.records import RawAnswer, ShardPrompts, encode_answer, iter_raw_file, text_digest, write_raw
+from regen.records import RawAnswer, encode_answer, iter_raw_file, read_prompts, text_digest, write_raw
 from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLangClient, TransientError
 from regen.sglang.fleet import EndpointPool, FleetUnavailable
-from regen.storage import Storage, read_table, sha256_file
+from regen.storage import Storage, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +245,9 @@ async def _worker(
 ) -> None:
     for sample_id in queue:
         prompt_ids = prompts.prompt_ids(sample_id).tolist()
+        params = {**settings.sampling_params, **prompts.sampling(sample_id)}  # a sample's temperature and seed
         try:
-            generation = await client.generate(prompt_ids, settings.sampling_params, sample_id)
+            generation = await client.generate(prompt_ids, params, sample_id)
         except PermanentError as e:
             checkpointer.add(rejection_line(sample_id, Reason.SERVER_REJECTED, str(e)))
             progress.done += 1
@@ -310,7 +311,7 @@ async def _generate_missing(
 
 def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSettings) -> ShardManifest:
     raw_key = shard.keys.raw
-    prompts = ShardPrompts(read_table(storage, shard.prompts_key, ["id", "prompt_ids"]))
+    prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids"])
     ids = prompts.ids
     if storage.exists(raw_key):  # an earlier attempt finished this shard
         return _summarise_existing(storage, shard, raw_key, ids)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,9 @@ class ShardPrompts:
         self._offsets = prompt_ids.offsets.to_numpy()
         self._values = prompt_ids.values.to_numpy()
         self._tools = table.column("tools").to_pylist() if "tools" in table.column_names else []
+        names = table.column_names
+        self._temperature = table.column("temperature").to_pylist() if "temperature" in names else []
+        self._seed = table.column("sampling_seed").to_pylist() if "sampling_seed" in names else []
 
     def prompt_ids(self, sample_id: str) -> np.ndarray:
         row = self.row_of[sample_id]
@@ -110,3 +114,28 @@ class ShardPrompts:
 
     def tools_json(self, sample_id: str) -> str:
         return str(self._tools[self.row_of[sample_id]] or "")
+
+    def sampling(self, sample_id: str) -> dict[str, Any]:
+        """The sample's own sampling over the run's: its temperature and seed, where it has them (regen.samples)."""
+        row = self.row_of[sample_id]
+        own: dict[str, Any] = {}
+        if self._temperature and self._temperature[row] is not None:
+            own["temperature"] = self._temperature[row]
+        if self._seed and self._seed[row] is not None:
+            own["sampling_seed"] = self._seed[row]
+        return own
+
+
+SAMPLING_COLUMNS = ("temperature", "sampling_seed")  # absent from prompts prepared before samples existed
+
+
+def read_prompts(storage: Storage, key: str, columns: list[str]) -> ShardPrompts:
+    """A shard's prompts with `columns`, and its samples' own sampling where the file has it."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(prefix="regen-prompts-") as tmp:
+        path = Path(tmp) / "prompts.parquet"
+        storage.get_file(key, path)
+        present = pq.read_schema(path).names
+        wanted = [*columns, *(c for c in SAMPLING_COLUMNS if c in present and c not in columns)]
+        return ShardPrompts(pq.read_table(path, columns=wanted))

@@ -34,6 +34,7 @@ from regen.datasets.tokenise import Rendered, available_cores, render_ordered
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.reasons import Reason, RejectionWriter
+from regen.samples import samples_of
 from regen.storage import S3ClientFactory, Storage, write_table
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ PROMPT_SCHEMA = pa.schema(
         ("tools", pa.string()),
         ("meta", pa.string()),
         ("prompt_ids", pa.list_(pa.int32())),
+        ("temperature", pa.float64()),  # null: the run's temperature
+        ("sampling_seed", pa.int64()),  # null: no seed sent
     ]
 )
 
@@ -77,27 +80,29 @@ class _SeenIds:
 
 
 class _ShardWriter:
-    def __init__(self, location: DatasetLocation, storage: Storage, shard_size: int) -> None:
+    def __init__(self, location: DatasetLocation, storage: Storage, shard_size: int, config: DatasetConfig) -> None:
         self.location, self.storage, self.shard_size = location, storage, shard_size
+        self.temperatures, self.per_prompt = config.temperatures, config.samples_per_prompt
         self.shards: list[ShardManifest] = []
         self._rows: list[dict[str, Any]] = []
 
     def add(self, origin: Origin, rendered: Rendered) -> None:
+        """One row per sample of the prompt (regen.samples); a prompt's samples may span two shards."""
         conversation = rendered.conversation
-        self._rows.append(
-            {
-                "id": conversation.sample_id,
-                "source_index": origin.index,
-                "source": origin.source,
-                # Key order kept as rendered: re-rendering the stored columns gives the same prompt_ids.
-                "messages": json.dumps(conversation.messages, ensure_ascii=False),
-                "tools": json.dumps(conversation.tools, ensure_ascii=False),
-                "meta": json.dumps(conversation.meta, ensure_ascii=False, default=str),
-                "prompt_ids": rendered.prompt_ids,
-            }
-        )
-        if len(self._rows) >= self.shard_size:
-            self.flush()
+        prompt = {
+            "source_index": origin.index,
+            "source": origin.source,
+            # Key order kept as rendered: re-rendering the stored columns gives the same prompt_ids.
+            "messages": json.dumps(conversation.messages, ensure_ascii=False),
+            "tools": json.dumps(conversation.tools, ensure_ascii=False),
+            "meta": json.dumps(conversation.meta, ensure_ascii=False, default=str),
+            "prompt_ids": rendered.prompt_ids,
+        }
+        for sample in samples_of(conversation.sample_id, self.temperatures, self.per_prompt):
+            row = {"id": sample.id, **prompt, "temperature": sample.temperature, "sampling_seed": sample.seed}
+            self._rows.append(row)
+            if len(self._rows) >= self.shard_size:
+                self.flush()
 
     def flush(self) -> None:
         if not self._rows:
@@ -215,7 +220,7 @@ def run_prepare(
     rejections = RejectionWriter(storage, location.prepare_rejections)
     with tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp, rejections:
         workdir = Path(tmp)
-        shards = _ShardWriter(location, storage, shard_size)
+        shards = _ShardWriter(location, storage, shard_size, config)
         with closing(_SeenIds(workdir)) as seen:
             rows = iter_rows(config, resolve_path, s3_client)
             candidates = _candidates(rows, config, renderer.profile.tool_call_id_format, seen)
