@@ -63,12 +63,25 @@ def dataset_inputs(
     pinned_profile = {k: v for k, v in profile.items() if not k.endswith("_version")}
     inputs = {
         "sources": sources,
-        "dataset": config.model_dump(mode="json", exclude={"description"}),
+        "dataset": _dataset_inputs(config),
         "profile": pinned_profile,
         "sampling": sampling,
         "limit": limit,
     }
     return {**inputs, "digest": canonical_digest(inputs) if sources is not None else None}
+
+
+LATER_FIELDS = ("samples_per_prompt", "temperatures")  # added after versions were published
+
+
+def _dataset_inputs(config: DatasetConfig) -> dict[str, Any]:
+    """The dataset's config as an input; a field added later counts only when set, so versions published before
+    it existed stay unchanged."""
+    dataset = config.model_dump(mode="json", exclude={"description"})
+    for name in LATER_FIELDS:
+        if dataset[name] == DatasetConfig.model_fields[name].default:
+            del dataset[name]
+    return dataset
 
 
 def latest_published(storage: Storage, profile: str, dataset: str) -> dict[str, Any] | None:

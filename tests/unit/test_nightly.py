@@ -165,3 +165,16 @@ def test_publish_refuses_a_dataset_whose_verification_did_not_pass(deployment: P
     with pytest.raises(pipeline.NotVerified, match="verify_dataset did not pass"):
         pipeline.publish_dataset(run, prepared, [], None)
     assert not (deployment / "storage" / run.location(run.datasets[0]).manifest).exists()
+
+
+def test_fields_added_to_the_dataset_config_leave_earlier_digests_alone(deployment: Path) -> None:
+    """A version published before samples_per_prompt existed has the digest of its config without it: at the
+    default the field changes nothing, so the nightly skip still recognises it; set, it is a new input."""
+    from regen.config import DatasetConfig
+
+    plain = DatasetConfig(paths=[str(deployment / "B1.jsonl")], format="openai_messages")
+    sampled = plain.model_copy(update={"samples_per_prompt": 3})
+    digest = [dataset_inputs(c, {}, {}, None, str)["digest"] for c in (plain, sampled)]
+    before = plain.model_dump(mode="json", exclude={"description", "samples_per_prompt", "temperatures"})
+    assert dataset_inputs(plain, {}, {}, None, str)["dataset"] == before
+    assert digest[0] != digest[1]
