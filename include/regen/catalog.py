@@ -20,10 +20,15 @@ READ_THREADS = 16  # small JSON files, one GET each: read several at once
 
 
 def _json(storage: Storage, key: str) -> dict[str, Any] | None:
+    """A small JSON file, or None when it is not there (yet, or any more); any other failure is the page's error."""
     try:
         return dict(json.loads(storage.get_bytes(key)))
-    except Exception:  # a file that is gone (a version deleted while listed) or not there yet: not an error here
+    except FileNotFoundError:
         return None
+    except Exception as e:
+        if (getattr(e, "response", None) or {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
 
 
 def _published(storage: Storage, location: DatasetLocation, manifest: dict[str, Any]) -> dict[str, Any]:
