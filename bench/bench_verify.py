@@ -29,6 +29,7 @@ from bench_validate import build_shard  # noqa: E402
 
 from regen.chat import ChatRenderer, get_profile  # noqa: E402
 from regen.export import run_export  # noqa: E402
+from regen.publish import shard_entries  # noqa: E402
 from regen.storage import sha256_file  # noqa: E402
 from regen.validate import ValidateSettings, run_validate  # noqa: E402
 from regen.verify import verify_version  # noqa: E402
@@ -62,15 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             "root": storage.root_uri,
             "token_roles": renderer.roles.as_record(),
             "records": shard.stats["export"].kept,
-            "shards": [
-                {
-                    "shard": shard.name,
-                    "prompts": shard.prompts_key,
-                    "raw": shard.raw_key,
-                    "train": shard.train_key,
-                    "records": shard.stats["export"].kept,
-                }
-            ],
+            "shards": shard_entries([shard]),
             "files": files,
             "sizes": {key: storage.size(key) for key in files},
         }

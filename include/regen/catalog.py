@@ -14,7 +14,7 @@ from typing import Any
 
 from regen.layout import DatasetLocation, dataset_prefix
 from regen.reasons import OK
-from regen.storage import Storage
+from regen.storage import Storage, is_not_found
 
 READ_THREADS = 16  # small JSON files, one GET each: read several at once
 
@@ -23,10 +23,8 @@ def _json(storage: Storage, key: str) -> dict[str, Any] | None:
     """A small JSON file, or None when it is not there (yet, or any more); any other failure is the page's error."""
     try:
         return dict(json.loads(storage.get_bytes(key)))
-    except FileNotFoundError:
-        return None
     except Exception as e:
-        if (getattr(e, "response", None) or {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        if is_not_found(e):
             return None
         raise
 

@@ -24,7 +24,7 @@ from regen.quality import dataset_report, read_verdicts, write_dataset_report
 from regen.reasons import OK
 from regen.report import generation_cost
 from regen.storage import Storage
-from regen.verify import VerificationFailed, verify_manifest
+from regen.verify import verify_manifest
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ def contents_digest(data_files: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(sorted(data_files.items())).encode()).hexdigest()
 
 
-def _shard_entries(shards: list[ShardManifest]) -> list[dict[str, Any]]:
+def shard_entries(shards: list[ShardManifest]) -> list[dict[str, Any]]:
+    """The manifest's `shards`: each shard's files and counts, as the verifier reads them."""
     return [
         {
             "shard": s.name,
@@ -92,7 +93,7 @@ def draft_manifest(
         "version": location.version,
         "token_roles": prepared.token_roles,
         "records": sum(s.stats["export"].kept for s in shards),
-        "shards": _shard_entries(shards),
+        "shards": shard_entries(shards),
         "files": data_files,
     }
 
@@ -101,22 +102,15 @@ def verify_contents(prepared: PreparedDataset, storage: Storage) -> dict[str, An
     """Reads every data file of a finished version back (sha256) and checks every record's invariants, before any
     manifest names them. Raises VerificationFailed naming every problem; returns what was read and the contents'
     digest, which publish checks before it writes the manifest."""
-    shards, data_files = version_contents(prepared, storage)
-    result = verify_manifest(draft_manifest(prepared, shards, data_files), storage)
+    return _verify(prepared, storage, *version_contents(prepared, storage))
+
+
+def _verify(
+    prepared: PreparedDataset, storage: Storage, shards: list[ShardManifest], data_files: dict[str, str]
+) -> dict[str, Any]:
     location = prepared.location
-    if result.problems:
-        raise VerificationFailed(
-            f"{location.dataset} {location.version}: not published, {len(result.problems)} problems: "
-            + "; ".join(result.problems)
-        )
-    log.info(
-        "verified %s %s: %d files (%d bytes), %d records checked",
-        location.dataset,
-        location.version,
-        len(data_files),
-        result.bytes_read,
-        result.records_checked,
-    )
+    result = verify_manifest(draft_manifest(prepared, shards, data_files), storage)
+    result.check(f"{location.dataset} {location.version}", withheld="not published, ")
     return {
         "dataset": location.dataset,
         "version": location.version,
@@ -197,7 +191,7 @@ def _write_manifest(
         "inputs": prepared.inputs,
         "fleet": fleet,
         "verified": {k: verified[k] for k in ("bytes", "records_checked", "verified_at")},
-        "shards": _shard_entries(shards),
+        "shards": shard_entries(shards),
         "files": data_files | report_files,
         "sizes": sizes_of(storage, [*data_files, *report_files]),
     }
@@ -234,9 +228,9 @@ def run_publish(
     A version is immutable: publishing into one that has a manifest already is a no-op when its data files are the
     same (a retried publish), and refused when they differ, unless `overwrite`."""
     location = prepared.location
-    if verified is None:
-        verified = verify_contents(prepared, storage)
     shards, data_files = version_contents(prepared, storage)
+    if verified is None:
+        verified = _verify(prepared, storage, shards, data_files)
     if contents_digest(data_files) != verified["contents"]:
         raise ChangedSinceVerified(
             f"{location.dataset} {location.version}: its files changed after they were verified; clear "

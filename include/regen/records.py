@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
-from regen.storage import Storage
+from regen.storage import Storage, read_table
 
 REPLACEMENT = "\ufffd"  # what a detokenizer writes for an unfinished UTF-8 character
 
@@ -131,11 +130,4 @@ SAMPLING_COLUMNS = ("temperature", "sampling_seed")  # absent from prompts prepa
 
 def read_prompts(storage: Storage, key: str, columns: list[str]) -> ShardPrompts:
     """A shard's prompts with `columns`, and its samples' own sampling where the file has it."""
-    import pyarrow.parquet as pq
-
-    with tempfile.TemporaryDirectory(prefix="regen-prompts-") as tmp:
-        path = Path(tmp) / "prompts.parquet"
-        storage.get_file(key, path)
-        present = pq.read_schema(path).names
-        wanted = [*columns, *(c for c in SAMPLING_COLUMNS if c in present and c not in columns)]
-        return ShardPrompts(pq.read_table(path, columns=wanted))
+    return ShardPrompts(read_table(storage, key, columns, optional=SAMPLING_COLUMNS))

@@ -16,11 +16,10 @@ def fleet_utilisation(reports: list[GenerationReport], fleet: list[dict[str, Any
     Client-side: time a request waited in a server's queue counts as busy, so this is an upper bound; the simulator's
     /sim/stats gives the exact server-side figure. Unknown when a server does not report max_running_requests.
     """
-    capacity = [e.get("max_running_requests") for e in fleet]
-    if not reports or not capacity or not all(isinstance(c, int) and c > 0 for c in capacity):
+    slots = fleet_slots(fleet)
+    if not reports or slots is None:
         return {"utilisation": None, "reason": "no generation in this run, or a server without max_running_requests"}
-    slots = sum(c for c in capacity if c)
-    window = max(r.finished_at for r in reports) - min(r.started_at for r in reports)
+    window = generation_window(reports)
     busy = sum(r.request_seconds for r in reports)
     return {
         "utilisation": min(1.0, busy / (slots * window)) if window > 0 else None,
@@ -30,6 +29,19 @@ def fleet_utilisation(reports: list[GenerationReport], fleet: list[dict[str, Any
         "output_tokens": sum(r.output_tokens for r in reports),
         "requests": sum(r.requests for r in reports),
     }
+
+
+def fleet_slots(fleet: list[dict[str, Any]]) -> int | None:
+    """The fleet's running slots (max_running_requests summed); None unless every endpoint reported them."""
+    capacity = [e.get("max_running_requests") for e in fleet]
+    if not capacity or not all(isinstance(c, int) and c > 0 for c in capacity):
+        return None
+    return sum(c for c in capacity if c)
+
+
+def generation_window(reports: list[GenerationReport]) -> float:
+    """Seconds from the first request to the last answer, over every shard's tries."""
+    return max(r.finished_at for r in reports) - min(r.started_at for r in reports) if reports else 0.0
 
 
 def fleet_gpus(fleet: list[dict[str, Any]], gpus_per_endpoint: int | None = None) -> int | None:
@@ -54,12 +66,11 @@ def generation_cost(
     queueing, so an upper bound); `gpu_hours_window` is the whole fleet over the generation window, what a fleet
     reserved for the run costs. `cost` is the config's defaults.cost."""
     gpus = fleet_gpus(fleet, cost.get("gpus_per_endpoint"))
-    slots = [s for s in (e.get("max_running_requests") for e in fleet) if isinstance(s, int) and s > 0]
-    known_slots = sum(slots) if fleet and len(slots) == len(fleet) else 0
+    slots = fleet_slots(fleet)
     request_seconds = sum(r.request_seconds for r in reports)
-    window = max(r.finished_at for r in reports) - min(r.started_at for r in reports) if reports else 0.0
+    window = generation_window(reports)
     prompt, cached = sum(r.prompt_tokens for r in reports), sum(r.cached_tokens for r in reports)
-    used = request_seconds * gpus / known_slots / 3600 if gpus and known_slots else None
+    used = request_seconds * gpus / slots / 3600 if gpus and slots else None
     price = cost.get("gpu_hour_price")
     spent = round(used * price, 4) if used is not None and price is not None else None
     return {
@@ -69,7 +80,7 @@ def generation_cost(
         "output_tokens": sum(r.output_tokens for r in reports),
         "request_seconds": round(request_seconds, 3),
         "gpus": gpus,
-        "slots": known_slots or None,
+        "slots": slots,
         "gpu_hours": round(used, 6) if used is not None else None,
         "gpu_hours_window": round(gpus * window / 3600, 6) if gpus else None,
         "gpu_hour_price": price,

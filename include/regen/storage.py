@@ -165,7 +165,7 @@ class S3Storage:
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if is_not_found(e):
                 return False
             raise
         return True
@@ -258,6 +258,14 @@ class _BodyStream(io.RawIOBase):
         if not self.closed:
             self._body.close()
         super().close()
+
+
+def is_not_found(error: Exception) -> bool:
+    """A key that is not there, on either backend: a missing local file, or S3's 404 (HEAD) and NoSuchKey (GET)."""
+    if isinstance(error, FileNotFoundError):
+        return True
+    response = getattr(error, "response", None) or {}
+    return response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
 def s3_client_config(retry_mode: str, max_attempts: int) -> Any:
@@ -365,13 +373,17 @@ def check_writable(storage: Storage, key: str) -> None:
         raise PermissionError(explain_s3_error(storage.root_uri, e)) from e
 
 
-def read_table(storage: Storage, key: str, columns: list[str] | None = None) -> Any:
-    """A stored Parquet file as an Arrow table, through a local copy (Parquet needs random access)."""
+def read_table(storage: Storage, key: str, columns: list[str] | None = None, optional: tuple[str, ...] = ()) -> Any:
+    """A stored Parquet file as an Arrow table, through a local copy (Parquet needs random access). `optional`:
+    columns read too where the file has them (files written before they existed do not)."""
     import pyarrow.parquet as pq
 
     with tempfile.TemporaryDirectory(prefix="regen-read-") as tmp:
         path = Path(tmp) / "table.parquet"
         storage.get_file(key, path)
+        if columns is not None and optional:
+            present = pq.read_schema(path).names
+            columns = [*columns, *(c for c in optional if c in present and c not in columns)]
         return pq.read_table(path, columns=columns)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from regen.errors import FinalError
 from regen.layout import MANIFEST, DatasetLocation, latest_key
 from regen.reasons import OK
-from regen.storage import Storage, open_storage
+from regen.storage import Storage, is_not_found, open_storage
 
 log = logging.getLogger(__name__)
 MAX_PROBLEMS_PER_FILE = 5  # beyond these, a file's problems are counted, not listed
@@ -62,6 +62,19 @@ class Verification:
             "records_checked": self.records_checked,
             "problems": self.problems,
         }
+
+    def check(self, label: str, withheld: str = "") -> None:
+        """Raises VerificationFailed naming every problem (after `withheld`: what is not done because of them); logs
+        what was read when there is none."""
+        if self.problems:
+            raise VerificationFailed(f"{label}: {withheld}{len(self.problems)} problems: " + "; ".join(self.problems))
+        log.info(
+            "verified %s: %d files (%d bytes), %d records checked",
+            label,
+            len(self.manifest.get("files", {})),
+            self.bytes_read,
+            self.records_checked,
+        )
 
 
 def manifest_uri_of(
@@ -131,16 +144,7 @@ def verify_manifest(
 def verify_published(manifest_uri: str, s3_client: Any = None, manifest_sha256: str | None = None) -> dict[str, Any]:
     """Raises VerificationFailed naming every problem; returns the version's identity and counts when all is right."""
     result = verify_version(manifest_uri, s3_client, manifest_sha256=manifest_sha256)
-    if result.problems:
-        raise VerificationFailed(f"{manifest_uri}: " + "; ".join(result.problems))
-    log.info(
-        "verified %s %s: %d files (%d bytes), %d records checked",
-        result.manifest["dataset"],
-        result.manifest["version"],
-        len(result.manifest["files"]),
-        result.bytes_read,
-        result.records_checked,
-    )
+    result.check(manifest_uri)
     return {k: v for k, v in result.summary().items() if k != "problems"}
 
 
@@ -185,7 +189,7 @@ def _check_file(
                     out.write(chunk)
                 length += len(chunk)
     except Exception as e:  # a local file or an S3 object that is not there; anything else is not ours to judge
-        if isinstance(e, FileNotFoundError) or _not_found(e):
+        if is_not_found(e):
             result.problems.append(f"{key}: missing")
             result.bad_files.add(key)
             return False
@@ -199,11 +203,6 @@ def _check_file(
         return True
     result.bad_files.add(key)
     return False
-
-
-def _not_found(error: Exception) -> bool:
-    response = getattr(error, "response", None) or {}
-    return response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
 def _check_records(

@@ -14,22 +14,9 @@ from typing import Any
 import aiohttp
 
 from regen.sglang.client import get_json
-from regen.sglang.server_check import MODEL_INFO, SERVER_INFO, router_workers
+from regen.sglang.server_check import MODEL_INFO, SERVER_INFO, context_length_of, get_either, router_workers
 
 TIMEOUT_S = 3.0
-
-
-async def _first(session: aiohttp.ClientSession, url: str, paths: tuple[str, ...], timeout_s: float) -> Any:
-    """The first of an endpoint's names that answers (servers and routers serve different aliases)."""
-    error: Exception | None = None
-    for path in paths:
-        try:
-            return await get_json(session, f"{url}{path}", timeout_s)
-        except aiohttp.ClientResponseError as e:
-            if e.status != 404:
-                raise
-            error = e
-    raise error or LookupError(url)
 
 
 async def running_requests(session: aiohttp.ClientSession, url: str, timeout_s: float) -> tuple[int, int]:
@@ -52,13 +39,13 @@ async def _health(session: aiohttp.ClientSession, url: str, path: str, timeout_s
 
 
 async def _server(session: aiohttp.ClientSession, url: str, timeout_s: float) -> dict[str, Any]:
-    server = await _first(session, url, SERVER_INFO, timeout_s)
-    model = await _first(session, url, MODEL_INFO, timeout_s)
+    server = await get_either(session, url, SERVER_INFO, timeout_s)
+    model = await get_either(session, url, MODEL_INFO, timeout_s)
     running, waiting = await running_requests(session, url, timeout_s)
     return {
         "model": model.get("model_path"),
         "version": server.get("version"),
-        "context_length": server.get("context_length") or server.get("max_req_input_len"),
+        "context_length": context_length_of(server),
         "max_running_requests": server.get("max_running_requests"),
         "running_requests": running,
         "waiting_requests": waiting,
@@ -69,7 +56,7 @@ async def endpoint_status(session: aiohttp.ClientSession, url: str, timeout_s: f
     """One endpoint (a server, or a router and the workers it lists), or what went wrong asking it."""
     status: dict[str, Any] = {"url": url, "health": None, "router": False, "error": None}
     try:
-        server = await _first(session, url, SERVER_INFO, timeout_s)
+        server = await get_either(session, url, SERVER_INFO, timeout_s)
         if not server.get("router_manager"):
             status["health"] = await _health(session, url, "/health", timeout_s)
             return {**status, **await _server(session, url, timeout_s)}

@@ -125,16 +125,18 @@ def fleet_context_length(workers: list[WorkerInfo]) -> int | None:
     return min(lengths) if lengths else None
 
 
-async def get_either(session: aiohttp.ClientSession, url: str, paths: tuple[str, ...]) -> dict[str, Any]:
+async def get_either(
+    session: aiohttp.ClientSession, url: str, paths: tuple[str, ...], timeout_s: float = 10.0
+) -> dict[str, Any]:
     """The first alias of an endpoint that url serves: a router lacks some of a server's names, and a newer server
     may drop the deprecated ones."""
     for path in paths[:-1]:
         try:
-            return dict(await get_json(session, f"{url}{path}"))
+            return dict(await get_json(session, f"{url}{path}", timeout_s))
         except aiohttp.ClientResponseError as e:
             if e.status != 404:
                 raise
-    return dict(await get_json(session, f"{url}{paths[-1]}"))
+    return dict(await get_json(session, f"{url}{paths[-1]}", timeout_s))
 
 
 def _check_model(url: str, model_path: str, renderer: ChatRenderer) -> None:
@@ -164,7 +166,7 @@ async def _check_one(
         url=url,
         model_path=model_path,
         version=fleet_version(workers) if workers else server.get("version"),
-        context_length=fleet_context_length(workers) if workers else _context_length(server),
+        context_length=fleet_context_length(workers) if workers else context_length_of(server),
         max_running_requests=fleet_capacity(workers) if workers else server.get("max_running_requests"),
         gpus=fleet_gpus(workers) if workers else gpus_of(server),
         probe_output_tokens=len(generation.output_ids),
@@ -174,7 +176,7 @@ async def _check_one(
     )
 
 
-def _context_length(server: dict[str, Any]) -> int | None:
+def context_length_of(server: dict[str, Any]) -> int | None:
     value = server.get("context_length") or server.get("max_req_input_len")
     return int(value) if value else None
 
@@ -204,7 +206,7 @@ async def _router_fleet(session: aiohttp.ClientSession, url: str, deadline_s: fl
             w,
             max_running_requests=s.get("max_running_requests"),
             version=s.get("version"),
-            context_length=_context_length(s),
+            context_length=context_length_of(s),
             gpus=gpus_of(s),
         )
         for w, s in zip(workers, served, strict=True)
