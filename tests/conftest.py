@@ -86,6 +86,19 @@ def s3_client(s3_endpoint: str):  # type: ignore[no-untyped-def]
     )
 
 
+def finish_shards(
+    shards: list[ShardManifest], storage: Storage, renderer: ChatRenderer, url: str
+) -> list[ShardManifest]:
+    """Each shard through generate, validate and export against the server at `url`, as the DAG runs them."""
+    from regen.config import Sampling
+    from regen.export import run_export
+    from regen.generate import GenerateSettings, run_generate
+    from regen.validate import run_validate
+
+    settings = GenerateSettings([url], Sampling().as_params(), concurrency=8)
+    return [run_export(run_validate(run_generate(s, storage, settings), storage, renderer), storage) for s in shards]
+
+
 KILLABLE_GENERATE = """
 import json, sys
 from regen.config import Sampling
@@ -99,16 +112,10 @@ run_generate(shard, LocalStorage(__import__("pathlib").Path(sys.argv[2])), setti
 
 
 def _publish_sample(root: Path, renderer: ChatRenderer, simulator: Simulator, version: str, limit: int) -> None:
-    from regen.config import Sampling
-    from regen.export import run_export
-    from regen.generate import GenerateSettings, run_generate
     from regen.publish import run_publish
-    from regen.validate import run_validate
 
     prepared, storage = prepare_sample(root, renderer, "B1_glaive", 10, limit, version=version)
-    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
-    for shard in prepared.shards:
-        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    finish_shards(prepared.shards, storage, renderer, simulator.url)
     run_publish(prepared, storage, fleet=[], run_id=f"manual__{version}")
 
 
@@ -120,18 +127,12 @@ def drafter_root(tmp_path_factory: pytest.TempPathFactory, renderer: ChatRendere
     import signal
     import subprocess
 
-    from regen.config import Sampling
-    from regen.export import run_export
-    from regen.generate import GenerateSettings, run_generate
-    from regen.validate import run_validate
-
     path = tmp_path_factory.mktemp("drafter")
     _publish_sample(path, renderer, simulator, "night-1", 12)
     _publish_sample(path, renderer, simulator, "night-2", 20)
     prepared, storage = prepare_sample(path, renderer, "B1_glaive", 10, 20, version="night-3")
     first, second = prepared.shards
-    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
-    run_export(run_validate(run_generate(first, storage, settings), storage, renderer), storage)
+    finish_shards([first], storage, renderer, simulator.url)
     slow = start_simulator(path, "--decode-ms-per-token", "4")
     try:
         worker = subprocess.Popen(

@@ -11,15 +11,12 @@ import requests
 
 from regen.chat import ChatRenderer
 from regen.config import Sampling
-from regen.export import run_export
-from regen.generate import GenerateSettings, run_generate
 from regen.manifest import GenerationReport
 from regen.publish import run_publish
 from regen.report import generation_cost
 from regen.sglang.server_check import check_fleet
 from regen.simulator.prefix_cache import PAGE, PrefixCache
-from regen.validate import run_validate
-from tests.conftest import Simulator, prepare_sample
+from tests.conftest import Simulator, finish_shards, prepare_sample
 
 
 def test_the_prefix_cache_holds_what_earlier_prompts_shared_in_whole_pages() -> None:
@@ -83,9 +80,7 @@ def test_without_a_price_or_a_known_fleet_only_what_is_known_is_given() -> None:
 @pytest.fixture
 def published(tmp_path: Path, renderer: ChatRenderer, simulator: Simulator) -> tuple[dict, list]:  # type: ignore[type-arg]
     prepared, storage = prepare_sample(tmp_path, renderer, "B1_glaive", 20)
-    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
-    for shard in prepared.shards:
-        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    finish_shards(prepared.shards, storage, renderer, simulator.url)
     fleet = check_fleet([simulator.url], renderer, Sampling().as_params())
     summary = run_publish(prepared, storage, fleet, cost={"gpu_hour_price": 3.5, "currency": "EUR"})
     return json.loads(Path(summary["manifest"]).read_text()), fleet

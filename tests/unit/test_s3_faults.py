@@ -14,16 +14,13 @@ from typing import Any
 import pytest
 
 from regen.chat import ChatRenderer
-from regen.config import Sampling, load_config
+from regen.config import load_config
 from regen.datasets.prepare import run_prepare
-from regen.export import run_export
-from regen.generate import GenerateSettings, run_generate
 from regen.layout import DatasetLocation
 from regen.publish import run_publish
 from regen.storage import S3Storage, check_writable, s3_client_config
-from regen.validate import run_validate
 from regen.verify import verify_version
-from tests.conftest import Simulator
+from tests.conftest import Simulator, finish_shards
 from tools.devstack import free_port, wait_until
 from tools.s3_fault_proxy import FaultProxy, run_in_thread
 
@@ -68,9 +65,7 @@ def test_a_version_published_through_s3_faults_lands_exactly_once_and_verifies_c
     location = DatasetLocation(storage.root_uri, renderer.profile.name, "B1_glaive", "v1")
     dataset = config.dataset("B1_glaive")
     prepared = run_prepare(dataset, location, storage, renderer, 20, None, config.resolve, workers=1)
-    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
-    for shard in prepared.shards:
-        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    finish_shards(prepared.shards, storage, renderer, simulator.url)
     big = tmp_path / "big.bin"
     big.write_bytes(bytes(range(256)) * (9 * 4096 + 7))  # a multipart upload through the faults too
     assert storage.put_file("extra/big.bin", big) == S3Storage("faults", "runs", client(s3_endpoint)).put_file(

@@ -16,16 +16,12 @@ import pytest
 
 from regen.__main__ import main
 from regen.chat import ChatRenderer
-from regen.config import Sampling
-from regen.export import run_export
-from regen.generate import GenerateSettings, run_generate
 from regen.inputs import latest_published
 from regen.manifest import PreparedDataset
 from regen.publish import ChangedSinceVerified, VersionExists, run_publish, verify_contents
 from regen.storage import LocalStorage, S3Storage
-from regen.validate import run_validate
 from regen.verify import VerificationFailed, read_training_data, verify_version
-from tests.conftest import Simulator, prepare_sample
+from tests.conftest import Simulator, finish_shards, prepare_sample
 
 BUCKET = "regen-verify"
 
@@ -36,9 +32,7 @@ def published(
 ) -> tuple[PreparedDataset, LocalStorage, str]:
     """B1_glaive in two shards, generated, validated, exported and published on local storage."""
     prepared, storage = prepare_sample(tmp_path_factory.mktemp("published"), renderer, "B1_glaive", 20)
-    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
-    for shard in prepared.shards:
-        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    finish_shards(prepared.shards, storage, renderer, simulator.url)
     summary = run_publish(prepared, storage, fleet=[{"url": simulator.url}])
     return prepared, storage, summary["manifest"]
 
@@ -201,9 +195,7 @@ def test_a_publish_killed_before_its_manifest_is_completed_by_the_rerun(
     """The shards and the report are uploaded, then the task dies before the manifest lands: the version is not
     there for anyone; the rerun publishes it whole, and it verifies clean."""
     prepared, storage = prepare_sample(tmp_path, renderer, "B2_opencodeinstruct", 30)
-    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
-    for shard in prepared.shards:
-        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    finish_shards(prepared.shards, storage, renderer, simulator.url)
     write = storage.put_bytes
 
     def killed_at_the_manifest(key: str, data: bytes) -> str:
@@ -236,9 +228,7 @@ def test_data_that_does_not_read_back_as_written_is_never_published(
     """The verifier reads a finished version back before any manifest names it: a damaged file leaves no manifest
     and no latest.json, so neither a trainer nor the nightly skip ever takes the version as published."""
     prepared, storage = prepare_sample(tmp_path, renderer, "B2_opencodeinstruct", 30)
-    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
-    for shard in prepared.shards:
-        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    finish_shards(prepared.shards, storage, renderer, simulator.url)
     train = Path(storage.uri(prepared.shards[0].keys.split("train")))
     body = train.read_bytes()
     train.write_bytes(body[:100] + bytes([body[100] ^ 1]) + body[101:])  # one bit flipped, the size unchanged
