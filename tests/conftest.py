@@ -96,18 +96,21 @@ def finish_shards(
     from regen.validate import run_validate
 
     settings = GenerateSettings([url], Sampling().as_params(), concurrency=8)
-    return [run_export(run_validate(run_generate(s, storage, settings), storage, renderer), storage) for s in shards]
+    generated = [run_generate(s, storage, settings, renderer) for s in shards]
+    return [run_export(run_validate(s, storage, renderer), storage) for s in generated]
 
 
 KILLABLE_GENERATE = """
 import json, sys
+from regen.chat import ChatRenderer, get_profile
 from regen.config import Sampling
 from regen.generate import GenerateSettings, run_generate
 from regen.manifest import ShardManifest
 from regen.storage import LocalStorage
 shard = ShardManifest.from_dict(json.loads(sys.argv[1]))
 settings = GenerateSettings([sys.argv[3]], Sampling().as_params(), concurrency=4, checkpoint_every=4, checkpoint_s=0.2)
-run_generate(shard, LocalStorage(__import__("pathlib").Path(sys.argv[2])), settings)
+renderer = ChatRenderer(get_profile(sys.argv[4])) if len(sys.argv) > 4 else None  # for on-policy conversations
+run_generate(shard, LocalStorage(__import__("pathlib").Path(sys.argv[2])), settings, renderer)
 """
 
 

@@ -1,8 +1,11 @@
 """Write the bundled sample datasets (data/samples/) deterministically: `python tools/make_samples.py`.
 
 B1_glaive: function-calling conversations with tools, as OpenAI messages (some with a tool call and its result in
-history). B2_opencodeinstruct: coding instructions in OpenCodeInstruct's input/output columns. A few rows are broken
-on purpose (malformed JSON, no user turn, a duplicate) so that every run shows rejections being counted.
+history). B2_opencodeinstruct: coding instructions in OpenCodeInstruct's input/output columns. C1_multiturn: multi-turn
+conversations regenerated on-policy, ShareGPT chats and OpenAI tool conversations; each tool's parameters allow one
+value, so a call the model makes may be the dataset's call exactly (its recorded result is then reused) or another
+(the conversation ends there). A few rows are broken on purpose (malformed JSON, no user turn, a duplicate) so that
+every run shows rejections being counted.
 """
 
 from __future__ import annotations
@@ -111,11 +114,67 @@ def opencodeinstruct_rows(rng: random.Random) -> list[str]:
     return rows
 
 
+def multiturn_rows(rng: random.Random) -> list[str]:
+    rows = []
+    for i in range(12):  # ShareGPT chats of two to four user turns
+        topic, lang = rng.choice(TOPICS), rng.choice(LANGS)
+        questions = [
+            f"Chat {i}: how would you write {topic} in {lang}?",
+            "Can you make it faster?",
+            "What are the edge cases I should test?",
+            "Summarise the whole thing in two sentences.",
+        ][: rng.randint(2, 4)]
+        turns = [{"from": "system", "value": "You are a careful programming tutor."}]
+        for t, question in enumerate(questions, 1):
+            turns += [{"from": "human", "value": question}, {"from": "gpt", "value": f"Reference {i}.{t}, off-policy."}]
+        rows.append(json.dumps({"id": f"sharegpt-{i:03d}", "conversations": turns}, ensure_ascii=False))
+    for i in range(12):  # OpenAI tool conversations: a call, its result, an answer, a follow-up
+        city = CITIES[i % len(CITIES)]
+        parameters = {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": [city]}, "unit": {"type": "string", "enum": ["celsius"]}},
+            "required": ["city"],
+        }
+        tools = [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "description": "Weather", "parameters": parameters},
+            }
+        ]
+        messages: list[dict[str, object]] = [
+            {"role": "system", "content": "You are a helpful assistant with access to functions."},
+            {"role": "user", "content": f"Conversation {i}: what is the weather in {city}?"},
+        ]
+        if i % 3 == 2:  # the dataset's assistant answered without calling
+            messages.append({"role": "assistant", "content": f"Reference {i}.1, off-policy: it is mild."})
+        else:
+            call = {"name": "get_weather", "arguments": json.dumps({"city": city, "unit": "celsius"})}
+            messages += [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"id": f"w{i}", "type": "function", "function": call}],
+                },
+                {"role": "tool", "tool_call_id": f"w{i}", "content": json.dumps({"celsius": rng.randint(-5, 35)})},
+                {"role": "assistant", "content": f"Reference {i}.2, off-policy: here is the weather."},
+            ]
+        messages += [
+            {"role": "user", "content": "Should I take an umbrella?"},
+            {"role": "assistant", "content": f"Reference {i}.3, off-policy: perhaps."},
+        ]
+        rows.append(json.dumps({"messages": messages, "tools": tools}, ensure_ascii=False))
+    rows.append(rows[1])  # a duplicate conversation
+    rows.append(json.dumps({"conversations": [{"from": "gpt", "value": "I start the conversation."}]}))
+    return rows
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     rng = random.Random(2026)
     (OUT / "B1_glaive.jsonl").write_text("\n".join(glaive_rows(rng)) + "\n", encoding="utf-8")
     (OUT / "B2_opencodeinstruct.jsonl").write_text("\n".join(opencodeinstruct_rows(rng)) + "\n", encoding="utf-8")
+    multiturn = multiturn_rows(random.Random(2027))
+    (OUT / "C1_multiturn.jsonl").write_text("\n".join(multiturn) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -87,7 +87,9 @@ class DatasetConfig(BaseModel):
     paths: list[str] | None = Field(None, min_length=1)
     hf: HubDataset | None = None
     format: SourceFormat = "auto"
-    turns: Literal["final", "every_assistant_turn"] = "final"
+    # final: the last assistant turn; every_assistant_turn: each, with the dataset's history; on_policy: each, with the
+    # answers regenerated for the turns before it (regen.on_policy)
+    turns: Literal["final", "every_assistant_turn", "on_policy"] = "final"
     # Each prompt answered at each temperature (null: the run's), samples_per_prompt times, each with its own seed.
     samples_per_prompt: int = Field(1, ge=1, le=64)
     temperatures: list[float] | None = Field(None, min_length=1)

@@ -171,7 +171,7 @@ def run_export(
             if verdict is not None:
                 text = decode(answer.output_ids) if settings.review_text and decode else None
                 splits[str(split_of(verdict["verdict"]))].add(
-                    prompts.prompt_ids(answer.id), answer.output_ids, verdict, text, prompts.sampling(answer.id)
+                    prompts.prompt_of(answer), answer.output_ids, verdict, text, prompts.sampling(answer.id)
                 )
     stats = StageStats()
     for record in kept.values():

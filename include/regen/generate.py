@@ -17,17 +17,32 @@ import json
 import logging
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import jinja2
 import msgspec
 
+from regen.chat import ChatRenderer
 from regen.manifest import GenerationReport, ShardManifest, StageStats
+from regen.on_policy import Ended, after_answer, check_resumed, dataset_turns, turn_count
 from regen.reasons import Reason, RejectionWriter
-from regen.records import RawAnswer, encode_answer, iter_raw_file, read_prompts, text_digest, write_raw
+from regen.records import (
+    RawAnswer,
+    ShardPrompts,
+    decode_answer,
+    encode_answer,
+    iter_raw_file,
+    read_prompts,
+    text_digest,
+    write_raw,
+)
+from regen.samples import sample_of, turn_id
 from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLangClient, TransientError
 from regen.sglang.fleet import EndpointPool, FleetUnavailable
 from regen.storage import Storage, sha256_file
@@ -235,10 +250,43 @@ def rejection_line(sample_id: str, reason: Reason, detail: str) -> bytes:
     return msgspec.json.encode({"id": sample_id, "rejected": {"reason": reason.value, "detail": detail}})
 
 
+async def _ask(
+    client: SGLangClient,
+    answer_id: str,
+    prompt_ids: list[int],
+    params: dict[str, Any],
+    settings: GenerateSettings,
+    checkpointer: _Checkpointer,
+    progress: _Progress,
+    keep_prompt: bool = False,
+) -> RawAnswer | None:
+    """One answer, checkpointed; or None when the sample is rejected (checkpointed with its reason). `keep_prompt`:
+    the answer carries its prompt (one that prompts/ does not hold)."""
+    try:
+        generation = await client.generate(prompt_ids, params, answer_id)
+    except PermanentError as e:
+        checkpointer.add(rejection_line(answer_id, Reason.SERVER_REJECTED, str(e)))
+        progress.done += 1
+        return None
+    except TransientError as e:
+        if e.cause not in RECORD_FAULTS:
+            raise  # the fleet, not this sample: the task fails and Airflow retries it
+        reason = Reason.SERVER_ABORTED if e.cause == "abort" else Reason.COUNT_MISMATCH
+        checkpointer.add(rejection_line(answer_id, reason, f"{settings.max_attempts} attempts: {e}"))
+        progress.done += 1
+        return None
+    answer = raw_answer(answer_id, generation)
+    if keep_prompt:
+        answer = msgspec.structs.replace(answer, prompt_ids=prompt_ids)
+    checkpointer.add(encode_answer(answer))
+    progress.answer(generation)
+    return answer
+
+
 async def _worker(
     client: SGLangClient,
     queue: Iterator[str],
-    prompts: Any,
+    prompts: ShardPrompts,
     settings: GenerateSettings,
     checkpointer: _Checkpointer,
     progress: _Progress,
@@ -246,21 +294,79 @@ async def _worker(
     for sample_id in queue:
         prompt_ids = prompts.prompt_ids(sample_id).tolist()
         params = {**settings.sampling_params, **prompts.sampling(sample_id)}  # a sample's temperature and seed
-        try:
-            generation = await client.generate(prompt_ids, params, sample_id)
-        except PermanentError as e:
-            checkpointer.add(rejection_line(sample_id, Reason.SERVER_REJECTED, str(e)))
-            progress.done += 1
-            continue
-        except TransientError as e:
-            if e.cause not in RECORD_FAULTS:
-                raise  # the fleet, not this sample: the task fails and Airflow retries it
-            reason = Reason.SERVER_ABORTED if e.cause == "abort" else Reason.COUNT_MISMATCH
-            checkpointer.add(rejection_line(sample_id, reason, f"{settings.max_attempts} attempts: {e}"))
-            progress.done += 1
-            continue
-        checkpointer.add(encode_answer(raw_answer(sample_id, generation)))
-        progress.answer(generation)
+        await _ask(client, sample_id, prompt_ids, params, settings, checkpointer, progress)
+
+
+@dataclass
+class _Conversations:
+    """An on-policy shard's conversations, each answered turn by turn (regen.on_policy). A worker takes one
+    conversation at a time and follows it to its end, so a turn waits only for its own previous turn and the
+    conversation's prefix is still in the server's cache; the fleet stays full with many conversations in flight.
+    A resumed conversation reads its finished turns from the checkpoints and asks only for the first unfinished
+    one: each (conversation, turn) is generated once."""
+
+    prompts: ShardPrompts
+    renderer: ChatRenderer
+    done: Checkpoints
+    render_thread: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "regen-render"))
+
+    async def worker(
+        self,
+        client: SGLangClient,
+        queue: Iterator[str],
+        settings: GenerateSettings,
+        checkpointer: _Checkpointer,
+        progress: _Progress,
+    ) -> None:
+        for sample_id in queue:
+            await self.converse(sample_id, client, settings, checkpointer, progress)
+
+    async def converse(
+        self,
+        sample_id: str,
+        client: SGLangClient,
+        settings: GenerateSettings,
+        checkpointer: _Checkpointer,
+        progress: _Progress,
+    ) -> None:
+        prompts = self.prompts
+        turns = dataset_turns(json.loads(prompts.later(sample_id) or "[]"))
+        messages = json.loads(prompts.messages_json(sample_id))
+        tools = json.loads(prompts.tools_json(sample_id) or "[]")
+        prompt_ids = prompts.prompt_ids(sample_id).tolist()
+        for turn, recorded in enumerate(turns, 1):
+            answer_id = turn_id(sample_id, turn)
+            if turn > 1:
+                try:
+                    prompt_ids = await asyncio.get_running_loop().run_in_executor(
+                        self.render_thread, self.renderer.render_ids, messages, tools or None
+                    )
+                except (ValueError, jinja2.TemplateError) as e:  # a template refusing this history ends it here
+                    ended = Ended(Reason.EARLIER_TURN_UNUSABLE, f"turn {turn}'s prompt does not render: {e}")
+                    return self._end(sample_id, turn - 1, len(turns), ended, checkpointer, progress)
+            answer: RawAnswer | None = None
+            if answer_id in self.done.answers:  # finished by an earlier try: read, never asked again
+                answer = decode_answer(self.done.answers[answer_id])
+                check_resumed(answer, prompt_ids)
+            elif answer_id not in self.done.rejected:
+                params = {**settings.sampling_params, **prompts.sampling(answer_id)}
+                answer = await _ask(client, answer_id, prompt_ids, params, settings, checkpointer, progress, True)
+            if turn == len(turns):
+                return
+            after = after_answer(answer, prompt_ids, messages, tools, recorded, self.renderer)
+            if isinstance(after, Ended):
+                return self._end(sample_id, turn, len(turns), after, checkpointer, progress)
+            messages = after
+
+    def _end(
+        self, sample_id: str, turn: int, turns: int, ended: Ended, checkpointer: _Checkpointer, progress: _Progress
+    ) -> None:
+        """The turns after `turn` rejected with the reason the conversation ended there (those not already)."""
+        for later in range(turn + 1, turns + 1):
+            answer_id = turn_id(sample_id, later)
+            if answer_id not in self.done:
+                checkpointer.add(rejection_line(answer_id, ended.reason, f"turn {turn}: {ended.detail}"))
+                progress.done += 1
 
 
 async def _ticker(progress: _Progress, client: SGLangClient, every_s: float) -> None:
@@ -271,20 +377,25 @@ async def _ticker(progress: _Progress, client: SGLangClient, every_s: float) -> 
 
 async def _generate_missing(
     settings: GenerateSettings,
-    prompts: Any,
+    prompts: ShardPrompts,
     todo: list[str],
     checkpointer: _Checkpointer,
     progress: _Progress,
+    conversations: _Conversations | None = None,
 ) -> GenerationReport:
+    """`todo`: the samples to answer, or the on-policy conversations to follow (`conversations`)."""
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector) as session:
         pool = EndpointPool(settings.endpoints, session, fleet_wait_s=settings.fleet_wait_s)
         client = SGLangClient(pool, session, settings.request_timeout_s, settings.max_attempts, settings.backoff_max_s)
         queue = iter(todo)  # shared by the workers: each sample is taken exactly once
-        workers = [
-            asyncio.create_task(_worker(client, queue, prompts, settings, checkpointer, progress))
+        work = (
+            conversations.worker(client, queue, settings, checkpointer, progress)
+            if conversations is not None
+            else _worker(client, queue, prompts, settings, checkpointer, progress)
             for _ in range(min(settings.concurrency, len(todo)))
-        ]
+        )
+        workers = [asyncio.create_task(w) for w in work]
         ticker = asyncio.create_task(_ticker(progress, client, settings.progress_s))
         flusher = asyncio.create_task(
             checkpointer.run(
@@ -309,14 +420,23 @@ async def _generate_missing(
         return progress.report(client)
 
 
-def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSettings) -> ShardManifest:
+def run_generate(
+    shard: ShardManifest, storage: Storage, settings: GenerateSettings, renderer: ChatRenderer | None = None
+) -> ShardManifest:
+    """`renderer`: the profile's, which renders the later turns of an on-policy shard's conversations."""
     raw_key = shard.keys.raw
     prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids"])
-    ids = prompts.ids
+    if prompts.on_policy:
+        if renderer is None:
+            raise ValueError(
+                f"{shard.name} holds on-policy conversations: generating them needs the profile's renderer"
+            )
+        prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids", "messages", "tools"])
+    ids = prompts.answer_ids(turn_count)
     if storage.exists(raw_key):  # an earlier attempt finished this shard
         return _summarise_existing(storage, shard, raw_key, ids)
     done = load_checkpoints(storage, shard)
-    todo = [sample_id for sample_id in ids if sample_id not in done]
+    todo = [answer_id for answer_id in ids if answer_id not in done]
     log.info(
         "%s %s: %d prompts, %d checkpointed, %d to generate",
         shard.location.dataset,
@@ -328,7 +448,16 @@ def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSetti
     if todo:
         checkpointer = _Checkpointer(storage, shard, done.next_part, settings.checkpoint_every, settings.checkpoint_s)
         progress = _Progress(shard, len(ids), len(done))
-        asyncio.run(_generate_missing(settings, prompts, todo, checkpointer, progress))
+        conversations = None
+        if prompts.on_policy:
+            assert renderer is not None
+            conversations = _Conversations(prompts, renderer, done)
+            todo = _longest_first(todo)
+        try:
+            asyncio.run(_generate_missing(settings, prompts, todo, checkpointer, progress, conversations))
+        finally:
+            if conversations is not None:
+                conversations.render_thread.shutdown()
         done = load_checkpoints(storage, shard)
     report = GenerationReport.combined(list(done.tries.values()))
     if report is not None:  # beside the raw file, for a try that finds the shard already done
@@ -338,6 +467,13 @@ def run_generate(shard: ShardManifest, storage: Storage, settings: GenerateSetti
         storage.delete(key)
     stats = _stats(ids, done.answers.keys(), {i: r["reason"] for i, r in done.rejected.items()})
     return shard.with_stage("generate", stats, files, raw_key=raw_key, generation=report)
+
+
+def _longest_first(todo: list[str]) -> list[str]:
+    """The conversations with unfinished turns, those with the most such turns first: the shard's last requests are
+    then the short conversations', and the fleet stays full until its end."""
+    remaining = Counter(sample_of(answer_id) for answer_id in todo)
+    return sorted(remaining, key=lambda sample_id: -remaining[sample_id])
 
 
 def _stats(ids: list[str], answered: Any, rejected: dict[str, str]) -> StageStats:

@@ -237,7 +237,9 @@ def generate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFacto
         checkpoint_every=run.checkpoint_every,
         checkpoint_s=run.checkpoint_s,
     )
-    return run_generate(ShardManifest.from_dict(shard), _storage(run, s3_client), settings).to_dict()
+    # The profile's renderer: an on-policy shard renders its later turns as it goes (loaded once per process).
+    renderer = renderer_for(run.profile)
+    return run_generate(ShardManifest.from_dict(shard), _storage(run, s3_client), settings, renderer).to_dict()
 
 
 def validate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:

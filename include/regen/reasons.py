@@ -45,6 +45,9 @@ class Reason(StrEnum):
     SERVER_REJECTED = "server_rejected"  # HTTP 400 with the server's message
     SERVER_ABORTED = "server_aborted"  # finish_reason abort on every attempt
     COUNT_MISMATCH = "count_mismatch"  # completion_tokens != len(output_ids) on every attempt
+    # generate, on-policy: the turns of a conversation after the one that ended it
+    DIVERGED_TOOL_CALL = "diverged_tool_call"  # its calls differ from the dataset's: the recorded results would lie
+    EARLIER_TURN_UNUSABLE = "earlier_turn_unusable"  # an earlier turn rejected, cut by the length limit, or unreadable
     # validate: the answer's ids, judged against the profile's token roles
     PROMPT_SUFFIX = "prompt_suffix"
     EMPTY_OUTPUT = "empty_output"
@@ -75,7 +78,15 @@ class Reason(StrEnum):
 
 OK = "ok"  # the verdict of an answer that passed every check
 TRUNCATED = frozenset({Reason.TRUNCATED_IN_REASONING, Reason.TRUNCATED_IN_ANSWER})
-_GENERATE = frozenset({Reason.SERVER_REJECTED, Reason.SERVER_ABORTED, Reason.COUNT_MISMATCH})
+_GENERATE = frozenset(
+    {
+        Reason.SERVER_REJECTED,
+        Reason.SERVER_ABORTED,
+        Reason.COUNT_MISMATCH,
+        Reason.DIVERGED_TOOL_CALL,
+        Reason.EARLIER_TURN_UNUSABLE,
+    }
+)
 _FIRST_VALIDATE = list(Reason).index(Reason.PROMPT_SUFFIX)
 STAGE_OF: dict[Reason, str] = {
     reason: "generate" if reason in _GENERATE else "validate" if i >= _FIRST_VALIDATE else "prepare"

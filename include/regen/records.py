@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
+from regen.samples import sample_of, seed_of, turn_id
 from regen.storage import Storage, read_table
 
 REPLACEMENT = "\ufffd"  # what a detokenizer writes for an unfinished UTF-8 character
@@ -43,6 +44,7 @@ class RawAnswer(msgspec.Struct, frozen=True):
     rid: str = ""
     endpoint: str = ""
     attempts: int = 1
+    prompt_ids: list[int] | None = None  # the prompt sent, where prompts/ does not hold it (an on-policy turn)
 
     @property
     def finish_reason(self) -> dict[str, Any]:
@@ -93,7 +95,10 @@ def build_training_record(prompt_ids: list[int], output_ids: list[int]) -> tuple
 
 
 class ShardPrompts:
-    """A shard's prompts table, indexed by sample id; prompt ids are served as numpy views of one flat buffer."""
+    """A shard's prompts table, indexed by sample id; prompt ids are served as numpy views of one flat buffer.
+
+    An answer id is a sample id, or an on-policy turn of one (regen.samples.turn_id): lookups by answer id find the
+    sample's row, and an on-policy answer carries its own prompt (`prompt_of`)."""
 
     def __init__(self, table: pa.Table) -> None:
         self.table = table
@@ -102,32 +107,72 @@ class ShardPrompts:
         prompt_ids = table.column("prompt_ids").combine_chunks()
         self._offsets = prompt_ids.offsets.to_numpy()
         self._values = prompt_ids.values.to_numpy()
-        self._tools = table.column("tools").to_pylist() if "tools" in table.column_names else []
         names = table.column_names
+        self._tools = table.column("tools").to_pylist() if "tools" in names else []
         self._temperature = table.column("temperature").to_pylist() if "temperature" in names else []
         self._seed = table.column("sampling_seed").to_pylist() if "sampling_seed" in names else []
+        self._later = table.column("later").to_pylist() if "later" in names else []
+        self._messages = table.column("messages").to_pylist() if "messages" in names else []
+
+    @property
+    def on_policy(self) -> bool:
+        return any(later is not None for later in self._later)
+
+    def row(self, answer_id: str) -> int:
+        row = self.row_of.get(answer_id)
+        return row if row is not None else self.row_of[sample_of(answer_id)]
+
+    def __contains__(self, answer_id: object) -> bool:
+        return isinstance(answer_id, str) and (answer_id in self.row_of or sample_of(answer_id) in self.row_of)
 
     def prompt_ids(self, sample_id: str) -> np.ndarray:
         row = self.row_of[sample_id]
         return self._values[self._offsets[row] : self._offsets[row + 1]]
 
-    def tools_json(self, sample_id: str) -> str:
-        return str(self._tools[self.row_of[sample_id]] or "")
+    def prompt_of(self, answer: RawAnswer) -> np.ndarray:
+        """The prompt an answer was generated for: its own, or its sample's in prompts/."""
+        if answer.prompt_ids is not None:
+            return np.asarray(answer.prompt_ids, dtype=self._values.dtype)
+        return self.prompt_ids(answer.id)
 
-    def sampling(self, sample_id: str) -> dict[str, Any]:
-        """The sample's own sampling over the run's: its temperature and seed, where it has them (regen.samples)."""
-        row = self.row_of[sample_id]
+    def tools_json(self, answer_id: str) -> str:
+        return str(self._tools[self.row(answer_id)] or "")
+
+    def messages_json(self, sample_id: str) -> str:
+        return str(self._messages[self.row_of[sample_id]])
+
+    def later(self, sample_id: str) -> str | None:
+        """The JSON of an on-policy conversation's messages after its first prompt; None for any other sample."""
+        return self._later[self.row_of[sample_id]] if self._later else None
+
+    def answer_ids(self, turns_of: Callable[[str], int]) -> list[str]:
+        """Every answer the shard's samples need, in order: a sample's own, or each turn of an on-policy sample
+        (`turns_of(later)`: how many turns its conversation has)."""
+        ids = []
+        for row, sample_id in enumerate(self.ids):
+            later = self._later[row] if self._later else None
+            if later is None:
+                ids.append(sample_id)
+            else:
+                ids.extend(turn_id(sample_id, turn) for turn in range(1, turns_of(later) + 1))
+        return ids
+
+    def sampling(self, answer_id: str) -> dict[str, Any]:
+        """The sample's own sampling over the run's: its temperature and seed, where it has them (regen.samples); each
+        turn of an on-policy sample with a seed has its own, derived from the turn's id."""
+        row = self.row(answer_id)
         own: dict[str, Any] = {}
         if self._temperature and self._temperature[row] is not None:
             own["temperature"] = self._temperature[row]
         if self._seed and self._seed[row] is not None:
-            own["sampling_seed"] = self._seed[row]
+            own["sampling_seed"] = self._seed[row] if answer_id in self.row_of else seed_of(answer_id)
         return own
 
 
-SAMPLING_COLUMNS = ("temperature", "sampling_seed")  # absent from prompts prepared before samples existed
+OPTIONAL_COLUMNS = ("temperature", "sampling_seed", "later")  # absent from prompts prepared before they existed
 
 
 def read_prompts(storage: Storage, key: str, columns: list[str]) -> ShardPrompts:
-    """A shard's prompts with `columns`, and its samples' own sampling where the file has it."""
-    return ShardPrompts(read_table(storage, key, columns, optional=SAMPLING_COLUMNS))
+    """A shard's prompts with `columns`, and its samples' own sampling and on-policy conversations where the file
+    has them."""
+    return ShardPrompts(read_table(storage, key, columns, optional=OPTIONAL_COLUMNS))

@@ -3,7 +3,8 @@
 Each sample has its own stable id (prompt id, temperature, index) and its own explicit `sampling_seed`, derived
 from that id and sent with the request: a rerun sends the same seeds, so a server that is deterministic for a seed
 answers the same. A dataset with one sample per prompt and no temperatures of its own keeps its prompts' ids and
-sends no seed (the run's sampling as it is).
+sends no seed (the run's sampling as it is). An on-policy conversation (regen.on_policy) answers one sample turn by
+turn: each turn has an id of its own, and its own seed derived from that id when its sample has one.
 """
 
 from __future__ import annotations
@@ -36,3 +37,16 @@ def samples_of(prompt_id: str, temperatures: list[float] | None, per_prompt: int
             sample_id = f"{prompt_id}{at}#{index}"
             samples.append(Sample(sample_id, temperature, index, seed_of(sample_id)))
     return samples
+
+
+TURN = "/turn-"  # an on-policy turn's id: its conversation sample's id, this, and the turn's number from 1
+
+
+def turn_id(sample_id: str, turn: int) -> str:
+    return f"{sample_id}{TURN}{turn}"
+
+
+def sample_of(answer_id: str) -> str:
+    """The sample (prompts/ row) an answer id belongs to: itself, or the conversation of an on-policy turn."""
+    sample, sep, turn = answer_id.rpartition(TURN)
+    return sample if sep and turn.isdigit() else answer_id

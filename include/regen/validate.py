@@ -368,7 +368,7 @@ def run_validate(
     with RejectionWriter(storage, shard.keys.rejected("validate")) as rejections:
         with tempfile.TemporaryDirectory(prefix="regen-validate-") as tmp:
             for answer in read_raw(storage, shard.raw_key, Path(tmp)):
-                prompt_ids = prompts.prompt_ids(answer.id)
+                prompt_ids = prompts.prompt_of(answer)
                 tools = declared_tools(prompts.tools_json(answer.id))
                 verdict = judge(prompt_ids, answer, renderer.roles, tools, renderer.decode_in_vocab)
                 if verdict.split is None:

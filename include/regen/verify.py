@@ -256,8 +256,9 @@ def _against_sources(
     rows: tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     bad_files: set[str],
 ) -> list[str]:
-    """input_ids == the prompt sent (prompts/) + the server's output ids (raw/), record by record. `rows`: the
-    records' ids, all their input ids end to end, where each starts, its length and its prompt's length."""
+    """input_ids == the prompt sent (prompts/, or raw/ for an on-policy turn) + the server's output ids (raw/), record
+    by record. `rows`: the records' ids, all their input ids end to end, where each starts, its length and its
+    prompt's length."""
     from regen.records import ShardPrompts, read_raw
     from regen.storage import read_table
 
@@ -271,16 +272,16 @@ def _against_sources(
     prompts = ShardPrompts(read_table(storage, shard["prompts"], ["id", "prompt_ids"]))
     wanted = set(sample_ids)
     with tempfile.TemporaryDirectory(prefix="regen-verify-raw-") as tmp:
-        outputs = {a.id: a.output_ids for a in read_raw(storage, shard["raw"], Path(tmp)) if a.id in wanted}
+        answers = {a.id: a for a in read_raw(storage, shard["raw"], Path(tmp)) if a.id in wanted}
     differ = []
     for row, sample_id in enumerate(sample_ids):
         start, cut, end = starts[row], starts[row] + prompt_len[row], starts[row] + lengths[row]
-        output = outputs.get(sample_id)
+        answer = answers.get(sample_id)
         if (
-            output is None
-            or sample_id not in prompts.row_of
-            or not np.array_equal(values[start:cut], prompts.prompt_ids(sample_id))
-            or not np.array_equal(values[cut:end], output)
+            answer is None
+            or sample_id not in prompts
+            or not np.array_equal(values[start:cut], prompts.prompt_of(answer))
+            or not np.array_equal(values[cut:end], answer.output_ids)
         ):
             differ.append(sample_id)
     if not differ:

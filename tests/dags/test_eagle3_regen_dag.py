@@ -93,7 +93,7 @@ def test_mail_alerts_are_added_when_the_config_names_recipients() -> None:
 def test_params_make_a_valid_trigger_form(dag) -> None:  # type: ignore[no-untyped-def]
     params = dag.params
     params.validate()  # the defaults validate, as a schedule requires
-    assert params.get_param("datasets").schema["items"]["enum"] == ["B1_glaive", "B2_opencodeinstruct"]
+    assert params.get_param("datasets").schema["items"]["enum"] == ["B1_glaive", "B2_opencodeinstruct", "C1_multiturn"]
     assert params.get_param("profile").schema["enum"] == ["kimi-k2.5", "kimi-k2.5-mini", "qwen3.6"]  # + the config's
     assert params.get_param("limit").value is None
 

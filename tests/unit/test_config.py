@@ -17,8 +17,10 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_project_config_loads_and_resolves_paths() -> None:
     config = load_config()
-    assert set(config.datasets) == {"B1_glaive", "B2_opencodeinstruct"}
-    assert Path(config.resolve(config.datasets["B1_glaive"].paths[0])).is_file()
+    assert set(config.datasets) == {"B1_glaive", "B2_opencodeinstruct", "C1_multiturn"}
+    for dataset in config.datasets.values():
+        assert dataset.paths and Path(config.resolve(dataset.paths[0])).is_file()
+    assert config.datasets["C1_multiturn"].turns == "on_policy"
 
 
 @pytest.mark.parametrize(

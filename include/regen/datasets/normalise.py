@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from regen.chat import canonical_json
 
-Turns = Literal["final", "every_assistant_turn"]
+Turns = Literal["final", "every_assistant_turn", "on_policy"]
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 # OpenAI's newer name for the system turn; the legacy function-calling API's result turn (named after the function).
 ROLE_ALIASES = {"developer": "system", "function": "tool"}
@@ -33,12 +33,16 @@ class Conversation:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
+    # On-policy (regen.on_policy): the dataset's messages after the first regenerated turn's prompt, from its
+    # recorded answer on; the later turns are cut from them as the conversation is regenerated.
+    later: list[dict[str, Any]] = field(default_factory=list)
 
     @cached_property
     def sample_id(self) -> str:
-        """Stable across runs and file orders: a digest of the canonical prompt content (meta left out)."""
-        content = canonical_json({"messages": self.messages, "tools": self.tools})
-        return hashlib.sha256(content.encode("utf-8")).hexdigest()[:20]
+        """Stable across runs and file orders: a digest of the canonical prompt content (meta left out), and of the
+        rest of the conversation for an on-policy one (two conversations may open alike)."""
+        content = {"messages": self.messages, "tools": self.tools, **({"later": self.later} if self.later else {})}
+        return hashlib.sha256(canonical_json(content).encode("utf-8")).hexdigest()[:20]
 
 
 @dataclass(frozen=True)
@@ -268,12 +272,16 @@ def _encodable(prompts: list[Conversation]) -> Rejection | None:
 
 def select_prompts(conversation: Conversation, turns: Turns) -> list[Conversation] | Rejection:
     """The prompts of one conversation, each ending where the assistant answers: the last such point (`final`) or
-    every one (`every_assistant_turn`), each after a user turn; at least one, or a rejection."""
-    messages = conversation.messages
+    every one (`every_assistant_turn`), each after a user turn; at least one, or a rejection. `on_policy`: one, the
+    first such point, carrying the rest of the conversation (`later`)."""
+    messages, tools, meta = conversation.messages, conversation.tools, conversation.meta
     first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), len(messages))
     cuts = _cuts(messages)
     cuts = [c for c in (cuts[-1:] if turns == "final" else cuts) if c > first_user]
     if not cuts:
         return Rejection("no_user_turn", "no user message before the regenerated turn")
-    prompts = [Conversation(messages=messages[:c], tools=conversation.tools, meta=conversation.meta) for c in cuts]
+    if turns == "on_policy":
+        prompts = [Conversation(messages[: cuts[0]], tools, meta, later=messages[cuts[0] :])]
+    else:
+        prompts = [Conversation(messages=messages[:c], tools=tools, meta=meta) for c in cuts]
     return _encodable(prompts) or prompts

@@ -2,8 +2,9 @@
 
 Every row read is accounted for: it becomes prompts (one per regenerated turn) or a rejection with its reason in
 `rejected/prepare.jsonl`, and `total == kept + dropped` counts prompts (in the default `turns: final` mode, one per
-row, so `total` is also the rows read). Memory stays flat whatever the dataset size: rows stream in, the seen sample
-ids live in an SQLite table on local disk, rejections stream to a file and prompts leave a shard at a time.
+row, so `total` is also the rows read; with `turns: on_policy`, one per conversation, whose turns generate counts).
+Memory stays flat whatever the dataset size: rows stream in, the seen sample ids live in an SQLite table on local
+disk, rejections stream to a file and prompts leave a shard at a time.
 
 Idempotent: once `prompts/prepare.json` exists for a dataset version, it is the answer, so a cleared or retried task
 never reshards prompts that later stages already consumed.
@@ -51,6 +52,7 @@ PROMPT_SCHEMA = pa.schema(
         ("prompt_ids", pa.list_(pa.int32())),
         ("temperature", pa.float64()),  # null: the run's temperature
         ("sampling_seed", pa.int64()),  # null: no seed sent
+        ("later", pa.string()),  # on-policy: the conversation after the first turn's prompt (JSON); else null
     ]
 )
 
@@ -83,6 +85,7 @@ class _ShardWriter:
     def __init__(self, location: DatasetLocation, storage: Storage, shard_size: int, config: DatasetConfig) -> None:
         self.location, self.storage, self.shard_size = location, storage, shard_size
         self.temperatures, self.per_prompt = config.temperatures, config.samples_per_prompt
+        self.on_policy = config.turns == "on_policy"
         self.shards: list[ShardManifest] = []
         self._rows: list[dict[str, Any]] = []
 
@@ -97,6 +100,7 @@ class _ShardWriter:
             "tools": json.dumps(conversation.tools, ensure_ascii=False),
             "meta": json.dumps(conversation.meta, ensure_ascii=False, default=str),
             "prompt_ids": rendered.prompt_ids,
+            "later": json.dumps(conversation.later, ensure_ascii=False) if self.on_policy else None,
         }
         for sample in samples_of(conversation.sample_id, self.temperatures, self.per_prompt):
             row = {"id": sample.id, **prompt, "temperature": sample.temperature, "sampling_seed": sample.seed}
