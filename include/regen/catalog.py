@@ -70,7 +70,7 @@ def _unpublished(storage: Storage, location: DatasetLocation, prepared: dict[str
     shards = []
     for shard in prepared.get("shards", []):
         keys = location.shard(shard["shard"])
-        total = shard["num_prompts"]
+        total = shard.get("num_answers") or shard["num_prompts"]  # on-policy: every turn is an answer
         if storage.exists(keys.report):
             shards.append({"shard": keys.name, "state": "finished", "done": total, "total": total})
             continue

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -76,7 +75,6 @@ def dataset_turns(later: list[Message]) -> list[DatasetTurn]:
         i = k
 
 
-@lru_cache(maxsize=4096)
 def turn_count(later_json: str) -> int:
     return len(dataset_turns(json.loads(later_json)))
 

@@ -98,11 +98,14 @@ def log_summary(published: list[dict[str, Any]], missing: list[str], fleet_usage
             continue
         g, v = p["stages"]["generate"], p["stages"]["validate"]
         log.info(
-            "%s: %d rows read, %d prompts, %d answered, %d valid (failed: %s), %d training records -> %s",
+            "%s: %d rows read, %d prompts, %d answers asked, %d answered (not: %s), %d valid (failed: %s), %d "
+            "training records -> %s",
             p["dataset"],
             p["prepare"]["rows_read"],
             p["prepare"]["kept"],
+            g["total"],
             g["kept"],
+            g["dropped_by_reason"] or "none",
             v["kept"],
             v["dropped_by_reason"] or "none",
             p["records"],

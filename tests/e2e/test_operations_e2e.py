@@ -32,7 +32,8 @@ from tools.devstack import ADMIN, DAG_ID, Simulator, Stack, free_port, start_sim
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "regen-ops"
-PROMPTS = {"B1_glaive": 36, "B2_opencodeinstruct": 48}
+# Answers each dataset asks for: one per prompt, or one per turn of C1's on-policy conversations.
+ANSWERS = {"B1_glaive": 36, "B2_opencodeinstruct": 48, "C1_multiturn": 66}
 SLOW = ("--decode-ms-per-token", "20", "--max-running", "8")  # about 25 s for both datasets: time to kill it
 IN_FLIGHT, SHARD_TASKS = 16, 4
 HEARTBEAT_S = 20  # the scheduler's heartbeat timeout: a task whose supervisor was killed is retried after it
@@ -159,7 +160,7 @@ def test_the_failed_night_is_completed_by_a_new_run_with_its_id_as_version(ops: 
     finally:
         sim.stop()
     published = stack.xcom(new_run, "report")["datasets"]
-    assert sorted(d["dataset"] for d in published) == sorted(PROMPTS)
+    assert sorted(d["dataset"] for d in published) == sorted(ANSWERS)
     for dataset in published:
         assert dataset["version"] == version_from_run_id(run_id)
         assert dataset["manifest"].startswith(f"s3://{BUCKET}/nightly/kimi-k2.5-mini/{dataset['dataset']}/")
@@ -194,9 +195,10 @@ def test_a_run_whose_fleet_dies_is_red_and_clearing_it_completes_it(ops: Operati
         sim.stop()
     report = stack.xcom(run_id, "report")
     published = ops.train_ids(report)
-    assert report["unpublished"] == [] and sorted(d["dataset"] for d in report["datasets"]) == sorted(PROMPTS)
+    assert report["unpublished"] == [] and sorted(d["dataset"] for d in report["datasets"]) == sorted(ANSWERS)
     assert set(published.values()) == {1}  # every sample exactly once
-    assert sum(PROMPTS.values()) - len(published) == sum(d["stages"]["validate"]["dropped"] for d in report["datasets"])
+    dropped = sum(d["stages"][stage]["dropped"] for d in report["datasets"] for stage in ("generate", "validate"))
+    assert sum(ANSWERS.values()) - len(published) == dropped
     # Answers finished before the fleet died were not requested again: at most one the server recorded but was
     # killed before it could send.
     assert len(set(before) & set(after)) <= 1
@@ -228,21 +230,34 @@ def test_sigkill_of_a_runner_or_a_supervisor_mid_generate_is_resumed_exactly_onc
     s3, earlier = stack.s3_client(), requested(sim)  # the port's record file is shared by every server on it
     earlier_records = len(sim.records())
 
-    def checkpoints() -> list[str]:
-        listing = s3.list_objects_v2(Bucket=BUCKET, Prefix="sigkill/")
-        return [o["Key"] for o in listing.get("Contents", []) if "/part-" in o["Key"]]
+    def conversations_midway() -> bool:
+        """C1's shard task has checkpointed second turns: conversations are under way."""
+        listing = s3.list_objects_v2(Bucket=BUCKET, Prefix="sigkill/kimi-k2.5-mini/C1_multiturn/")
+        parts = [o["Key"] for o in listing.get("Contents", []) if "/part-" in o["Key"]]
+        return any(b"/turn-2" in s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() for key in parts)
+
+    def shard_tasks_generating() -> dict[str, psutil.Process]:
+        """Generating task runners by the shards they generate (a runner's title names its task instance)."""
+        processes = _generating_task_processes(stack, ops.port, 2)
+        instances = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        shard_of = {t["id"]: t["rendered_map_index"] for t in instances}
+        found = {shard_of.get(" ".join(p.cmdline()).rsplit(" ", 1)[-1], "?"): p for p in processes}
+        return found if any(shard.startswith("C1_multiturn/") for shard in found) else {}
 
     try:
         run_id = stack.trigger({"storage_root": f"s3://{BUCKET}/sigkill"})
-        wait_until("answers checkpointed mid-shard", checkpoints, 180, poll_s=0.2)
-        victims = wait_until("both shard tasks generating", lambda: _generating_task_processes(stack, ops.port, 2), 60)
-        # One task runner is killed, and the other one's supervisor: its runner dies with it (PR_SET_PDEATHSIG), so
-        # nothing goes on generating beside the retry, which comes once the heartbeat timeout has passed.
-        runner, orphan = victims
+        wait_until("on-policy conversations under way", conversations_midway, 180, poll_s=0.2)
+        generating = wait_until("C1's shard task and another generating", shard_tasks_generating, 60)
+        # C1's task runner is killed mid-conversation, and another task's supervisor: its runner dies with it
+        # (PR_SET_PDEATHSIG), so nothing goes on generating beside the retry, which comes once the heartbeat timeout
+        # has passed.
+        runner = next(p for shard, p in generating.items() if shard.startswith("C1_multiturn/"))
+        orphan = next(p for p in generating.values() if p is not runner)
+        victims = [runner, orphan]
         killed_at = time.time()
         runner.send_signal(signal.SIGKILL)
         orphan.parent().send_signal(signal.SIGKILL)
-        wait_until("both task runners gone", lambda: not [p for p in (runner, orphan) if _alive(p)], 10, poll_s=0.1)
+        wait_until("the task runners gone", lambda: not [p for p in victims if _alive(p)], 10, poll_s=0.1)
         assert stack.wait_for_run(run_id, 300) == "success", stack.task_states(run_id)
         print(f"SIGKILL: the run recovered in {time.time() - killed_at:.0f} s (heartbeat timeout {HEARTBEAT_S} s)")
         answered = requested(sim) - earlier
@@ -271,6 +286,12 @@ def test_sigkill_of_a_runner_or_a_supervisor_mid_generate_is_resumed_exactly_onc
     finished_last_2s = sum(killed_at - 2.0 <= at <= killed_at for at in first_answered_at.values())
     assert len(redone) <= IN_FLIGHT + finished_last_2s
     print(f"SIGKILL: {len(redone)} answers redone; bound {IN_FLIGHT} in flight + {finished_last_2s} finished in 2 s")
+    # C1's conversations were killed midway: some had turns answered before the kill and the rest after it, resumed
+    # at their first unfinished turn (each turn published once, above).
+    conversation = {s: s.rpartition("/turn-")[0] for s in first_answered_at if "/turn-" in s}
+    before = {conversation[s] for s in conversation if first_answered_at[s] < killed_at}
+    after = {conversation[s] for s in conversation if first_answered_at[s] > killed_at}
+    assert before & after
     # The report counts the killed tries' generation too.
     generations = [g for dataset in report["datasets"] for g in dataset["generation"]]
     assert sum(g["tries"] for g in generations) > len(generations)
@@ -324,5 +345,5 @@ def test_a_backfill_over_two_nights_reprocesses_only_the_failed_night(ops: Opera
         report = stack.xcom(night(date)["dag_run_id"], "report")
         assert report["datasets"] == [] and report["unpublished"] == []
         assert {(d["dataset"], d["version"]) for d in report["unchanged"]} == {
-            (name, ops.published_version) for name in PROMPTS
+            (name, ops.published_version) for name in ANSWERS
         }

@@ -157,6 +157,44 @@ def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, 
     assert faults.get("500", 0) and faults.get("503", 0) and faults.get("reset", 0), faults
 
 
+def test_on_policy_conversations_regenerate_turn_by_turn_through_airflow(stack: Stack) -> None:
+    """C1_multiturn (ShareGPT chats and OpenAI tool conversations, turns: on_policy): every turn k > 1 was sent a
+    prompt holding the answers the model gave for turns < k, and a call that is not the dataset's ended its
+    conversation with the reason; every answered turn is published as its own record, exactly as sent."""
+    from regen.chat import ChatRenderer, get_profile
+    from tests.turns import by_conversation, check_histories
+
+    dataset, storage_root = "C1_multiturn", f"s3://{BUCKET}/on-policy"
+    run_id = stack.trigger({"datasets": [dataset], "endpoints": [stack.simulator], "storage_root": storage_root})
+    assert stack.wait_for_run(run_id, timeout_s=300) == "success", stack.task_states(run_id)
+    [published] = stack.xcom(run_id, "report")["datasets"]
+    manifest_key = published["manifest"].removeprefix(f"s3://{BUCKET}/")
+    manifest, prefix = s3_json(stack, manifest_key), manifest_key.removesuffix("manifest.json")
+    root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
+    raw = {r["id"]: r for s in manifest["shards"] for r in s3_raw(stack, root + s["raw"])}
+    train = {r["id"]: r for s in manifest["shards"] for r in s3_table(stack, root + s["train"])}
+    rejected = s3_lines(stack, prefix + "rejected/" + "shard-00000-generate.jsonl")
+    sent = {r["rid"]: r for r in (json.loads(x) for x in Path(stack.record).read_text().splitlines())}
+    by_turn = {answer_id: sent[answer["rid"]] for answer_id, answer in raw.items()}
+
+    assert manifest["prepare"]["kept"] == 24  # conversations
+    turns = by_conversation([*raw, *(r["id"] for r in rejected)])
+    assert len(turns) == 24 and sum(map(len, turns.values())) == manifest["stages"]["generate"]["total"] == 66
+    assert sorted(train) == sorted(raw) and manifest["records"] == len(raw)  # each turn its own record, once
+    for answer_id, record in train.items():
+        server = by_turn[answer_id]
+        assert server["input_ids"] == raw[answer_id]["prompt_ids"]
+        assert record["input_ids"] == server["input_ids"] + server["output_ids"]
+        assert record["loss_mask"] == [0] * len(server["input_ids"]) + [1] * len(server["output_ids"])
+    tokenizer = ChatRenderer(get_profile("kimi-k2.5-mini")).tokenizer
+    assert check_histories(by_turn, tokenizer) > 40
+    diverged = [r for r in rejected if r["reason"] == "diverged_tool_call"]
+    assert diverged and manifest["stages"]["generate"]["dropped_by_reason"] == {"diverged_tool_call": len(diverged)}
+    asked = {r["rid"].rsplit("-", 2)[0] for r in sent.values()}
+    assert not asked & {r["id"] for r in diverged}  # a turn after the divergence is never requested
+    assert published["verified"]["records_checked"] == len(raw)
+
+
 @pytest.mark.parametrize("profile", ["qwen3.6", USER_PROFILE])
 def test_a_profile_declared_only_in_the_config_runs_end_to_end_bit_exact(stack: Stack, profile: str) -> None:
     """Qwen3.6 (declared in config/regen.yaml, its real vocabulary) and a user's own model (a tokenizer directory and
@@ -461,5 +499,7 @@ def test_the_drafter_data_page_in_a_real_browser(stack: Stack, finished_run: dic
         run_id = dialog.locator(".outcome a").inner_text()
         browser.close()
     run = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
-    stack.call("DELETE", f"/dags/{DAG_ID}/dagRuns/{run_id}")  # it would hold the one-run-at-a-time slot
+    # It would hold the one-run-at-a-time slot: stopped (a running run cannot be deleted), then deleted.
+    stack.call("PATCH", f"/dags/{DAG_ID}/dagRuns/{run_id}", json={"state": "failed"})
+    stack.call("DELETE", f"/dags/{DAG_ID}/dagRuns/{run_id}")
     assert run["conf"] == {"datasets": ["B1_glaive"]} and run["run_type"] == "manual"

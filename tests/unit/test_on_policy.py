@@ -169,6 +169,7 @@ def test_on_policy_run_renders_each_turn_from_the_regenerated_answers(
 ) -> None:
     prepared, storage = prepare_sample(tmp_path, renderer, DATASET, shard_size=10)
     assert prepared.stats.kept == 24 and prepared.stats.dropped_by_reason == {"duplicate": 1, "no_user_turn": 1}
+    assert sum(s.num_answers or 0 for s in prepared.shards) == 66  # what progress and the Drafter data page count
     shards = finish_shards(prepared.shards, storage, renderer, quirky_simulator.url)
     sent = {r["rid"].rsplit("-", 2)[0]: r for r in quirky_simulator.records()}
     raw = [a for s in shards for a in raw_answers(storage, s.raw_key)]
@@ -262,3 +263,48 @@ def test_an_on_policy_shard_needs_the_renderer(tmp_path: Path, renderer: ChatRen
     prepared, storage = prepare_sample(tmp_path, renderer, DATASET, shard_size=100)
     with pytest.raises(ValueError, match="needs the profile's renderer"):
         run_generate(prepared.shards[0], storage, GenerateSettings(["http://127.0.0.1:9"], {}))
+
+
+def test_a_qwen_xml_call_reads_back_to_the_same_rendering_and_typed_arguments() -> None:
+    """Qwen3.6 (tagged_xml, SGLang's qwen3_coder detector: parameter values converted by their declared type, the
+    text before the call kept as is): the answer read back renders as the message it was written from."""
+    from regen.config import load_config
+    from regen.on_policy import calls_of
+
+    qwen = ChatRenderer(load_config().profile("qwen3.6"))
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
+    tools = [{"type": "function", "function": {"name": "forecast", "parameters": schema}}]
+    history = [{"role": "user", "content": "Forecast for Oslo, 3 days?"}]
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": "forecast", "arguments": {"city": "Oslo", "days": 3}},
+    }
+    message = {
+        "role": "assistant",
+        "content": "Checking.",
+        "reasoning_content": "Oslo, three days.",
+        "tool_calls": [call],
+    }
+    rendered = qwen.tokenizer.apply_chat_template(
+        [*history, message], tools=tools, tokenize=False, **qwen.template_kwargs
+    )
+    written = rendered.split(qwen.profile.generation_suffix)[-1].removesuffix("\n").removesuffix("<|im_end|>")
+    ids = [*qwen.tokenizer.encode(written, add_special_tokens=False), min(qwen.roles.eos_ids)]
+    suffix = list(qwen.roles.generation_suffix)
+    read = assistant_message(ids, suffix, qwen.roles, qwen.profile, qwen.decode, history, tools)
+    assert not isinstance(read, Ended)
+    assert calls_of([read]) == [("forecast", {"city": "Oslo", "days": 3})]  # 3, not "3": compared with the dataset
+    follow_up = {"role": "user", "content": "And tomorrow?"}
+    assert qwen.render_ids([*history, read, follow_up], tools) == qwen.render_ids([*history, message, follow_up], tools)
+
+
+def test_a_resumed_turn_whose_prompt_now_renders_otherwise_stops_the_shard() -> None:
+    from regen.errors import FinalError
+    from regen.on_policy import check_resumed
+    from regen.records import RawAnswer
+
+    finished = RawAnswer(id="c/turn-2", output_ids=[7], meta_info={}, prompt_ids=[1, 2, 3])
+    check_resumed(finished, [1, 2, 3])
+    with pytest.raises(FinalError, match="renders differently now"):  # a template changed between two tries
+        check_resumed(finished, [1, 2, 4])

@@ -34,6 +34,7 @@ from regen.datasets.sources import BadRow, SourceRow, iter_rows
 from regen.datasets.tokenise import Rendered, available_cores, render_ordered
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
+from regen.on_policy import dataset_turns
 from regen.reasons import Reason, RejectionWriter
 from regen.samples import samples_of
 from regen.storage import S3ClientFactory, Storage, write_table
@@ -88,6 +89,7 @@ class _ShardWriter:
         self.on_policy = config.turns == "on_policy"
         self.shards: list[ShardManifest] = []
         self._rows: list[dict[str, Any]] = []
+        self._answers = 0  # on-policy: the turns of the shard's conversations
 
     def add(self, origin: Origin, rendered: Rendered) -> None:
         """One row per sample of the prompt (regen.samples); a prompt's samples may span two shards."""
@@ -102,9 +104,11 @@ class _ShardWriter:
             "prompt_ids": rendered.prompt_ids,
             "later": json.dumps(conversation.later, ensure_ascii=False) if self.on_policy else None,
         }
+        answers = len(dataset_turns(conversation.later)) if self.on_policy else 1
         for sample in samples_of(conversation.sample_id, self.temperatures, self.per_prompt):
             row = {"id": sample.id, **prompt, "temperature": sample.temperature, "sampling_seed": sample.seed}
             self._rows.append(row)
+            self._answers += answers
             if len(self._rows) >= self.shard_size:
                 self.flush()
 
@@ -114,8 +118,9 @@ class _ShardWriter:
         number = len(self.shards)
         key = self.location.shard(number).prompts
         digest = write_table(self.storage, key, pa.Table.from_pylist(self._rows, schema=PROMPT_SCHEMA))
-        self.shards.append(ShardManifest(self.location, number, key, digest, len(self._rows)))
-        self._rows = []
+        answers = self._answers if self.on_policy else None
+        self.shards.append(ShardManifest(self.location, number, key, digest, len(self._rows), num_answers=answers))
+        self._rows, self._answers = [], 0
 
 
 class _Tally:
