@@ -37,6 +37,7 @@ ANSWERS = {"B1_glaive": 36, "B2_opencodeinstruct": 48, "C1_multiturn": 66}
 SLOW = ("--decode-ms-per-token", "20", "--max-running", "8")  # about 25 s for both datasets: time to kill it
 IN_FLIGHT, SHARD_TASKS = 16, 4
 HEARTBEAT_S = 20  # the scheduler's heartbeat timeout: a task whose supervisor was killed is retried after it
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # a task runner's title names its TI
 
 
 class Operations:
@@ -240,14 +241,24 @@ def test_sigkill_of_a_runner_or_a_supervisor_mid_generate_is_resumed_exactly_onc
         """Generating task runners by the shards they generate (a runner's title names its task instance)."""
         processes = _generating_task_processes(stack, ops.port, 2)
         instances = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
-        shard_of = {t["id"]: t["rendered_map_index"] for t in instances}
-        found = {shard_of.get(" ".join(p.cmdline()).rsplit(" ", 1)[-1], "?"): p for p in processes}
+        groups = stack.xcom(run_id, "list_shards")  # what each mapped shard task generates, by map index
+        label = [f"{group[0]['location']['dataset']}/shard-{group[0]['shard']:05d}" for group in groups]
+        shard_of = {t["id"]: label[t["map_index"]] for t in instances if t["task_id"].endswith(".generate_shard")}
+        titles = {p: " ".join(p.cmdline()) for p in processes}
+        found = {shard_of.get(next(iter(UUID.findall(title)), ""), title): p for p, title in titles.items()}
+        seen.update(found)
         return found if any(shard.startswith("C1_multiturn/") for shard in found) else {}
 
     try:
         run_id = stack.trigger({"storage_root": f"s3://{BUCKET}/sigkill"})
+        triggered_at = time.time()
         wait_until("on-policy conversations under way", conversations_midway, 180, poll_s=0.2)
-        generating = wait_until("C1's shard task and another generating", shard_tasks_generating, 60)
+        print(f"SIGKILL: C1's second turns checkpointed {time.time() - triggered_at:.1f} s after the trigger")
+        seen: dict[str, psutil.Process] = {}
+        try:
+            generating = wait_until("C1's shard task and another generating", shard_tasks_generating, 60)
+        except TimeoutError as e:
+            raise AssertionError(f"generating task processes seen: {sorted(seen)}") from e
         # C1's task runner is killed mid-conversation, and another task's supervisor: its runner dies with it
         # (PR_SET_PDEATHSIG), so nothing goes on generating beside the retry, which comes once the heartbeat timeout
         # has passed.
@@ -255,6 +266,7 @@ def test_sigkill_of_a_runner_or_a_supervisor_mid_generate_is_resumed_exactly_onc
         orphan = next(p for p in generating.values() if p is not runner)
         victims = [runner, orphan]
         killed_at = time.time()
+        print(f"SIGKILL: {sorted(generating)} generating; killed {killed_at - triggered_at:.1f} s after the trigger")
         runner.send_signal(signal.SIGKILL)
         orphan.parent().send_signal(signal.SIGKILL)
         wait_until("the task runners gone", lambda: not [p for p in victims if _alive(p)], 10, poll_s=0.1)
