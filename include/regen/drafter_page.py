@@ -211,7 +211,7 @@ def datasets_section(rows: list[dict[str, Any]]) -> str:
                 else:
                     items.append(
                         f"<tr><td></td><td>{esc(version['version'])}</td><td colspan=9>{esc(version['state'])}: "
-                        f"{version['done']}/{version['prompts']} prompts answered</td>"
+                        f"{version['done']}/{version['prompts']} answered</td>"
                         f"<td>{_regenerate_button(dataset, version['version'])}</td></tr>"
                     )
             body.append(
@@ -270,7 +270,7 @@ def runs_section(versions: list[dict[str, Any]]) -> str:
             for s in v["shards"]
         )
         blocks.append(
-            f"<h3>{esc(v['dataset'])} {esc(v['version'])} ({esc(v['state'])}): {v['done']}/{v['prompts']} prompts, "
+            f"<h3>{esc(v['dataset'])} {esc(v['version'])} ({esc(v['state'])}): {v['done']}/{v['prompts']} answered, "
             f"{v['requests_per_s']} req/s, ETA {_eta(v['eta_s'])}, fleet in use {_pct(v['utilisation'])}</h3>"
             f"<p>{_regenerate_button(v['dataset'], v['version'])} {_links(v)}</p>"
             '<table class="grid"><tr><th>shard</th><th>state</th><th>done</th><th>req/s</th><th>ETA</th>'

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from regen.catalog import version_summary
 from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.datasets.formats import normalise_row
@@ -170,6 +171,8 @@ def test_on_policy_run_renders_each_turn_from_the_regenerated_answers(
     prepared, storage = prepare_sample(tmp_path, renderer, DATASET, shard_size=10)
     assert prepared.stats.kept == 24 and prepared.stats.dropped_by_reason == {"duplicate": 1, "no_user_turn": 1}
     assert sum(s.num_answers or 0 for s in prepared.shards) == 66  # what progress and the Drafter data page count
+    waiting = version_summary(storage, prepared.location)
+    assert waiting is not None and (waiting["done"], waiting["prompts"]) == (0, 66)
     shards = finish_shards(prepared.shards, storage, renderer, quirky_simulator.url)
     sent = {r["rid"].rsplit("-", 2)[0]: r for r in quirky_simulator.records()}
     raw = [a for s in shards for a in raw_answers(storage, s.raw_key)]
