@@ -32,8 +32,8 @@ from tools.devstack import ADMIN, DAG_ID, Simulator, Stack, free_port, start_sim
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "regen-ops"
-# Answers each dataset asks for: one per prompt, or one per turn of C1's on-policy conversations.
-ANSWERS = {"B1_glaive": 36, "B2_opencodeinstruct": 48, "C1_multiturn": 66}
+# Answers each dataset asks for: one per prompt, or one per turn of C1's on-policy conversations (8 of them here).
+ANSWERS = {"B1_glaive": 36, "B2_opencodeinstruct": 48, "C1_multiturn": 21}
 SLOW = ("--decode-ms-per-token", "20", "--max-running", "8")  # about 25 s for both datasets: time to kill it
 IN_FLIGHT, SHARD_TASKS = 16, 4
 HEARTBEAT_S = 20  # the scheduler's heartbeat timeout: a task whose supervisor was killed is retried after it
@@ -106,6 +106,12 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
     config = yaml.safe_load(project.read_text())
     for dataset in config["datasets"].values():
         dataset["paths"] = [str((project.parent / path).resolve()) for path in dataset["paths"]]
+    # C1 trimmed to its first four chats and first four tool conversations (21 turns): enough conversations to be
+    # killed midway, few enough that their sequential turns do not set the pace of every run here.
+    folder = tmp_path_factory.mktemp("config")
+    lines = (ROOT / "data" / "samples" / "C1_multiturn.jsonl").read_text().splitlines()
+    (folder / "C1.jsonl").write_text("\n".join(lines[:4] + lines[12:16]) + "\n")
+    config["datasets"]["C1_multiturn"]["paths"] = [str(folder / "C1.jsonl")]
     port = free_port()
     config["defaults"].update(
         endpoints=[f"http://127.0.0.1:{port}"],
@@ -120,7 +126,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
         max_attempts=2,
         checkpoint_s=1,
     )
-    config_path = tmp_path_factory.mktemp("config") / "regen.yaml"
+    config_path = folder / "regen.yaml"
     config_path.write_text(yaml.safe_dump(config))
     with pytest.MonkeyPatch.context() as patched:
         patched.setenv("REGEN_CONFIG", str(config_path))
