@@ -393,9 +393,11 @@ def demo(argv: list[str]) -> int:
     for dataset in summary["datasets"]:
         prep = dataset["prepare"]
         drift = dataset.get("retokenize_drift") or {}
+        generate = dataset["stages"]["generate"]
         print(
             f"{dataset['dataset']}: {prep['rows_read']} rows, {prep['kept']} prompts "
-            f"(rejected {prep['dropped_by_reason'] or 'none'}), {dataset['records']} training records, "
+            f"(rejected {prep['dropped_by_reason'] or 'none'}), {generate['total']} answers asked "
+            f"(not answered: {generate['dropped_by_reason'] or 'none'}), {dataset['records']} training records, "
             f"{dataset['splits']['truncated']} truncated; validate rejected "
             f"{dataset['stages']['validate']['dropped_by_reason'] or 'none'}; re-tokenisation drift "
             f"{drift.get('drifted')} of {drift.get('sampled')} sampled\n"
