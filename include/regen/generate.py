@@ -425,13 +425,10 @@ def run_generate(
 ) -> ShardManifest:
     """`renderer`: the profile's, which renders the later turns of an on-policy shard's conversations."""
     raw_key = shard.keys.raw
-    prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids"])
-    if prompts.on_policy:
-        if renderer is None:
-            raise ValueError(
-                f"{shard.name} holds on-policy conversations: generating them needs the profile's renderer"
-            )
-        prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids", "messages", "tools"])
+    conversation_columns = ["messages", "tools"] if shard.num_answers is not None else []  # on-policy (prepare)
+    prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids", *conversation_columns])
+    if prompts.on_policy and renderer is None:
+        raise ValueError(f"{shard.name} holds on-policy conversations: generating them needs the profile's renderer")
     ids = prompts.answer_ids(turn_count)
     if storage.exists(raw_key):  # an earlier attempt finished this shard
         return _summarise_existing(storage, shard, raw_key, ids)

@@ -237,9 +237,11 @@ def generate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFacto
         checkpoint_every=run.checkpoint_every,
         checkpoint_s=run.checkpoint_s,
     )
-    # The profile's renderer: an on-policy shard renders its later turns as it goes (loaded once per process).
-    renderer = renderer_for(run.profile)
-    return run_generate(ShardManifest.from_dict(shard), _storage(run, s3_client), settings, renderer).to_dict()
+    manifest = ShardManifest.from_dict(shard)
+    # Only an on-policy shard (prepare counted its turns) renders prompts as it goes: other shards never load the
+    # tokenizer here.
+    renderer = renderer_for(run.profile) if manifest.num_answers is not None else None
+    return run_generate(manifest, _storage(run, s3_client), settings, renderer).to_dict()
 
 
 def validate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
