@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-s3 ui test test-fast lint bench clean
+.PHONY: demo demo-s3 ui test test-fast lint sglang-env bench clean
 
 $(BIN)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,11 +20,14 @@ demo-s3: $(BIN)/.installed  ## the same, publishing to a local S3 API (moto serv
 ui: $(BIN)/.installed  ## Airflow's UI on http://127.0.0.1:8080 (admin/admin) with the simulator; Ctrl-C stops it
 	$(BIN)/python tools/devstack.py ui
 
-test: $(BIN)/.installed lint  ## everything: unit, DAG and end-to-end tests
+test: $(BIN)/.installed lint sglang-env  ## everything: unit, DAG and end-to-end tests
 	$(BIN)/python -m pytest
 
 test-fast: $(BIN)/.installed  ## the fast tier: no Airflow scheduler
 	$(BIN)/python -m pytest -m "not e2e"
+
+sglang-env:  ## .venv-sglang: SGLang 0.5.23's own code on CPU (requirements-sglang.txt), the tests' oracle; cached
+	PYTHON=$(PYTHON) bash tools/sglang_env.sh
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
