@@ -31,6 +31,24 @@ from transformers.tokenization_utils import PreTrainedTokenizer
 from .tool_declaration_ts import kimi_template_inputs
 
 VOCAB_FILES_NAMES = {"vocab_file": "tiktoken.model"}
+MAX_ENCODE_CHARS = 400_000  # Kimi's: the most characters given to tiktoken at once
+MAX_RUN_CHARS = 25_000  # Kimi's: the longest run of whitespace, or of non-whitespace, given to tiktoken at once
+
+
+def runs_at_most(text: str, limit: int) -> list[str]:
+    """The text cut so that no piece holds more than `limit` whitespace characters in a row, or more than `limit`
+    other characters in a row; a cut falls where a run reaches the limit."""
+    pieces, start, run, spaces = [], 0, 0, text[:1].isspace()
+    for i, char in enumerate(text):
+        if char.isspace() != spaces:
+            run, spaces = 1, not spaces
+            continue
+        run += 1
+        if run > limit:
+            pieces.append(text[start:i])
+            start, run = i, 1
+    pieces.append(text[start:])
+    return pieces
 
 
 class TikTokenTokenizer(PreTrainedTokenizer):
@@ -91,15 +109,23 @@ class TikTokenTokenizer(PreTrainedTokenizer):
         )
 
     def encode(self, text: Any, *args: Any, **kwargs: Any) -> list[int]:
-        """Plain text straight through tiktoken, special-token strings as their ids (Kimi's fast path); any other
-        call (pairs, tensors, padding) through transformers."""
-        if args or kwargs.keys() - {"add_special_tokens"} or not isinstance(text, str):
+        """Kimi's two paths: called with any keyword (`add_special_tokens=False` included), transformers' own
+        `encode`, which splits at special tokens first; called with the text alone (as SGLang's chat layer calls
+        it), tiktoken over the text in pieces: at most MAX_ENCODE_CHARS characters, and no run of more than
+        MAX_RUN_CHARS whitespace or non-whitespace characters (special-token text counts as non-whitespace, so a
+        long run can cut one in two). The ids then differ from the first path's for long prompts: that is Kimi's."""
+        if args or kwargs or not isinstance(text, str):
             return list(super().encode(text, *args, **kwargs))
-        return list(self.model.encode(text, allowed_special="all"))
+        ids: list[int] = []
+        for start in range(0, len(text), MAX_ENCODE_CHARS):
+            for piece in runs_at_most(text[start : start + MAX_ENCODE_CHARS], MAX_RUN_CHARS):
+                ids.extend(self.model.encode(piece, allowed_special="all"))
+        return ids
 
-    def decode(self, token_ids: Any, **kwargs: Any) -> str:
-        if kwargs.get("skip_special_tokens"):
-            return str(super().decode(token_ids, **kwargs))
+    def decode(self, token_ids: Any, **kwargs: Any) -> Any:
+        """Kimi's: any keyword goes through transformers' `decode` (a batch gives a list); none, through tiktoken."""
+        if kwargs:
+            return super().decode(token_ids, **kwargs)
         return str(self.model.decode([token_ids] if isinstance(token_ids, int) else list(token_ids)))
 
     @property
