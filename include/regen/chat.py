@@ -15,6 +15,7 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
+from regen.chat_request import TEMPLATE_INPUTS, content_format, served_messages, served_tools
 from regen.tool_calls import ToolCallGrammar, ToolCallIds
 
 PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -22,9 +23,6 @@ PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # snapshot of moonshotai/Kimi-K2.5 seen in public SGLang deployments (its tiktoken.model loads 163,840 ids); a
 # deployment that serves another snapshot sets its own, and check_server's tokenizer probe catches a mismatch.
 KIMI_K25_REVISION = "3367c8d1c68584429fab7faf845a32d5195b6ac1"
-# How messages and tools are shaped before they reach a template (as_served). A manifest records it, and a change makes
-# a nightly run regenerate: the same dataset now renders other prompts. 2: as SGLang's chat endpoint shapes them.
-TEMPLATE_INPUTS = "sglang-chat/2"
 
 
 @dataclass(frozen=True)
@@ -186,6 +184,8 @@ class ChatRenderer:
                 self.template_kwargs["chat_template"] = Path(profile.chat_template_file).read_text(encoding="utf-8")
             except OSError as e:
                 raise ValueError(f"profile {profile.name!r}: chat_template: cannot read {e.filename}: {e}") from e
+        self.content_format = content_format(self.chat_template)
+        self._encode_kwargs, self._encode_via_text = self._encoding_path()
         self.roles = self._resolve_roles()
         self._check_generation_suffix()
         self._decoder: ByteTableDecoder | None = None
@@ -238,29 +238,52 @@ class ChatRenderer:
                 f"chat template appends for add_generation_prompt=True: {appended!r}"
             )
 
-    def render_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        messages, served_tools = as_served(messages, tools)
-        ids = self.tokenizer.apply_chat_template(
-            messages,
-            tools=served_tools,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            **self.template_kwargs,
-        )
-        return [int(i) for i in ids]
+    def _encoding_path(self) -> tuple[dict[str, Any], bool]:
+        """How SGLang's chat layer turns the rendered text into ids for this tokenizer (serving_chat.py, 0.5.23):
+        `encode(text)`, with `add_special_tokens=False` only for a tokenizer that adds special tokens on its own (so
+        a slow tokenizer such as Kimi's stays on its own fast path); or, where rendering to text and encoding it back
+        differs from encoding the template's output directly, `apply_chat_template(tokenize=True)`."""
+        encode_kwargs: dict[str, Any] = {"add_special_tokens": False} if self.tokenizer.encode("") else {}
+        probe = [{"role": "user", "content": "x"}]
+        template = {k: v for k, v in self.template_kwargs.items() if k == "chat_template"}  # the server's template
+        try:
+            text = self.tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **template)
+            via_text = self.tokenizer.encode(text, **encode_kwargs)
+            direct = self.tokenizer.apply_chat_template(
+                probe, tokenize=True, add_generation_prompt=True, return_dict=False, **template
+            )
+        except Exception:
+            return encode_kwargs, True
+        return encode_kwargs, list(via_text) == list(direct)
 
-    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        messages, served_tools = as_served(messages, tools)
-        return str(
-            self.tokenizer.apply_chat_template(
+    def render_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The ids SGLang's chat endpoint sends the engine for this conversation: the template's text, encoded."""
+        if not self._encode_via_text:
+            messages, served = self.served(messages, tools)
+            ids = self.tokenizer.apply_chat_template(
                 messages,
-                tools=served_tools,
+                tools=served,
                 add_generation_prompt=True,
-                tokenize=False,
+                tokenize=True,
+                return_dict=False,
                 **self.template_kwargs,
             )
+            return [int(i) for i in ids]
+        return [int(i) for i in self.tokenizer.encode(self.render_text(messages, tools), **self._encode_kwargs)]
+
+    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        messages, served = self.served(messages, tools)
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages, tools=served, add_generation_prompt=True, tokenize=False, **self.template_kwargs
+            )
         )
+
+    def served(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """The messages and tools as SGLang hands them to this template (regen.chat_request); a `Refused` is its 400."""
+        return served_messages(messages, self.content_format), served_tools(tools)
 
     @cached_property
     def max_token_bytes(self) -> int | None:
@@ -459,63 +482,6 @@ def entry_bytes(token: str, byte_of: dict[str, int], added: bool = False) -> byt
     if added or any(c not in byte_of for c in token):
         return token.encode("utf-8", "surrogatepass")
     return bytes(byte_of[c] for c in token)
-
-
-def as_served(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """The conversation as SGLang's chat endpoint hands it to the chat template, so that a prompt rendered here is the
-    one production renders (read from sglang `entrypoints/openai/serving_chat.py` `_apply_jinja_template` and
-    `protocol.py`, 2026):
-    - tool-call `arguments` given as JSON text are parsed into an object with orjson
-      (`normalize_assistant_tool_call_arguments`): templates print the object (Kimi: `| tojson`, with its spacing, not
-      the dataset's), and orjson's reading is kept (an integer past 64 bits becomes a float);
-    - each tool call is the `ToolCall` model's dump (`id`, `index`: null, `type`, `function`);
-    - each tool is the `Tool` model's dump: `{"type", "function": {"description", "name", "parameters", "strict"},
-      "defer_loading"}`, absent fields null and `strict` false, in that key order (templates that `tojson` a tool,
-      Qwen3's among them, print exactly this).
-    A ValueError (arguments that are not a JSON object to orjson) is what SGLang answers with a 400."""
-    served = []
-    for message in messages:
-        calls = message.get("tool_calls")
-        if calls:
-            message = {**message, "tool_calls": [_served_call(call) for call in calls]}
-        served.append(message)
-    return served, [_served_tool(tool) for tool in tools] if tools else None
-
-
-def _served_call(call: dict[str, Any]) -> dict[str, Any]:
-    import orjson
-
-    function = call["function"]
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        try:
-            arguments = orjson.loads(arguments)
-        except orjson.JSONDecodeError as e:
-            raise ValueError(f"tool call {function.get('name')!r}: arguments are not valid JSON to SGLang: {e}") from e
-        if not isinstance(arguments, dict):
-            raise ValueError(f"tool call {function.get('name')!r}: arguments are not a JSON object")
-    return {
-        "id": call.get("id"),
-        "index": call.get("index"),
-        "type": call.get("type", "function"),
-        "function": {"name": function.get("name"), "arguments": arguments},
-    }
-
-
-def _served_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    function = tool.get("function", {})
-    return {
-        "type": tool.get("type", "function"),
-        "function": {
-            "description": function.get("description"),
-            "name": function.get("name"),
-            "parameters": function.get("parameters"),
-            "strict": function.get("strict", False),
-        },
-        "defer_loading": tool.get("defer_loading"),
-    }
 
 
 def canonical_json(value: Any) -> str:

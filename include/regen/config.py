@@ -93,6 +93,10 @@ class DatasetConfig(BaseModel):
     # Each prompt answered at each temperature (null: the run's), samples_per_prompt times, each with its own seed.
     samples_per_prompt: int = Field(1, ge=1, le=64)
     temperatures: list[float] | None = Field(None, min_length=1)
+    # A tool result's turn header: the `name` the data gives, or none (as OpenAI-SDK clients send them, rendered
+    # `tool`), which is what production renders; from_call: named after the function of the call it answers, for
+    # datasets whose clients send names that the rows left out.
+    tool_result_names: Literal["as_given", "from_call"] = "as_given"
     description: str = ""
 
     @model_validator(mode="after")

@@ -71,7 +71,7 @@ def dataset_inputs(
     return {**inputs, "digest": canonical_digest(inputs) if sources is not None else None}
 
 
-LATER_FIELDS = ("samples_per_prompt", "temperatures")  # added after versions were published
+LATER_FIELDS = ("samples_per_prompt", "temperatures", "tool_result_names")  # added after versions were published
 
 
 def _dataset_inputs(config: DatasetConfig) -> dict[str, Any]:

@@ -202,7 +202,7 @@ CASES = [
         "this picture? Be brief.<|im_end|>" + GEN,
         id="list-content-image-and-text",
     ),
-    pytest.param(  # rule: every header is `name or role`
+    pytest.param(  # rule: every header is `name or role`; SGLang drops a user's name (its user model has none)
         [
             {"role": "system", "name": "rules", "content": "Be kind."},
             {"role": "user", "name": "alice", "content": "Hi"},
@@ -211,13 +211,14 @@ CASES = [
         ],
         None,
         True,
-        "<|im_system|>rules<|im_middle|>Be kind.<|im_end|><|im_user|>alice<|im_middle|>Hi<|im_end|>"
+        "<|im_system|>rules<|im_middle|>Be kind.<|im_end|><|im_user|>user<|im_middle|>Hi<|im_end|>"
         "<|im_assistant|>helper<|im_middle|><think></think>Hello, alice.<|im_end|>"
-        "<|im_user|>alice<|im_middle|>Bye<|im_end|>" + GEN,
+        "<|im_user|>user<|im_middle|>Bye<|im_end|>" + GEN,
         id="named-turns",
     ),
     pytest.param(  # rule: a schema the encoder refuses -> compact JSON of the key-sorted tools, each tool as
-        # SGLang's chat endpoint dumps its `Tool` model (absent description null, strict false, defer_loading null)
+        # SGLang's chat endpoint dumps its `Tool` model (absent description null, strict only when given,
+        # defer_loading null)
         [{"role": "user", "content": "Hi"}],
         [
             {
@@ -234,8 +235,8 @@ CASES = [
         ],
         True,
         '<|im_system|>tool_declare<|im_middle|>[{"defer_loading":null,"function":{"description":null,"name":"search",'
-        '"parameters":{"properties":{"q":{"description":"free-form, no type"}},"required":["q"],"type":"object"},'
-        '"strict":false},"type":"function"}]<|im_end|>'
+        '"parameters":{"properties":{"q":{"description":"free-form, no type"}},"required":["q"],"type":"object"}},'
+        '"type":"function"}]<|im_end|>'
         "<|im_user|>user<|im_middle|>Hi<|im_end|>" + GEN,
         id="tools-json-fallback-key-sorted",
     ),

@@ -117,9 +117,8 @@ def test_glaive_row_becomes_messages_tools_and_tool_calls() -> None:
                 }
             ],
         },
-        {  # Glaive's FUNCTION RESPONSE has no name: it is named after the call it answers
+        {  # Glaive's FUNCTION RESPONSE has no name: it stays without one (production renders it `tool`)
             "role": "tool",
-            "name": "calculate_bmi",
             "content": '{"bmi": 22.86}',
             "tool_call_id": "functions.calculate_bmi:0",
         },
@@ -191,7 +190,9 @@ def test_openai_row_keeps_reasoning_and_renames_tool_call_ids() -> None:
     assert conversation.messages[2]["reasoning_content"] == "I should call the weather tool."
     assert conversation.messages[2]["tool_calls"][0]["id"] == "functions.weather:0"
     assert conversation.messages[3]["tool_call_id"] == "functions.weather:0"
-    assert conversation.messages[3]["name"] == "weather"  # the answered call's function: the turn header
+    assert "name" not in conversation.messages[3]  # none given: production renders the header `tool`
+    named = only(normalise_row(OPENAI_ROW, "auto", KIMI_IDS, "final", "from_call"))
+    assert named.messages[3]["name"] == "weather"  # from_call: the answered call's function
 
 
 def test_sharegpt_row_keeps_history_and_drops_the_final_answer() -> None:
@@ -220,9 +221,8 @@ def test_sharegpt_function_calls_and_observations_become_tool_turns() -> None:
                 }
             ],
         },
-        {  # an observation has no name: it is named after the call it answers
+        {  # an observation has no name: it stays without one
             "role": "tool",
-            "name": "get_news",
             "content": '{"headlines": ["a", "b"]}',
             "tool_call_id": "functions.get_news:0",
         },

@@ -84,12 +84,7 @@ def test_tool_call_ids_follow_the_profile_and_results_follow_them() -> None:
     [prompt] = prompts(row)
     assert prompt.messages[1]["tool_calls"][0]["id"] == "functions.lookup:0"
     assert prompt.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"q": "x"}'
-    assert prompt.messages[2] == {
-        "role": "tool",
-        "name": "lookup",
-        "content": "found",
-        "tool_call_id": "functions.lookup:0",
-    }
+    assert prompt.messages[2] == {"role": "tool", "content": "found", "tool_call_id": "functions.lookup:0"}
     assert prompt.tools == TOOLS
 
 
@@ -110,7 +105,9 @@ def test_results_without_ids_answer_parallel_calls_in_order() -> None:
     assert [m.get("tool_call_id") for m in conversation.messages[2:]] == ["functions.lookup:0", "functions.lookup:1"]
 
 
-def test_results_are_named_after_the_function_of_the_call_they_answer() -> None:
+def test_results_keep_the_name_they_are_given_and_from_call_names_the_rest() -> None:
+    """Production renders a result without a name as `tool` (OpenAI-SDK clients send none): as_given, the default,
+    leaves it so; from_call names it after the function of the call it answers, for clients that send names."""
     calls = [
         {"id": "a", "function": {"name": "lookup", "arguments": "{}"}},
         {"id": "b", "function": {"name": "weather", "arguments": "{}"}},
@@ -122,13 +119,17 @@ def test_results_are_named_after_the_function_of_the_call_they_answer() -> None:
             {"role": "tool", "tool_call_id": "b", "content": "sunny"},  # answers by id, out of order
             {"role": "tool", "content": "found"},  # no id: the oldest unanswered call, "a"
             {"role": "tool", "tool_call_id": "zzz", "content": "?"},  # an id no call has: no name to give
+            {"role": "tool", "name": "given", "content": "named"},  # a name given is kept either way
         ],
         TOOLS,
         {},
     )
-    conversation = normalise_chat(raw, KIMI_IDS)
+    as_given = normalise_chat(raw, KIMI_IDS)
+    assert isinstance(as_given, Conversation)
+    assert [m.get("name") for m in as_given.messages[2:]] == [None, None, None, "given"]
+    conversation = normalise_chat(raw, KIMI_IDS, "from_call")
     assert isinstance(conversation, Conversation)
-    assert [(m["tool_call_id"], m.get("name")) for m in conversation.messages[2:]] == [
+    assert [(m["tool_call_id"], m.get("name")) for m in conversation.messages[2:-1]] == [
         ("functions.weather:1", "weather"),
         ("functions.lookup:0", "lookup"),
         ("zzz", None),
@@ -151,7 +152,7 @@ def test_names_a_dataset_gives_are_kept_for_every_role() -> None:
     conversation = normalise_chat(raw, KIMI_IDS)
     assert isinstance(conversation, Conversation)
     assert [(m["role"], m.get("name")) for m in conversation.messages] == [
-        ("system", "policy"),
+        ("developer", "policy"),
         ("user", "alice"),
         ("assistant", "kimi"),
         ("tool", "lookup_v2"),
@@ -221,9 +222,9 @@ def test_tools_from_arrow_lose_the_nulls_arrow_filled_in() -> None:
     ]
 
 
-def test_developer_role_is_a_system_turn() -> None:
+def test_the_developer_role_stays_developer_as_sglang_keeps_it() -> None:
     [prompt] = prompts({"messages": [{"role": "developer", "content": "rules"}, {"role": "user", "content": "hi"}]})
-    assert prompt.messages[0] == {"role": "system", "content": "rules"}
+    assert prompt.messages[0] == {"role": "developer", "content": "rules"}
 
 
 def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:

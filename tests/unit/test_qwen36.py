@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from regen.chat import ChatRenderer, as_served
+from regen.chat import ChatRenderer
+from regen.chat_request import served_tools
 from regen.config import load_config
 
 TOOLS = [
@@ -161,7 +162,8 @@ def test_what_qwen36s_template_refuses_is_refused(
 def test_prompts_are_rendered_from_what_sglang_hands_the_template(qwen: ChatRenderer) -> None:
     """The template refuses tool-call arguments given as JSON text, as OpenAI clients send them; SGLang's chat
     endpoint parses them first (orjson), and dumps each tool as its `Tool` model (serving_chat._apply_jinja_template,
-    protocol.Tool): so the prompt production renders has the parameters as XML and each tool with its nulls."""
+    protocol.Tool, whose function keeps the keys given, in their order): so the prompt production renders has the
+    parameters as XML and each tool as that dump."""
     from jinja2 import TemplateError
 
     messages = [
@@ -174,9 +176,9 @@ def test_prompts_are_rendered_from_what_sglang_hands_the_template(qwen: ChatRend
     text = qwen.render_text(messages, TOOLS)
     assert "<tool_call>\n<function=f>\n<parameter=n>\n1\n</parameter>\n</function>\n</tool_call>" in text
     served_tool = (
-        '{"type": "function", "function": {"description": "Get weather", "name": "get_weather", "parameters": '
+        '{"type": "function", "function": {"name": "get_weather", "description": "Get weather", "parameters": '
         '{"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": '
-        '["city"]}, "strict": false}, "defer_loading": null}'
+        '["city"]}}, "defer_loading": null}'
     )
     assert f"<tools>\n{served_tool}\n</tools>" in text
 
@@ -197,5 +199,5 @@ def test_the_simulator_finds_the_tools_a_qwen_prompt_declares(qwen: ChatRenderer
 
     model = SimulatedModel(qwen.profile, ModelBehaviour())
     prompt = qwen.render_ids([{"role": "user", "content": "Weather in Paris?"}], TOOLS)
-    assert model._declared_tools(prompt) == [as_served([], TOOLS)[1][0]["function"]]  # as SGLang dumps it
+    assert model._declared_tools(prompt) == [served_tools(TOOLS)[0]["function"]]  # as SGLang dumps it
     assert model._declared_tools(qwen.render_ids([{"role": "user", "content": "hi"}], None)) == []

@@ -13,7 +13,15 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from regen.datasets.normalise import Conversation, RawChat, Rejection, Turns, normalise_chat, select_prompts
+from regen.datasets.normalise import (
+    Conversation,
+    RawChat,
+    Rejection,
+    ToolResultNames,
+    Turns,
+    normalise_chat,
+    select_prompts,
+)
 
 # Columns holding a reference answer: never carried into a prompt's metadata (the target model writes its own).
 REFERENCE_COLUMNS = frozenset({"output", "response", "completion"})
@@ -260,7 +268,11 @@ def _is_sharegpt(messages: Any) -> bool:
 
 
 def normalise_row(
-    row: Any, source_format: str, id_format: str, turns: Turns = "final"
+    row: Any,
+    source_format: str,
+    id_format: str,
+    turns: Turns = "final",
+    tool_result_names: ToolResultNames = "as_given",
 ) -> list[Conversation] | Rejection:
     """One dataset row -> its prompts (one per regenerated turn), or why it cannot give any."""
     if not isinstance(row, dict):
@@ -273,7 +285,7 @@ def normalise_row(
     raw = CONVERTERS[chosen](row)
     if isinstance(raw, Rejection):
         return raw
-    conversation = normalise_chat(raw, id_format)
+    conversation = normalise_chat(raw, id_format, tool_result_names)
     if isinstance(conversation, Rejection):
         return conversation
     return select_prompts(conversation, turns)

@@ -4,11 +4,13 @@ Every source format is first turned into OpenAI-shaped messages and tools (`form
 for all formats. Pure functions: no I/O, never raise on bad data. A prompt is the conversation up to an assistant turn
 the target model regenerates: the final one (history kept), or each one in turn.
 
-Names: Kimi-K2.5's template writes a message's `name` in its turn header instead of the role (shared docs,
-KIMI_K25.md), so a `name` a dataset gives is kept, for every role; and a tool result without one is named after the
-function of the call it answers, as Moonshot's API examples always send it, or the prompt would differ from the one
-production renders. Legacy OpenAI rows (an assistant `function_call`, a `function` role result) become one tool call
-and its tool result (OpenAI's deprecated `functions` API: one call per assistant turn, no call ids).
+What the data gives is kept as it was given, so that the prompt is the one production renders for it: a `name` on
+any role, the `developer` role, content given as text parts (how SGLang hands each to the template is
+regen.chat_request's business, not this module's). A tool result without a name stays without one (Kimi-K2.5
+renders it `tool`, as production does for OpenAI-SDK clients), unless the dataset asks `tool_result_names:
+from_call`, for clients that send the called function's name. Legacy OpenAI rows (an assistant `function_call`, a
+`function` role result) become one tool call and its tool result (OpenAI's deprecated `functions` API: one call per
+assistant turn, no call ids).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from functools import cached_property
 from typing import Any, Literal
 
 from regen.chat import canonical_json
+from regen.chat_request import Refused, served_parameters
 
 Turns = Literal["final", "every_assistant_turn", "on_policy"]
-ROLES = frozenset({"system", "user", "assistant", "tool"})
-# OpenAI's newer name for the system turn; the legacy function-calling API's result turn (named after the function).
-ROLE_ALIASES = {"developer": "system", "function": "tool"}
+ToolResultNames = Literal["as_given", "from_call"]
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+ROLE_ALIASES = {"function": "tool"}  # the legacy function-calling API's result turn
 
 
 @dataclass(frozen=True)
@@ -61,14 +64,20 @@ class RawChat:
 
 
 def _text(value: Any) -> str | None:
-    """Message content as text; content-part lists are joined; anything else is not text."""
+    """Message content as text, text parts joined (for checks: the parts themselves are kept); else not text."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
-        texts = [p.get("text") for p in value]
-        if all(isinstance(t, str) for t in texts):
-            return "".join(texts)
-    return None
+    parts = _text_parts(value)
+    return None if parts is None else "".join(part["text"] for part in parts)
+
+
+def _text_parts(value: Any) -> list[dict[str, str]] | None:
+    """A list of OpenAI text parts, each as `{"type": "text", "text": ...}`; None when it is anything else."""
+    if not isinstance(value, list) or not all(isinstance(p, dict) and p.get("type") == "text" for p in value):
+        return None
+    if not all(isinstance(p.get("text"), str) for p in value):
+        return None
+    return [{"type": "text", "text": p["text"]} for p in value]
 
 
 def _without_nulls(value: Any) -> Any:
@@ -92,6 +101,10 @@ def _function_schema(tool: Any, i: int) -> dict[str, Any] | Rejection:
         return Rejection("bad_tools", f"tools[{i}] is not a function schema with a name")
     if not isinstance(fn.get("parameters", {}), dict):
         return Rejection("bad_tools", f"tools[{i}].function.parameters must be a JSON schema object")
+    try:  # SGLang answers a schema that is not one, once its type names are made standard, with a 400
+        served_parameters(fn.get("parameters"), i)
+    except Refused as e:
+        return Rejection("bad_tools", str(e)[:300])
     return {"type": "function", "function": fn}
 
 
@@ -116,7 +129,7 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | Rejection:
 
 def _arguments(raw: Any, label: str) -> str | Rejection:
     """Tool-call arguments as the JSON text of an object, whether they came as text or as an object. Checked with the
-    parser SGLang reads them with before templating (orjson, regen.chat.as_served): what it refuses (NaN, a lone
+    parser SGLang reads them with before templating (orjson, regen.chat_request): what it refuses (NaN, a lone
     surrogate escape) the server would answer with a 400, so the row is rejected here."""
     import orjson
 
@@ -194,17 +207,20 @@ def _assistant(
     return None
 
 
-def _message(raw: Any, position: int, ids: _CallIds, id_format: str) -> dict[str, Any] | Rejection:
+def _message(
+    raw: Any, position: int, ids: _CallIds, id_format: str, tool_result_names: ToolResultNames
+) -> dict[str, Any] | Rejection:
     if not isinstance(raw, dict):
         return Rejection("bad_message", f"message {position} is not an object")
     role = raw.get("role")
     role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
     if not isinstance(role, str) or role not in ROLES:
         return Rejection("unknown_role", f"message {position} has role {str(role)[:80]!r}")
-    content = _text(raw.get("content")) if raw.get("content") is not None else ""
+    given = raw.get("content")
+    content = _text(given) if given is not None else ""
     if content is None:
         return Rejection("bad_content", f"message {position} ({role}) content is neither text nor text parts")
-    message: dict[str, Any] = {"role": role, "content": content}
+    message: dict[str, Any] = {"role": role, "content": given if isinstance(given, str) else _text_parts(given) or ""}
     if isinstance(raw.get("name"), str) and raw["name"]:
         message["name"] = raw["name"]
     if role == "assistant":
@@ -213,14 +229,16 @@ def _message(raw: Any, position: int, ids: _CallIds, id_format: str) -> dict[str
             return rejected
     elif role == "tool":
         message["tool_call_id"] = ids.answer(raw.get("tool_call_id"))
-        if "name" not in message and message["tool_call_id"] in ids.functions:
+        if tool_result_names == "from_call" and "name" not in message and message["tool_call_id"] in ids.functions:
             message["name"] = ids.functions[message["tool_call_id"]]
     if not content.strip() and "tool_calls" not in message and role != "tool":
         return Rejection("empty_content", f"message {position} ({role}) is empty")
     return message
 
 
-def normalise_chat(raw: RawChat, id_format: str) -> Conversation | Rejection:
+def normalise_chat(
+    raw: RawChat, id_format: str, tool_result_names: ToolResultNames = "as_given"
+) -> Conversation | Rejection:
     """The whole conversation, every turn checked; tool-call ids rewritten with the profile's `id_format`."""
     raw_messages = raw.messages
     if isinstance(raw_messages, str):
@@ -236,7 +254,7 @@ def normalise_chat(raw: RawChat, id_format: str) -> Conversation | Rejection:
     ids = _CallIds()
     messages: list[dict[str, Any]] = []
     for position, item in enumerate(raw_messages):
-        message = _message(item, position, ids, id_format)
+        message = _message(item, position, ids, id_format, tool_result_names)
         if isinstance(message, Rejection):
             return message
         messages.append(message)

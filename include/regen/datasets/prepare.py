@@ -169,7 +169,7 @@ def _candidates(
         if isinstance(row, BadRow):
             yield Origin(row.index, row.source, None), Rejection(row.reason, row.detail)
             continue
-        result = normalise_row(row.value, config.format, id_format, config.turns)
+        result = normalise_row(row.value, config.format, id_format, config.turns, config.tool_result_names)
         if isinstance(result, Rejection):
             yield Origin(row.index, row.source, None), result
             continue

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from jinja2 import TemplateError
 
 from regen.chat import ChatRenderer, ModelProfile
+from regen.chat_request import Refused
 from regen.datasets.normalise import Conversation, Rejection
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ def render(
         ids = renderer.render_ids(messages, tools)
     except TemplateError as e:
         return Rejection("template_error", str(e)[:300])
+    except Refused as e:  # normalise refuses these first; a conversation built elsewhere may still hold one
+        return Rejection("template_error", f"SGLang's chat layer refuses it: {e}"[:300])
     if len(ids) > limit:
         return Rejection("prompt_too_long", f"{len(ids)} tokens > {limit}")
     return ids
