@@ -23,8 +23,10 @@ rejected, cut by the length limit, or cannot be read as a message ends it too (`
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import orjson
@@ -33,7 +35,8 @@ from regen.chat import ChatRenderer, ModelProfile, TokenRoles
 from regen.errors import FinalError
 from regen.reasons import Reason
 from regen.records import RawAnswer
-from regen.tool_calls import BadCall, read_tagged
+from regen.tool_calls import BadCall, ToolCallGrammar, read_section_call_id, read_tagged
+from regen.validate import judge_output
 
 Message = dict[str, Any]
 Decode = Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text
@@ -158,101 +161,109 @@ def assistant_message(
     tools: list[Message],
 ) -> Message | Ended:
     """A finished answer (ending in its EOS) as the assistant message a client of SGLang's chat endpoint receives
-    and sends back in the next turn's history; or why it cannot be one. `history`: the prompt's messages (a
-    `sections` call's id counts the calls in them)."""
-    unusable = Reason.EARLIER_TURN_UNUSABLE
+    and sends back in the next turn's history; or why it cannot be one: an answer validation would not keep is no
+    history to build on (validate.judge_output, the same verdict validate gives the turn). `history`: the prompt's
+    messages (a `sections` call's id counts the calls in them)."""
     if not output_ids or output_ids[-1] not in roles.eos_ids:
-        return Ended(unusable, "the answer does not end with an EOS id")
-    ids = list(output_ids[:-1])
-    if roles.role_ids.intersection(ids):
-        return Ended(unusable, "the answer runs into a next turn (a turn marker in it)")
-    grammar = roles.tool_calls
-    call_start = None if grammar is None else grammar.section_begin if grammar.sectioned else grammar.call_begin
-    reasoning: list[int] = []
-    thinking = roles.phase_after(prompt_tail) == "reasoning"
-    opens = not thinking and roles.reasoning_start is not None and ids[:1] == [roles.reasoning_start]
-    if thinking or opens:  # the prompt opened the reasoning, or the model opens it itself
-        body = ids[1:] if opens else ids
-        first_call = body.index(call_start) if call_start in body else len(body)
-        end = body.index(roles.reasoning_end) if roles.reasoning_end in body else len(body)
-        if roles.reasoning_start in body:
-            return Ended(unusable, "the answer opens its reasoning twice")
-        if end == first_call:  # both absent
-            return Ended(unusable, "the answer's reasoning never ended")
-        cut = min(end, first_call)
-        reasoning, ids = body[:cut], body[cut + 1 if end < first_call else cut :]
-    if roles.reasoning_end is not None and roles.reasoning_end in ids:
-        return Ended(unusable, "a reasoning end in the answer after its reasoning")
-    first_call = ids.index(call_start) if call_start in ids else len(ids)
-    skip_special = not tools  # SGLang keeps special tokens in the text when the request has tools
-    content = decode(ids[:first_call], skip_special)
-    if grammar is not None and grammar.format in STRIPPED_CONTENT:
-        content = content.strip()
-    message: Message = {"role": "assistant", "content": content}
-    if reasoning and (text := decode(reasoning, skip_special)):
-        message["reasoning_content"] = text
-    if first_call < len(ids):
-        assert grammar is not None
+        return Ended(Reason.EARLIER_TURN_UNUSABLE, "the answer does not end with an EOS id")
+    phase = roles.phase_after(prompt_tail)
+    names = frozenset(tool["function"]["name"] for tool in tools) or None
+    verdict = judge_output(list(output_ids), roles, names, lambda ids: decode(ids, False), phase, lambda: tools)
+    if verdict.split != "train":
+        return Ended(Reason.EARLIER_TURN_UNUSABLE, f"{verdict.verdict}: {verdict.detail}")
+    # The detokenizer's text: the stop id trimmed, special tokens kept when the request has tools (serving_chat).
+    text = decode(list(output_ids[:-1]), not tools)
+    return read_message(text, phase == "reasoning", profile, history, tools)
+
+
+def read_message(
+    text: str, forced: bool, profile: ModelProfile, history: list[Message], tools: list[Message]
+) -> Message:
+    """The message SGLang's chat layer reads from an answer's text: its reasoning parser, then its tool-call detector
+    when the request declares tools. `forced`: the prompt opened the reasoning."""
+    grammar = profile.tool_call_grammar
+    tool_start = None if grammar is None else grammar.section_begin or grammar.call_begin
+    reasoning, normal = split_reasoning(text, forced, profile.reasoning_start, profile.reasoning_end, tool_start)
+    content, calls = normal, []
+    if grammar is not None and tool_start is not None and tools and tool_start in normal:
+        content = normal[: normal.index(tool_start)]
         earlier = sum(len(m.get("tool_calls") or []) for m in history)
-        try:
-            calls = _calls(ids[first_call:], roles, profile, decode, earlier, tools)
-        except BadCall as e:
-            return Ended(unusable, f"its tool calls cannot be read: {e.detail}")
+        if grammar.format == "sections":
+            found = _section_calls(normal, grammar, tools)
+        else:
+            found = _tagged_calls(normal[len(content) :], grammar, tools)
+        calls = [_call(name, arguments, earlier + i, profile) for i, (name, arguments) in enumerate(found)]
+        if grammar.format in STRIPPED_CONTENT:
+            content = content.strip()
+    message: Message = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
         message["tool_calls"] = calls
     return message
 
 
-def _calls(
-    ids: list[int], roles: TokenRoles, profile: ModelProfile, decode: Decode, earlier: int, tools: list[Message]
-) -> list[Message]:
-    grammar = roles.tool_calls
-    assert grammar is not None
-    calls: list[Message] = []
+def split_reasoning(
+    text: str, forced: bool, start: str | None, end: str | None, tool_start: str | None
+) -> tuple[str, str]:
+    """(reasoning, the rest) as SGLang's reasoning parsers split a whole answer (parser/reasoning_parser.py,
+    `BaseReasoningFormatDetector.detect_and_parse`): in reasoning when the prompt opened it or the text holds a
+    reasoning start; every leading start stripped; up to the first reasoning end, or without one up to the first tool
+    call, or else all of it."""
+    if start is None or end is None or not (forced or start in text):
+        return "", text
+    while text.startswith(start):
+        text = text[len(start) :]
+    if end in text:
+        reasoning, _, rest = text.partition(end)
+        return reasoning, rest
+    at = text.find(tool_start) if tool_start else -1
+    return (text[:at], text[at:]) if at != -1 else (text, "")
 
-    def call(name: str, arguments: str) -> None:
-        index = earlier + len(calls)
-        call_id = profile.tool_call_id_format.format(name=name, index=index, id=f"call_{index}")
-        calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
 
-    bad = Reason.TOOL_CALL_UNBALANCED
-    if grammar.sectioned:  # kimi_k2: the calls inside the section; what follows it is dropped
-        if grammar.section_end not in ids:
-            raise BadCall(bad, "a tool-call section that is not closed")
-        ids = ids[: ids.index(grammar.section_end)]
-    position = 0
-    while grammar.call_begin in ids[position:]:
-        begin = ids.index(grammar.call_begin, position)
-        if grammar.call_end not in ids[begin:]:
-            raise BadCall(bad, "a tool call that is not closed")
-        end = ids.index(grammar.call_end, begin)
-        position = end + 1
-        if not grammar.sectioned:
-            for name, arguments in read_tagged(grammar.format, decode(ids[begin + 1 : end], False)):
-                typed = _typed(arguments, tools, name) if grammar.format == "tagged_xml" else arguments
-                call(name, json.dumps(typed, ensure_ascii=False))
+def _call(name: str, arguments: str, index: int, profile: ModelProfile) -> Message:
+    """A call with the id SGLang gives it (`_process_tool_call_id`): for kimi_k2, the profile's id format at the
+    calls in the history plus its place in the answer; for the tagged formats SGLang's ids are random, and their
+    templates do not print them."""
+    call_id = profile.tool_call_id_format.format(name=name, index=index, id=f"call_{index}")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _section_calls(text: str, grammar: ToolCallGrammar, tools: list[Message]) -> list[tuple[str, str]]:
+    """kimi_k2's detector (function_call/kimik2_detector.py `detect_and_parse`): every call in the text, in every
+    section, arguments as written; a call whose id names no function is skipped."""
+    calls = []
+    for call_id, arguments in section_call_pattern(grammar).findall(text):
+        try:
+            name, _ = read_section_call_id(call_id, lambda: tools, arguments)
+        except BadCall:
             continue
-        if grammar.argument_begin not in ids[begin:end]:
-            raise BadCall(bad, "a tool call without its argument token")
-        argument_at = ids.index(grammar.argument_begin, begin)
-        assert grammar.call_id is not None  # a sections grammar always has its id pattern
-        match = grammar.call_id.fullmatch(decode(ids[begin + 1 : argument_at], False).strip())
-        if match is None or not match.groupdict().get("name"):
-            raise BadCall(Reason.TOOL_CALL_BAD_ID, "a call id that names no function")
-        call(match.group("name"), _json_object(decode(ids[argument_at + 1 : end], False).strip()))
-    if not calls:
-        raise BadCall(bad, "a tool-call marker with no call after it")
+        calls.append((name, arguments))
     return calls
 
 
-def _json_object(text: str) -> str:
-    """Arguments as SGLang reads them before templating (orjson, regen.chat.as_served): a JSON object, or unusable."""
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as e:
-        raise BadCall(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments are not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise BadCall(Reason.TOOL_CALL_BAD_ARGUMENTS, "arguments are not a JSON object")
-    return text
+@cache
+def section_call_pattern(grammar: ToolCallGrammar) -> re.Pattern[str]:
+    assert grammar.argument_begin is not None  # a sections grammar has all five tokens
+    return re.compile(
+        re.escape(grammar.call_begin)
+        + r"\s*([^\s<|]+)\s*"
+        + re.escape(grammar.argument_begin)
+        + r"\s*(\{.*?\})\s*"
+        + re.escape(grammar.call_end),
+        re.DOTALL,
+    )
+
+
+def _tagged_calls(text: str, grammar: ToolCallGrammar, tools: list[Message]) -> list[tuple[str, str]]:
+    """The calls of a tagged grammar, each between its begin and end marker, read as its detector reads them."""
+    calls = []
+    for piece in text.split(grammar.call_begin)[1:]:
+        body = piece.partition(grammar.call_end)[0]
+        for name, arguments in read_tagged(grammar.format, body):
+            typed = _typed(arguments, tools, name) if grammar.format == "tagged_xml" else arguments
+            calls.append((name, json.dumps(typed, ensure_ascii=False)))
+    return calls
 
 
 def _typed(arguments: dict[str, Any], tools: list[Message], name: str) -> dict[str, Any]:

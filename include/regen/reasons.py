@@ -65,6 +65,7 @@ class Reason(StrEnum):
     TOOL_CALL_BAD_ID = "tool_call_bad_id"
     TOOL_CALL_MALFORMED = "tool_call_malformed"  # a tagged call that names no function, or holds stray text
     TOOL_CALL_BAD_ARGUMENTS = "tool_call_bad_arguments"
+    TOOL_CALL_IN_REASONING = "tool_call_in_reasoning"  # a reasoning end after the calls: SGLang reads them as reasoning
     TOOL_CALL_UNDECLARED = "tool_call_undeclared"
     TOOL_CALL_WITHOUT_TOOLS = "tool_call_without_tools"
     # validate, kept in the flagged `truncated/` split rather than rejected

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,15 @@ SECTION_TOKENS = ("section_begin", "section_end", "argument_begin")
 # `<parameter=`, `</function>` or the end; one newline around a value is the template's, not the value's.
 XML_FUNCTION = re.compile(r"<function=(.*?)</function>|<function=(.*)$", re.DOTALL)
 XML_PARAMETER = re.compile(r"<parameter=(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>)|$)", re.DOTALL)
+# kimi_k2's reading of a call id (sglang 0.5.23 function_call/kimik2_detector.py): one run of characters that are not
+# whitespace, '<' or '|', with whitespace allowed around it; `[functions.]NAME:INDEX`, the name of word characters,
+# '.' and '-'; or a bare counter, whose function is inferred from the declared tools. Any other id loses its call.
+SECTION_CALL_ID = re.compile(r"\s*([^\s<|]+)\s*")
+SECTION_ID_PARTS = re.compile(r"(?:functions\.)?(?P<name>[\w.\-]+):(?P<index>\d+)")
+BARE_COUNTER = re.compile(r"\d+")
+FLAG_SPACED_ID = "tool_call_id_spaced"  # whitespace around the call id: SGLang reads it, the drafter sees it
+FLAG_UNPREFIXED_ID = "tool_call_id_without_functions_prefix"
+FLAG_BARE_ID = "tool_call_id_bare_counter"  # the function inferred from the declared tools, as SGLang infers it
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,64 @@ class BadCall(ValueError):
     def __init__(self, reason: Reason, detail: str) -> None:
         super().__init__(detail)
         self.reason, self.detail = reason, detail
+
+
+def read_section_call_id(
+    text: str, tools: Callable[[], list[dict[str, Any]]], arguments: str = ""
+) -> tuple[str, tuple[str, ...]]:
+    """The function a `sections` call id names, and the flags of an id SGLang reads only leniently; a BadCall for an
+    id whose call SGLang's detector skips. `tools`: the declared tools, asked for only for a bare counter, whose
+    function is inferred from them and the call's `arguments` text."""
+    whole = SECTION_CALL_ID.fullmatch(text)
+    if whole is None:
+        raise BadCall(Reason.TOOL_CALL_BAD_ID, f"call id {text[:80]!r}: SGLang skips the call")
+    call_id, flags = whole.group(1), (FLAG_SPACED_ID,) if whole.group(1) != text else ()
+    parts = SECTION_ID_PARTS.fullmatch(call_id)
+    if parts is not None:
+        return parts.group("name"), flags + (() if call_id.startswith("functions.") else (FLAG_UNPREFIXED_ID,))
+    if BARE_COUNTER.fullmatch(call_id):
+        name = inferred_function(tools(), arguments)
+        if name is not None:
+            return name, (*flags, FLAG_BARE_ID)
+    raise BadCall(Reason.TOOL_CALL_BAD_ID, f"call id {call_id[:80]!r} names no function: SGLang skips the call")
+
+
+def inferred_function(tools: list[dict[str, Any]], arguments: str) -> str | None:
+    """The function of a bare-counter call as kimi_k2 infers it: the only tool, or the one whose declared
+    properties best match the argument keys (matches minus extras; the first of equals; none without properties)."""
+    if not tools:
+        return None
+    if len(tools) == 1:
+        return str(tools[0]["function"]["name"])
+    try:
+        keys = set(json.loads(arguments).keys())
+    except (json.JSONDecodeError, TypeError, AttributeError, RecursionError):
+        return None
+    best, best_score = None, -1
+    for tool in tools:
+        properties = set(schema_properties(tool["function"].get("parameters") or {}))
+        if not properties:
+            continue
+        score = len(keys & properties) - len(keys - properties)
+        if score > best_score:
+            best, best_score = str(tool["function"]["name"]), score
+    return best
+
+
+def schema_properties(schema: Any) -> dict[str, Any]:
+    """A schema's top-level properties, or those of its anyOf/oneOf/allOf branches when it declares none (SGLang's
+    `get_schema_properties`)."""
+    if not isinstance(schema, dict):
+        return {}
+    if isinstance(schema.get("properties"), dict):
+        return dict(schema["properties"])
+    merged: dict[str, Any] = {}
+    for keyword in ("anyOf", "oneOf", "allOf"):
+        branches = schema.get(keyword)
+        for branch in branches if isinstance(branches, list) else []:
+            for key, value in schema_properties(branch).items():
+                merged.setdefault(key, value)
+    return merged
 
 
 def read_tagged(format: str, text: str) -> list[tuple[str, dict[str, Any]]]:

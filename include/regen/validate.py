@@ -8,8 +8,16 @@ vectorised lookup, then walks only those positions through a small state machine
 
 with calls as `section_begin (call_begin ID argument_begin {JSON} call_end)+ section_end` (Kimi's sections), or as
 `(call_begin BODY call_end)+` whose body is read as SGLang's detector reads it (tagged JSON or XML, Qwen's).
-Tool calls right after the reasoning with no reasoning_end are valid (Kimi-K2.5 emits them; SGLang's reasoning parsers
-take the first call marker as the end of reasoning): they are kept with the flag `tool_call_without_reasoning_end`.
+An answer is judged by what SGLang's chat layer makes of it (sglang 0.5.23: its reasoning parser and tool-call
+detector; tests/parity/ runs them): what it reads into a usable message is kept, flagged where it reads it only
+leniently; what it loses or garbles is rejected.
+- Tool calls right after the reasoning with no reasoning_end (Kimi-K2.5 emits them; the first section ends the
+  reasoning): kept, `tool_call_without_reasoning_end`. A reasoning end after such a section: rejected
+  (`tool_call_in_reasoning`), since SGLang then reads the calls as reasoning.
+- The reasoning start repeated at the very start (SGLang strips every leading one): kept, `reasoning_start_repeated`.
+- A section left open at EOS, an empty section: kept, `tool_call_section_unclosed` / `tool_call_section_empty`.
+- Call ids SGLang reads leniently (whitespace around, no `functions.` prefix, a bare counter): kept, flagged
+  (regen.tool_calls); one it skips: rejected.
 An answer cut by `max_new_tokens` that is valid so far goes to the flagged `truncated/` split, by where the cut fell.
 The server must agree with itself: `text == decode(output_ids)` (the pipeline asks for special tokens and the stop
 token in the text) and `prompt_tokens` == the prompt sent.
@@ -18,6 +26,7 @@ token in the text) and `prompt_tokens` == the prompt sent.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -31,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 
 from regen.chat import ChatRenderer, TokenRoles
@@ -39,11 +49,15 @@ from regen.manifest import ShardManifest, StageStats
 from regen.reasons import OK, Reason, RejectionWriter, split_of
 from regen.records import RawAnswer, ShardPrompts, read_raw, text_digest
 from regen.storage import Storage, read_table, write_table
-from regen.tool_calls import BadCall, read_tagged
+from regen.tool_calls import BadCall, read_section_call_id, read_tagged
 
 log = logging.getLogger(__name__)
 
 FLAG_NO_REASONING_END = "tool_call_without_reasoning_end"
+FLAG_START_REPEATED = "reasoning_start_repeated"
+FLAG_SECTION_UNCLOSED = "tool_call_section_unclosed"
+FLAG_SECTION_EMPTY = "tool_call_section_empty"
+FLAG_MARKUP_STRAY = "tool_call_markup_stray"  # a call outside a section, a marker closing nothing: read all the same
 Decode = Callable[[list[int]], str]
 
 
@@ -111,12 +125,16 @@ class _Walk:
     tools: frozenset[str] | None  # declared function names; None: the prompt declares no tools
     decode: Decode
     phase: str = "answer"  # reasoning | answer | off (reasoning turned off by the prompt)
+    schemas: Callable[[], list[dict[str, Any]]] = list  # the declared tools, read where a bare call id needs them
     reasoning_len: int = 0
     flags: list[str] = field(default_factory=list)
     in_section: bool = False
+    section_calls: int = 0
+    sections: bool = False  # a section began: the content ended there
+    ended_by_section: bool = False  # the reasoning ended at a tool section, not at its end token
     call: str = ""  # "" outside a call; sections: "id" after call_begin, "args" after argument_begin; tagged: "body"
     call_start: int = 0
-    name: str = ""
+    id_text: str = ""
     calls: int = 0
 
     def step(self, pos: int, mark: int) -> Judgement | None:
@@ -128,6 +146,9 @@ class _Walk:
             if pos == 0 and self.phase == "answer":  # a model that opens its reasoning itself (prompt did not)
                 self.phase = "reasoning"
                 return None
+            if self.phase == "reasoning" and all(t == self.roles.reasoning_start for t in self.output[:pos]):
+                self._flag(FLAG_START_REPEATED)  # SGLang strips every leading one
+                return None
             return _reject(Reason.REASONING_START_IN_OUTPUT, f"reasoning start at {pos}")
         if mark == Mark.REASONING_END:
             return self._reasoning_end(pos)
@@ -137,6 +158,11 @@ class _Walk:
         if self.phase == "reasoning":
             self.phase, self.reasoning_len = "answer", pos + 1
             return None
+        if self.ended_by_section:
+            return _reject(
+                Reason.TOOL_CALL_IN_REASONING,
+                f"reasoning end at {pos} after a tool section: SGLang reads all before it as reasoning, calls too",
+            )
         if self.phase == "off":
             return _reject(Reason.UNEXPECTED_REASONING_END, f"reasoning end at {pos}, but the prompt closed reasoning")
         return _reject(Reason.REASONING_END_REPEATED, f"second reasoning end at {pos}")
@@ -144,54 +170,88 @@ class _Walk:
     def _tool_token(self, pos: int, mark: int) -> Judgement | None:
         calls = self.roles.tool_calls
         assert calls is not None  # tool marks exist only for a profile with a grammar
-        if mark == Mark.SECTION_BEGIN and not self.in_section and not self.call:
+        if self.tools is None:  # SGLang parses no calls for a request without tools: the markup stays in the text
+            return _reject(Reason.TOOL_CALL_WITHOUT_TOOLS, f"{Mark(mark).name.lower()} at {pos}, but no tools declared")
+        if calls.sectioned:
+            return self._section_token(pos, mark)
+        if mark == Mark.CALL_BEGIN and not self.call:
             self._tools_start(pos)
-            self.in_section = True
+            self.call, self.call_start = "body", pos
             return None
-        if mark == Mark.CALL_BEGIN and not self.call and (self.in_section or not calls.sectioned):
-            if not calls.sectioned:
-                self._tools_start(pos)
-            self.call, self.call_start = ("id" if calls.sectioned else "body"), pos
-            return None
-        if mark == Mark.ARGUMENT_BEGIN and self.call == "id":
-            self.call = "args"
-            return self._call_id(self.output[self.call_start + 1 : pos], pos)
-        if mark == Mark.CALL_END and self.call == "args":
-            self.call = ""
-            return self._arguments(self.output[self.call_start + 1 : pos], pos)
         if mark == Mark.CALL_END and self.call == "body":
             self.call = ""
             return self._tagged(self.output[self.call_start + 1 : pos], pos, calls.format)
-        if mark == Mark.SECTION_END and self.in_section and not self.call and self.calls:
+        return _reject(Reason.TOOL_CALL_UNBALANCED, f"{Mark(mark).name.lower()} out of order at {pos}")
+
+    def _section_token(self, pos: int, mark: int) -> Judgement | None:
+        """kimi_k2's reading: the content ends at the first section; after it, every `call_begin ID argument_begin
+        {JSON} call_end` is a call, in a section or not; other markers there lose nothing."""
+        name = Mark(mark).name.lower()
+        if self.call == "id":
+            if mark != Mark.ARGUMENT_BEGIN:
+                return _reject(Reason.TOOL_CALL_UNBALANCED, f"{name} in a call id at {pos}: SGLang skips the call")
+            self.call = "args"
+            return self._call_id(self.output[self.call_start + 1 : pos], pos)
+        if self.call == "args":
+            if mark != Mark.CALL_END:
+                return _reject(Reason.TOOL_CALL_UNBALANCED, f"{name} in a call's arguments at {pos}")
+            self.call = ""
+            return self._arguments(self.output[self.call_start + 1 : pos], pos)
+        if mark == Mark.SECTION_BEGIN:
+            self._tools_start(pos)
+            if self.in_section:  # the one before was never closed
+                self._flag(FLAG_SECTION_UNCLOSED if self.section_calls else FLAG_SECTION_EMPTY)
+            self.in_section, self.sections, self.section_calls = True, True, 0
+            return None
+        if not self.sections:
+            return _reject(Reason.TOOL_CALL_UNBALANCED, f"{name} at {pos} before any section: SGLang leaves it as text")
+        if mark == Mark.CALL_BEGIN:
+            self.call, self.call_start = "id", pos
+            if not self.in_section:
+                self._flag(FLAG_MARKUP_STRAY)
+            return None
+        if mark == Mark.SECTION_END and self.in_section:
+            self._close_section()
             self.in_section = False
             return None
-        return _reject(Reason.TOOL_CALL_UNBALANCED, f"{Mark(mark).name.lower()} out of order at {pos}")
+        self._flag(FLAG_MARKUP_STRAY)  # an end with nothing to end: SGLang's detector passes over it
+        return None
+
+    def _close_section(self) -> None:
+        if self.in_section and not self.section_calls:
+            self._flag(FLAG_SECTION_EMPTY)
+
+    def _flag(self, flag: str) -> None:
+        if flag not in self.flags:
+            self.flags.append(flag)
 
     def _tools_start(self, pos: int) -> None:
         if self.phase == "reasoning":  # the first call marker ends reasoning implicitly
-            self.phase, self.reasoning_len = "answer", pos
-            self.flags.append(FLAG_NO_REASONING_END)
+            self.phase, self.reasoning_len, self.ended_by_section = "answer", pos, True
+            self._flag(FLAG_NO_REASONING_END)
 
     def _call_id(self, ids: list[int], pos: int) -> Judgement | None:
-        pattern = self.roles.tool_calls.call_id if self.roles.tool_calls else None
-        assert pattern is not None  # a sections grammar always has its id pattern
-        text = self.decode(ids)
-        match = pattern.fullmatch(text)
-        if match is None:
-            return _reject(Reason.TOOL_CALL_BAD_ID, f"call id {text[:80]!r} at {pos}")
-        self.name = match.groupdict().get("name") or ""
-        self.call_start = pos
+        self.id_text, self.call_start = self.decode(ids), pos
         return None
 
     def _arguments(self, ids: list[int], pos: int) -> Judgement | None:
+        """The arguments must be what SGLang can send back in the next turn: a JSON object to orjson (its detector
+        keeps the text as it is; the next request with it in the history is answered with a 400 otherwise)."""
         text = self.decode(ids)
         try:
-            arguments = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as e:
+            arguments = orjson.loads(text)
+        except orjson.JSONDecodeError as e:
             return _reject(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of call at {pos} are not JSON: {e}")
         if not isinstance(arguments, dict):
             return _reject(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of call at {pos} are not a JSON object")
-        return self._called(self.name)
+        try:
+            name, flags = read_section_call_id(self.id_text, self.schemas, text)
+        except BadCall as e:
+            return _reject(e.reason, f"call at {self.call_start}: {e.detail}")
+        for flag in flags:
+            self._flag(flag)
+        self.section_calls += 1
+        return self._called(name)
 
     def _tagged(self, ids: list[int], pos: int, format: str) -> Judgement | None:
         try:
@@ -220,8 +280,11 @@ class _Walk:
             return Judgement(where.value, "", tuple(self.flags), self.reasoning_len, self.calls)
         if last not in self.roles.eos_ids:
             return _reject(Reason.NO_EOS_AT_END, f"stopped on {last}, not an EOS id")
-        if self.in_section or self.call:
-            return _reject(Reason.TOOL_CALL_UNBALANCED, "a tool call or section not closed before EOS")
+        if self.call:
+            return _reject(Reason.TOOL_CALL_UNBALANCED, "a tool call not closed before EOS: SGLang loses it")
+        if self.in_section:  # SGLang reads the calls in it all the same
+            self._flag(FLAG_SECTION_UNCLOSED if self.section_calls else FLAG_SECTION_EMPTY)
+            self.in_section = False
         if self.phase == "reasoning":
             return _reject(Reason.REASONING_END_MISSING, "reasoning never ended")
         return Judgement(OK, "", tuple(self.flags), self.reasoning_len, self.calls)
@@ -249,9 +312,10 @@ def judge(
     roles: TokenRoles,
     tools: frozenset[str] | None,
     decode: Decode,
+    schemas: Callable[[], list[dict[str, Any]]] = list,
 ) -> Judgement:
     """The verdict for one record, from its ids: "ok", a truncation split, or the first defect found. `decode` is
-    only ever given ids inside the vocabulary."""
+    only ever given ids inside the vocabulary; `schemas`: the declared tools, where a bare call id must be read."""
     suffix = roles.generation_suffix
     ending = tuple(int(i) for i in prompt_ids[-len(suffix) :])
     if ending != suffix:
@@ -267,13 +331,7 @@ def judge(
     if prompt_tokens != len(prompt_ids):
         detail = f"sent {len(prompt_ids)} prompt ids, server counted {prompt_tokens}"
         return _reject(Reason.PROMPT_TOKENS_MISMATCH, detail)
-    walk = _Walk(output, roles, tools, decode, phase=roles.opening_phase)  # the prompt ends with the suffix
-    marks = mark_table(roles)[ids]
-    for pos in np.flatnonzero(marks).tolist():
-        rejected = walk.step(pos, int(marks[pos]))
-        if rejected is not None:
-            return rejected
-    judgement = walk.finish(answer.truncated)
+    judgement = judge_output(output, roles, tools, decode, roles.opening_phase, schemas, answer.truncated)
     if judgement.split is None:
         return judgement
     decoded = decode(output)
@@ -281,6 +339,27 @@ def judge(
     if problem is not None:
         return _reject(Reason.TEXT_MISMATCH, problem)
     return dataclasses.replace(judgement, decoded=decoded)
+
+
+def judge_output(
+    output: list[int],
+    roles: TokenRoles,
+    tools: frozenset[str] | None,
+    decode: Decode,
+    phase: str,
+    schemas: Callable[[], list[dict[str, Any]]] = list,
+    truncated: bool = False,
+) -> Judgement:
+    """The verdict on the output's own structure (ids already known to be inside the vocabulary), from the phase the
+    prompt left it in (`TokenRoles.phase_after`)."""
+    ids = np.asarray(output, dtype=np.int64)
+    walk = _Walk(output, roles, tools, decode, phase=phase, schemas=schemas)
+    marks = mark_table(roles)[ids]
+    for pos in np.flatnonzero(marks).tolist():
+        rejected = walk.step(pos, int(marks[pos]))
+        if rejected is not None:
+            return rejected
+    return walk.finish(truncated)
 
 
 def declared_tools(tools_json: str) -> frozenset[str] | None:
@@ -369,8 +448,10 @@ def run_validate(
         with tempfile.TemporaryDirectory(prefix="regen-validate-") as tmp:
             for answer in read_raw(storage, shard.raw_key, Path(tmp)):
                 prompt_ids = prompts.prompt_of(answer)
-                tools = declared_tools(prompts.tools_json(answer.id))
-                verdict = judge(prompt_ids, answer, renderer.roles, tools, renderer.decode_in_vocab)
+                tools_json = prompts.tools_json(answer.id)
+                tools = declared_tools(tools_json)
+                schemas = functools.partial(json.loads, tools_json or "[]")
+                verdict = judge(prompt_ids, answer, renderer.roles, tools, renderer.decode_in_vocab, schemas)
                 if verdict.split is None:
                     stats.drop(verdict.verdict)
                     rejections.add(answer.id, Reason(verdict.verdict), verdict.detail, finish=answer.finish_reason)

@@ -95,8 +95,8 @@ def test_reading_follows_sglang_on_whitespace_missing_think_end_and_call_ids(ren
     "text,why",
     [
         ("never stops thinking", "reasoning never ended"),
-        ("done</think>Hi<|im_user|>user", "runs into a next turn"),
-        (f'</think>{OPEN}{{"city": <|tool_call_end|><|tool_calls_section_end|>', "arguments are not JSON"),
+        ("done</think>Hi<|im_user|>user", "role_token_in_output"),
+        (f'</think>{OPEN}{{"city": <|tool_call_end|><|tool_calls_section_end|>', "are not JSON"),
         (f"</think>{OPEN}{{}}", "not closed"),
     ],
 )

@@ -6,6 +6,7 @@ what Kimi-K2.5 emits; the ids of its special tokens (KIMI_K25.md) are what the v
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -105,11 +106,14 @@ DEFECTS = [
     pytest.param("Hm.</think>Done.</think><|im_end|>", {}, Reason.REASONING_END_REPEATED, id="think-end-repeated"),
     pytest.param("Never closes the reasoning.<|im_end|>", {}, Reason.REASONING_END_MISSING, id="think-end-missing"),
     pytest.param(
+        "Hm." + CALL + "</think>Done.<|im_end|>", {}, Reason.TOOL_CALL_IN_REASONING, id="section-before-think-end"
+    ),
+    pytest.param(
         "Hm.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
-        '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|im_end|>',
+        '<|tool_call_argument_begin|>{"city": "Paris"}<|im_end|>',
         {},
         Reason.TOOL_CALL_UNBALANCED,
-        id="section-not-closed",
+        id="call-not-closed",
     ),
     pytest.param(
         "Hm.</think><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{}<|tool_call_end|><|im_end|>",
@@ -118,10 +122,10 @@ DEFECTS = [
         id="call-outside-section",
     ),
     pytest.param(
-        "Hm.</think><|tool_calls_section_begin|><|tool_calls_section_end|><|im_end|>",
+        "Hm.</think>" + CALL.replace("functions.get_weather:0", "functions.github:create_issue:0") + "<|im_end|>",
         {},
-        Reason.TOOL_CALL_UNBALANCED,
-        id="empty-section",
+        Reason.TOOL_CALL_BAD_ID,
+        id="call-id-sglang-skips",
     ),
     pytest.param(
         "Hm.</think>" + CALL.replace("functions.get_weather:0", "call_abc123") + "<|im_end|>",
@@ -237,6 +241,51 @@ def test_trailing_replacement_characters_must_match_when_not_cut(renderer: ChatR
     record = answer(renderer, prompt, "Hm.</think>Hi<|im_end|>")
     extra = msgspec.structs.replace(record, text_replacement_tail=1)
     assert verdict_of(renderer, prompt, extra) == Reason.TEXT_MISMATCH
+
+
+@pytest.mark.parametrize(
+    "text,flags",
+    [
+        pytest.param(
+            "Hm." + CALL.replace("<|tool_calls_section_end|>", "") + "<|im_end|>",
+            ("tool_call_without_reasoning_end", "tool_call_section_unclosed"),
+            id="section-not-closed",
+        ),
+        pytest.param(
+            "Hm.</think><|tool_calls_section_begin|><|tool_calls_section_end|><|im_end|>",
+            ("tool_call_section_empty",),
+            id="empty-section",
+        ),
+        pytest.param(
+            "Hm.</think>" + CALL.replace("functions.get_weather:0", " functions.get_weather:0\n") + "<|im_end|>",
+            ("tool_call_id_spaced",),
+            id="id-with-whitespace",
+        ),
+        pytest.param(
+            "Hm.</think>" + CALL.replace("functions.get_weather:0", "get_weather:0") + "<|im_end|>",
+            ("tool_call_id_without_functions_prefix",),
+            id="id-without-prefix",
+        ),
+        pytest.param(
+            "Hm.</think>" + CALL.replace("functions.get_weather:0", "3") + "<|im_end|>",
+            ("tool_call_id_bare_counter",),
+            id="id-a-bare-counter",
+        ),
+        pytest.param("<think><think>Hm.</think>Hi.<|im_end|>", ("reasoning_start_repeated",), id="think-repeated"),
+        pytest.param("Hm." + CALL + CALL + "<|im_end|>", ("tool_call_without_reasoning_end",), id="two-sections"),
+    ],
+)
+def test_what_sglang_reads_leniently_is_kept_and_flagged(
+    renderer: ChatRenderer, prompt: list[int], text: str, flags: tuple[str, ...]
+) -> None:
+    """SGLang's chat layer turns these into a usable message (tests/parity/ checks the reading against its code):
+    the answer is kept, with flags that say what was lenient."""
+    record = answer(renderer, prompt, text)
+    tools = json.dumps([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}])
+    judged = judge(
+        prompt, record, renderer.roles, frozenset({"get_weather"}), renderer.decode, lambda: json.loads(tools)
+    )
+    assert (judged.verdict, judged.flags) == ("ok", flags)
 
 
 def test_a_server_without_text_cannot_be_checked(renderer: ChatRenderer, prompt: list[int]) -> None:
