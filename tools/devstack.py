@@ -404,6 +404,8 @@ def demo(argv: list[str]) -> int:
             f"  manifest: {dataset['manifest']}\n  report:   {dataset['report']}"
         )
     print(f"fleet usage: {summary['fleet_usage']}")
+    for warning in summary.get("warnings", []):  # e.g. a fleet that is not the SGLang release proven against
+        print(f"warning: {warning}")
     print(f"run report: {summary['report']}")
     return 0
 

@@ -43,7 +43,9 @@ TRAIN_SCHEMA = pa.schema(
         ("finish_reason", pa.string()),
         ("dataset", pa.string()),
         ("profile", pa.string()),
-        ("temperature", pa.float32()),  # the sample's own (regen.samples); null: the run's, in the manifest
+        # The sample's own (regen.samples), the float sent in its request exactly (float32 read 0.3 back as
+        # 0.30000001192092896); null: the run's, in the manifest.
+        ("temperature", pa.float64()),
         ("sampling_seed", pa.int64()),  # null: no seed was sent
     ]
 )
@@ -113,7 +115,7 @@ class _Split:
             "finish_reason": pa.array(self.rows["finish_reason"], pa.string()),
             "dataset": pa.repeat(pa.scalar(dataset), n),
             "profile": pa.repeat(pa.scalar(profile), n),
-            "temperature": pa.array(self.rows["temperature"], pa.float32()),
+            "temperature": pa.array(self.rows["temperature"], pa.float64()),
             "sampling_seed": pa.array(self.rows["sampling_seed"], pa.int64()),
         }
         schema = TRAIN_SCHEMA

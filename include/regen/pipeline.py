@@ -25,7 +25,7 @@ from regen.inputs import dataset_inputs, latest_published
 from regen.layout import DatasetLocation, run_report_key, version_from_run_id, write_check_key
 from regen.manifest import GenerationReport, PreparedDataset, ShardManifest
 from regen.publish import run_publish, verify_contents
-from regen.report import fleet_utilisation, generation_cost, log_summary
+from regen.report import fleet_utilisation, generation_cost, log_summary, sglang_version_warnings
 from regen.sglang.server_check import check_fleet
 from regen.storage import S3ClientFactory, Storage, check_writable, open_storage
 from regen.validate import ValidateSettings, run_validate
@@ -309,8 +309,10 @@ def report(
     generations = [GenerationReport.from_dict(g) for p in published for g in p.get("generation", [])]
     fleet_usage = fleet_utilisation(generations, fleet)
     train_tokens = sum((p.get("cost") or {}).get("train_tokens", 0) for p in published if not p.get("unchanged"))
+    warnings = sglang_version_warnings(fleet)
     summary: dict[str, Any] = {
         "run": run.to_dict(),
+        "warnings": warnings,
         "fleet": fleet,
         "fleet_usage": fleet_usage,
         "cost": generation_cost(generations, fleet, train_tokens, load_config().defaults.cost.model_dump()),
@@ -322,6 +324,8 @@ def report(
     key = run_report_key(run.profile, run.version)
     storage.put_bytes(key, json.dumps(summary, indent=1).encode())
     log_summary(published, missing, fleet_usage)
+    for warning in warnings:
+        log.warning("%s", warning)
     log.info("run report: %s", storage.uri(key))
     summary["report"] = storage.uri(key)
     if missing:  # a run that did not deliver is red, whatever else it did

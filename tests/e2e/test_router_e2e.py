@@ -14,6 +14,7 @@ from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.generate import GenerateSettings, run_generate
 from regen.sglang.fleet import FleetUnavailable
+from regen.sglang.parity import PROVEN_SGLANG_VERSION
 from regen.sglang.server_check import check_fleet
 from tests.conftest import Simulator, prepare_sample, raw_answers, shard_prompt_ids, start_simulator
 from tools.devstack import Stack, free_port
@@ -49,7 +50,7 @@ def test_check_server_learns_the_workers_behind_the_router(
     assert all(w["healthy"] and w["model_path"] == "kimi-k2.5-mini" for w in info["workers"])
     assert all(w["max_running_requests"] == 256 for w in info["workers"])
     assert info["max_running_requests"] == 512  # the fleet's capacity: both workers' running slots
-    assert info["version"] == "0.5.9-simulator" and info["context_length"] == 16384
+    assert info["version"] == PROVEN_SGLANG_VERSION and info["context_length"] == 16384
     assert info["probe_output_tokens"] > 0
 
 

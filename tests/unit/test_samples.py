@@ -49,11 +49,15 @@ def test_bad_sampling_plans_fail_at_load(fields: dict[str, Any], message: str) -
         DatasetConfig(paths=["x.jsonl"], **fields)
 
 
-@pytest.fixture
-def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def deploy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, per_prompt: int, temperatures: list[float]) -> Path:
     source = tmp_path / "B1.jsonl"
     shutil.copy(ROOT / "data" / "samples" / "B1_glaive.jsonl", source)
-    dataset = {"format": "openai_messages", "paths": [str(source)], "samples_per_prompt": 3, "temperatures": [0.6, 1.0]}
+    dataset = {
+        "format": "openai_messages",
+        "paths": [str(source)],
+        "samples_per_prompt": per_prompt,
+        "temperatures": temperatures,
+    }
     config = {
         "defaults": {"storage_root": str(tmp_path / "storage"), "shard_size": 10, "tokenize_workers": 1},
         "datasets": {DATASET: dataset},
@@ -63,13 +67,23 @@ def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_six_samples_per_prompt_each_answered_once_with_what_was_sent(deployment: Path, simulator: Simulator) -> None:
-    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "limit": PROMPTS}, "samples"))
-    [prepared] = [pipeline.prepare_dataset(run, DATASET)]
-    sent_before = len(simulator.records())
+@pytest.fixture
+def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return deploy(tmp_path, monkeypatch, 3, [0.6, 1.0])
+
+
+def run_through(run: pipeline.RunSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """prepare -> generate, validate, export every shard -> verify -> publish, as the DAG does."""
+    prepared = pipeline.prepare_dataset(run, DATASET)
     for shard in [s for group in pipeline.shard_groups([prepared], 256) for s in group]:
         pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
-    published = pipeline.publish_dataset(run, prepared, [], pipeline.verify_dataset(run, prepared))
+    return prepared, pipeline.publish_dataset(run, prepared, [], pipeline.verify_dataset(run, prepared))
+
+
+def test_six_samples_per_prompt_each_answered_once_with_what_was_sent(deployment: Path, simulator: Simulator) -> None:
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "limit": PROMPTS}, "samples"))
+    sent_before = len(simulator.records())
+    prepared, published = run_through(run)
 
     storage = deployment / "storage"
     prompts = [row for s in prepared["shards"] for row in pq.read_table(storage / s["prompts_key"]).to_pylist()]
@@ -93,10 +107,33 @@ def test_six_samples_per_prompt_each_answered_once_with_what_was_sent(deployment
             "sampling_seed": by_id[sample_id]["sampling_seed"],
         }
 
-    # The training records carry them too.
+    # The training records carry them too, exactly.
     train = pq.read_table(Path(published["manifest"]).parent / "train").to_pylist()
     assert train and all(
-        (r["sampling_seed"], round(r["temperature"], 3))
-        == (by_id[r["id"]]["sampling_seed"], by_id[r["id"]]["temperature"])
+        (r["sampling_seed"], r["temperature"]) == (by_id[r["id"]]["sampling_seed"], by_id[r["id"]]["temperature"])
         for r in train
     )
+
+
+def test_a_training_record_keeps_the_temperature_its_request_sent_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, simulator: Simulator
+) -> None:
+    """0.3 stored as float32 reads back as 0.30000001192092896: a trainer grouping records by temperature, or
+    matching them to the config's, would find none at 0.3."""
+    temperatures = [0.3, 0.7, 1.1]
+    deployment = deploy(tmp_path, monkeypatch, 1, temperatures)
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "limit": 2}, "exact-temperatures"))
+    sent_before = len(simulator.records())
+    prepared, published = run_through(run)
+
+    sent = {r["rid"]: r["sampling"]["temperature"] for r in simulator.records()[sent_before:]}
+    local = LocalStorage(deployment / "storage")
+    raw = [run.location(DATASET).shard(s["shard"]).raw for s in prepared["shards"]]
+    rid_of = {a["id"]: a["rid"] for key in raw for a in raw_answers(local, key)}
+    train_files = sorted((Path(published["manifest"]).parent / "train").glob("*.parquet"))
+    records = [r for path in train_files for r in pq.read_table(path).to_pylist()]
+    assert len(records) == len(rid_of) == 2 * len(temperatures)  # every answer valid, each in one record
+    assert sorted(r["temperature"] for r in records) == sorted(temperatures * 2)  # 0.3 == 0.3, exactly
+    for record in records:
+        assert record["temperature"] == sent[rid_of[record["id"]]]  # the float the request sent
+        assert record["id"].endswith(f"@t{record['temperature']:g}#0")

@@ -13,6 +13,7 @@ import pytest
 from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.sglang.fleet import FleetUnavailable, NothingListens
+from regen.sglang.parity import PROVEN_SGLANG_VERSION
 from regen.sglang.server_check import (
     ServerMismatch,
     WorkerInfo,
@@ -31,7 +32,7 @@ SAMPLING = Sampling().as_params()
 def test_a_ready_fleet_is_recorded(simulator: Simulator, renderer: ChatRenderer) -> None:
     [info] = check_fleet([simulator.url], renderer, SAMPLING)
     assert info["model_path"] == "kimi-k2.5-mini"
-    assert info["version"] == "0.5.9-simulator" and info["context_length"] == 16384
+    assert info["version"] == PROVEN_SGLANG_VERSION and info["context_length"] == 16384
     assert info["max_running_requests"] == 256
     assert info["probe_output_tokens"] > 0
     assert info["router"] is False and info["workers"] == []

@@ -7,7 +7,8 @@ its small token budget may end with finish_reason length). A router is told by i
 (`router_manager`); the fleet behind it is read from /workers, and every worker must serve an accepted model too.
 The probe's `text` must be this pipeline's own decode of its `output_ids`: a server that detokenises differently runs
 another tokenizer, and every prompt it is sent would mean something else to it. A mismatch fails the run with a
-message that says what differs.
+message that says what differs. Each server's SGLang version (a router's: its workers') is recorded and logged; one
+other than regen.sglang.parity's PROVEN_SGLANG_VERSION, or none, is a warning, here and in the run report.
 
 Only endpoints that servers and the router both serve are used (SGLANG_API.md): /health, /get_model_info,
 /get_server_info, /generate; the newer names /model_info and /server_info only as a fallback where the old ones 404.
@@ -27,6 +28,7 @@ from regen.chat import ChatRenderer
 from regen.errors import FinalError
 from regen.reasons import Reason
 from regen.records import RawAnswer, text_digest
+from regen.report import sglang_version_warnings
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
 from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens
 from regen.validate import judge
@@ -162,10 +164,13 @@ async def _check_one(
     model_path = str(info.get("model_path", ""))
     _check_model(url, model_path, renderer)
     generation = await _probe(session, url, renderer, sampling)
+    version = fleet_version(workers) if workers else server.get("version")
+    served_by = f"SGLang {version}" if version else "an SGLang that does not say its version"
+    log.info("%s serves %s on %s; its probe answer passed", url, model_path, served_by)
     return EndpointInfo(
         url=url,
         model_path=model_path,
-        version=fleet_version(workers) if workers else server.get("version"),
+        version=version,
         context_length=fleet_context_length(workers) if workers else context_length_of(server),
         max_running_requests=fleet_capacity(workers) if workers else server.get("max_running_requests"),
         gpus=fleet_gpus(workers) if workers else gpus_of(server),
@@ -269,7 +274,13 @@ async def _check_all(
 def check_fleet(
     endpoints: list[str], renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float = 600.0
 ) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(e) for e in asyncio.run(_check_all(endpoints, renderer, sampling, deadline_s))]
+    """Every endpoint's EndpointInfo as a dict. A fleet that serves another SGLang version than the one the pipeline
+    is proven against (regen.sglang.parity), or does not say which, passes with a warning (here and in the run
+    report)."""
+    fleet = [dataclasses.asdict(e) for e in asyncio.run(_check_all(endpoints, renderer, sampling, deadline_s))]
+    for warning in sglang_version_warnings(fleet):
+        log.warning("%s", warning)
+    return fleet
 
 
 def first_difference(text: str | None, decoded: str) -> str:

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from regen.chat import ChatRenderer, TokenRoles
 from regen.config import find_profile
+from regen.sglang.parity import PROVEN_SGLANG_VERSION
 from regen.simulator.defects import DEFECTS, DefectModel
 from regen.simulator.faults import FaultModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel
@@ -31,6 +32,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-ms-per-token", type=float, default=0.0)
     parser.add_argument("--max-running", type=int, default=256, help="running requests; the rest queue")
     parser.add_argument("--warmup-s", type=float, default=0.0, help="/health answers 503 this long after start")
+    parser.add_argument(
+        "--sglang-version",
+        default=PROVEN_SGLANG_VERSION,
+        help="the SGLang version /server_info reports (default: the one the pipeline is proven against); '' for none",
+    )
     faults = parser.add_argument_group("fault injection (rates per /generate call, drawn from --fault-seed)")
     for kind, what in (
         ("http-500", "HTTP 500 in SGLang's error shape"),
@@ -106,7 +112,9 @@ def build_state(args: argparse.Namespace) -> SimulatorState:
         hang_s=args.hang_s,
     )
     model = SimulatedModel(profile, behaviour)
-    return SimulatorState(model, profile, latency, args.context_length, args.record, fault_model, args.fault_seed)
+    return SimulatorState(
+        model, profile, latency, args.context_length, args.record, fault_model, args.fault_seed, args.sglang_version
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from regen.chat import ModelProfile
+from regen.sglang.parity import PROVEN_SGLANG_VERSION
 from regen.simulator.defects import BY_NAME, defect_sent, plant_in_response
 from regen.simulator.faults import FaultModel, abort_answer, server_error
 from regen.simulator.model import SimulatedModel
@@ -30,7 +31,6 @@ from regen.simulator.prefix_cache import PrefixCache
 log = logging.getLogger(__name__)
 
 Item = tuple[list[int], dict[str, Any], str, int]  # prompt_ids, sampling params, rid, index in the batch
-SERVER_VERSION = "0.5.9-simulator"
 SAMPLING_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 128,
     "temperature": 1.0,
@@ -150,8 +150,10 @@ class SimulatorState:
         record_path: Path | None,
         faults: FaultModel | None = None,
         fault_seed: int = 0,
+        version: str = PROVEN_SGLANG_VERSION,
     ) -> None:
         self.model = model
+        self.version = version  # the SGLang version /server_info reports; "": one that does not say
         self.faults = faults or FaultModel()
         self.fault_rng = random.Random(fault_seed)
         self.counters = Counters(max_running=latency.max_running)
@@ -354,9 +356,10 @@ async def model_info(request: web.Request) -> web.Response:
 
 async def server_info(request: web.Request) -> web.Response:
     state: SimulatorState = request.app[STATE]
+    version = {"version": state.version} if state.version else {}
     return web.json_response(
         {
-            "version": SERVER_VERSION,
+            **version,
             "model_path": state.profile.served_model_names[0],
             "served_model_name": state.profile.served_model_names[0],
             "context_length": state.context_length,
@@ -391,7 +394,7 @@ def _load(state: SimulatorState) -> dict[str, Any]:
 async def loads(request: web.Request) -> web.Response:
     """GET /v1/loads: one entry per data-parallel rank (this simulator has one)."""
     state: SimulatorState = request.app[STATE]
-    return web.json_response({"timestamp": time.time(), "version": SERVER_VERSION, "loads": [_load(state)]})
+    return web.json_response({"timestamp": time.time(), "version": state.version, "loads": [_load(state)]})
 
 
 async def get_load(request: web.Request) -> web.Response:
