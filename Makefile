@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-s3 ui test test-fast lint sglang-env bench clean
+.PHONY: demo demo-s3 ui test test-fast test-parity lint sglang-env bench clean
 
 $(BIN)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,11 @@ ui: $(BIN)/.installed  ## Airflow's UI on http://127.0.0.1:8080 (admin/admin) wi
 test: $(BIN)/.installed lint sglang-env  ## everything: unit, DAG and end-to-end tests
 	$(BIN)/python -m pytest
 
-test-fast: $(BIN)/.installed  ## the fast tier: no Airflow scheduler
-	$(BIN)/python -m pytest -m "not e2e"
+test-fast: $(BIN)/.installed  ## the fast tier: no Airflow scheduler, no SGLang oracle
+	$(BIN)/python -m pytest -m "not e2e and not parity"
+
+test-parity: $(BIN)/.installed sglang-env  ## production parity: prompts and answers against SGLang's own code
+	$(BIN)/python -m pytest -m parity
 
 sglang-env:  ## .venv-sglang: SGLang 0.5.23's own code on CPU (requirements-sglang.txt), the tests' oracle; cached
 	PYTHON=$(PYTHON) bash tools/sglang_env.sh

@@ -1,0 +1,97 @@
+"""Fixtures of the differential tests: SGLang's chat layer (the oracle) and the project's renderer over the same
+tokenizer directory, a Kimi-K2.5-shaped one loaded as remote code on both sides, as production loads Kimi's."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+
+from regen.assets.kimi_mini import ensure_tiktoken_tokenizer
+from regen.chat import ChatRenderer, get_profile
+from tests.parity.oracle import Oracle, Served
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/parity/" in str(item.path):
+            item.add_marker(pytest.mark.parity)
+
+
+THINKING_OFF_SUFFIX = "<|im_assistant|>assistant<|im_middle|><think></think>"
+
+
+@pytest.fixture(scope="session")
+def kimi_served() -> Served:
+    return Served(
+        tokenizer=ensure_tiktoken_tokenizer(),
+        tool_call_parser="kimi_k2",
+        reasoning_parser="kimi_k2",
+        model_type="kimi_k25",
+        architecture="KimiK25ForConditionalGeneration",
+        multimodal=True,  # K2.5 is a vision-language model: text requests reuse the chat layer's ids (checked)
+        trust_remote_code=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def kimi_oracle(kimi_served: Served) -> Iterator[Oracle]:
+    oracle = Oracle(kimi_served)
+    yield oracle
+    oracle.close()
+
+
+@pytest.fixture(scope="session")
+def kimi_renderers(kimi_served: Served) -> dict[bool, ChatRenderer]:
+    """thinking -> the project's renderer for the same tokenizer directory, as a production profile names it."""
+    base = dataclasses.replace(
+        get_profile("kimi-k2.5-mini"),
+        name="kimi-parity",
+        tokenizer=str(kimi_served.tokenizer),
+        trust_remote_code=True,
+        max_prompt_tokens=131_072,  # Kimi-K2.5's: the long-prompt cases must not stop at the mini profile's limit
+    )
+    off = dataclasses.replace(
+        base,
+        name="kimi-parity-instant",
+        chat_template_kwargs={"thinking": False},
+        generation_suffix=THINKING_OFF_SUFFIX,
+    )
+    return {True: ChatRenderer(base), False: ChatRenderer(off)}
+
+
+@pytest.fixture(scope="session")
+def qwen_served() -> Served:
+    from regen.assets.qwen36 import ensure_qwen36_tokenizer
+
+    return Served(
+        tokenizer=ensure_qwen36_tokenizer(),
+        tool_call_parser="qwen3_coder",
+        reasoning_parser="qwen3",
+        model_type="qwen3_5_moe",
+        architecture="Qwen3_5MoeForConditionalGeneration",
+        multimodal=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def qwen_oracle(qwen_served: Served) -> Iterator[Oracle]:
+    oracle = Oracle(qwen_served)
+    yield oracle
+    oracle.close()
+
+
+@pytest.fixture(scope="session")
+def qwen_renderers() -> dict[bool, ChatRenderer]:
+    """thinking -> the qwen3.6 profile of the project's config, with `enable_thinking` as asked."""
+    from regen.config import load_config
+
+    base = load_config().profile("qwen3.6")
+    off = dataclasses.replace(
+        base,
+        name="qwen3.6-instant",
+        chat_template_kwargs={"enable_thinking": False},
+        generation_suffix="<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    )
+    return {True: ChatRenderer(base), False: ChatRenderer(off)}

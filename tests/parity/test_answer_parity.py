@@ -1,0 +1,113 @@
+"""Answers: what the project reads from an answer is what SGLang 0.5.23's chat endpoint returns for it (its reasoning
+parser, kimi_k2 detector and `_process_tool_call_id`, run by tests/parity/sglang_oracle.py), and validation keeps an
+answer exactly when SGLang's reading of it loses nothing.
+
+- Reading: for every answer, valid or not, `on_policy.read_message` gives SGLang's message: content, reasoning and
+  tool calls (id, function, arguments) equal. On-policy history is built from it.
+- Verdicts: an answer `validate` keeps is one whose every call SGLang returns, with arguments a client can send back
+  (a JSON object to orjson) and no call markup left in the content or reasoning; an answer it rejects for its tool
+  calls is one SGLang loses or garbles. Rejections for other reasons (a runaway turn, reasoning that never ends, a call
+  to an undeclared function) are the project's data rules, not SGLang's reading.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+
+from regen.chat import ChatRenderer
+from regen.on_policy import assistant_message, read_message
+from regen.reasons import Reason
+from regen.validate import judge_output
+from tests.parity.answers import CALL, MARKERS, answer
+from tests.parity.oracle import Oracle
+
+CASES = 2_000
+READING = frozenset(  # the tool-call reasons validate gives for what SGLang's reading loses
+    {
+        Reason.TOOL_CALL_UNBALANCED,
+        Reason.TOOL_CALL_BAD_ID,
+        Reason.TOOL_CALL_BAD_ARGUMENTS,
+        Reason.TOOL_CALL_IN_REASONING,
+    }
+)
+
+
+def sglang_message(case: dict[str, Any], output_ids: list[int], oracle: Oracle) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": case["messages"], "chat_template_kwargs": {"thinking": case["thinking"]}}
+    if case["tools"]:
+        body["tools"] = case["tools"]
+    return oracle.ask({"kind": "answer", "request": body, "output_ids": output_ids})
+
+
+def as_sglang_returns(message: dict[str, Any]) -> dict[str, Any]:
+    calls = [{"id": c["id"], "function": c["function"]} for c in message.get("tool_calls") or []]
+    return {"content": message["content"], "reasoning_content": message.get("reasoning_content"), "tool_calls": calls}
+
+
+def loses_something(text: str, sglang: dict[str, Any]) -> bool:
+    """SGLang's message drops a call the answer wrote, holds arguments the next request cannot carry, or leaves
+    call markup in the text a client sees."""
+    calls = sglang["tool_calls"]
+    if text.count(CALL) != len(calls):
+        return True
+    for call in calls:
+        try:
+            if not isinstance(orjson.loads(call["function"]["arguments"]), dict):
+                return True
+        except orjson.JSONDecodeError:
+            return True
+    arguments = "".join(call["function"]["arguments"] for call in calls)  # markup there renders as marker tokens
+    seen = (sglang["content"] or "") + (sglang["reasoning_content"] or "") + arguments
+    return any(marker in seen for marker in MARKERS)
+
+
+def test_answers_read_and_judged_as_sglang_reads_them(
+    kimi_renderers: dict[bool, ChatRenderer], kimi_oracle: Oracle
+) -> None:
+    seen: Counter[str] = Counter()
+
+    @settings(
+        max_examples=CASES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(answer())
+    def check(case: dict[str, Any]) -> None:
+        renderer = kimi_renderers[case["thinking"]]
+        roles, tools = renderer.roles, case["tools"]
+        output_ids = [*renderer.tokenizer.encode(case["text"]), min(roles.eos_ids)]
+        sglang = sglang_message(case, output_ids, kimi_oracle)
+        text = renderer.decode(output_ids[:-1], not tools)
+        ours = read_message(text, case["thinking"], renderer.profile, case["messages"], tools)
+        assert as_sglang_returns(ours) == {k: sglang[k] for k in ("content", "reasoning_content", "tool_calls")}
+
+        tail = list(roles.generation_suffix)
+        names = frozenset(t["function"]["name"] for t in tools) or None
+        verdict = judge_output(
+            output_ids, roles, names, lambda ids: renderer.decode(ids, False), roles.phase_after(tail), lambda: tools
+        )
+        lost = loses_something(case["text"], sglang)
+        if verdict.split == "train":
+            assert not lost, f"kept ({verdict.flags}), but SGLang's reading loses something: {sglang}"
+            assert (
+                assistant_message(output_ids, tail, roles, renderer.profile, renderer.decode, case["messages"], tools)
+                == ours
+            )
+            seen["kept, flagged" if verdict.flags else "kept"] += 1
+        elif verdict.verdict in READING:
+            assert lost, f"rejected ({verdict.verdict}: {verdict.detail}), but SGLang reads every call: {sglang}"
+            seen["rejected for what SGLang loses"] += 1
+        else:
+            seen[f"rejected: {verdict.verdict}"] += 1
+        seen["with calls" if sglang["tool_calls"] else "without calls"] += 1
+
+    check()
+    print(f"answer parity, kimi: {dict(sorted(seen.items()))}")
+    assert seen["with calls"] + seen["without calls"] >= CASES
+    assert seen["kept, flagged"] and seen["rejected for what SGLang loses"] and seen["with calls"]
