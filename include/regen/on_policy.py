@@ -32,10 +32,11 @@ from typing import Any
 import orjson
 
 from regen.chat import ChatRenderer, ModelProfile, TokenRoles
+from regen.chat_request import served_tools
 from regen.errors import FinalError
 from regen.reasons import Reason
 from regen.records import RawAnswer
-from regen.tool_calls import BadCall, ToolCallGrammar, read_section_call_id, read_tagged
+from regen.tool_calls import BadCall, ToolCallGrammar, read_section_call_id, read_tagged, read_xml_calls
 from regen.validate import judge_output
 
 Message = dict[str, Any]
@@ -190,6 +191,9 @@ def read_message(
         earlier = sum(len(m.get("tool_calls") or []) for m in history)
         if grammar.format == "sections":
             found = _section_calls(normal, grammar, tools)
+        elif grammar.format == "tagged_xml":
+            xml = read_xml_calls(normal, grammar.call_begin, grammar.call_end, served_tools(tools) or [])
+            found, content = (xml, content) if xml is not None else ([], normal)  # None: the detector failed
         else:
             found = _tagged_calls(normal[len(content) :], grammar, tools)
         calls = [_call(name, arguments, earlier + i, profile) for i, (name, arguments) in enumerate(found)]
@@ -256,29 +260,10 @@ def section_call_pattern(grammar: ToolCallGrammar) -> re.Pattern[str]:
 
 
 def _tagged_calls(text: str, grammar: ToolCallGrammar, tools: list[Message]) -> list[tuple[str, str]]:
-    """The calls of a tagged grammar, each between its begin and end marker, read as its detector reads them."""
+    """The calls of the tagged_json grammar (qwen25), each between its begin and end marker."""
     calls = []
     for piece in text.split(grammar.call_begin)[1:]:
         body = piece.partition(grammar.call_end)[0]
         for name, arguments in read_tagged(grammar.format, body):
-            typed = _typed(arguments, tools, name) if grammar.format == "tagged_xml" else arguments
-            calls.append((name, json.dumps(typed, ensure_ascii=False)))
+            calls.append((name, json.dumps(arguments, ensure_ascii=False)))
     return calls
-
-
-def _typed(arguments: dict[str, Any], tools: list[Message], name: str) -> dict[str, Any]:
-    """XML parameter values as qwen3_coder's detector converts them: by the declared parameter's JSON-schema type
-    (a string stays a string; a value that does not convert stays the text)."""
-    function: dict[str, Any] = next((t["function"] for t in tools if t["function"]["name"] == name), {})
-    properties = (function.get("parameters") or {}).get("properties") or {}
-    typed: dict[str, Any] = {}
-    for key, value in arguments.items():
-        kind = (properties.get(key) or {}).get("type", "string")
-        if kind == "string" or not isinstance(value, str):
-            typed[key] = value
-            continue
-        try:
-            typed[key] = None if value == "null" else json.loads(value)
-        except json.JSONDecodeError:
-            typed[key] = value
-    return typed

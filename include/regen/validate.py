@@ -44,12 +44,13 @@ import orjson
 import pyarrow as pa
 
 from regen.chat import ChatRenderer, TokenRoles
+from regen.chat_request import served_tools
 from regen.errors import FinalError
 from regen.manifest import ShardManifest, StageStats
 from regen.reasons import OK, Reason, RejectionWriter, split_of
 from regen.records import RawAnswer, ShardPrompts, read_raw, text_digest
 from regen.storage import Storage, read_table, write_table
-from regen.tool_calls import BadCall, read_section_call_id, read_tagged
+from regen.tool_calls import BadCall, read_section_call_id, read_tagged, read_xml_calls
 
 log = logging.getLogger(__name__)
 
@@ -254,10 +255,19 @@ class _Walk:
         return self._called(name)
 
     def _tagged(self, ids: list[int], pos: int, format: str) -> Judgement | None:
+        text = self.decode(ids)
         try:
-            calls = read_tagged(format, self.decode(ids))
+            calls = read_tagged(format, text)
         except BadCall as e:
             return _reject(e.reason, f"call at {pos}: {e.detail}")
+        grammar = self.roles.tool_calls
+        if format == "tagged_xml" and grammar is not None:  # values typed as qwen3_coder types them must be JSON
+            begin, end = self.decode([grammar.call_begin]), self.decode([grammar.call_end])
+            if read_xml_calls(f"{begin}{text}{end}", begin, end, served_tools(self.schemas()) or []) is None:
+                return _reject(
+                    Reason.TOOL_CALL_BAD_ARGUMENTS,
+                    f"call at {pos}: a value typed by its schema is not JSON (a Python set?): SGLang drops every call",
+                )
         for name, _ in calls:
             rejected = self._called(name)
             if rejected is not None:

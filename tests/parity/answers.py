@@ -122,3 +122,61 @@ def answer(draw: st.DrawFn) -> dict[str, Any]:
     elif draw(one_in(10)):
         text = "</think>" + text
     return {"messages": messages, "tools": declared, "thinking": thinking, "text": text}
+
+
+# Qwen3.6 (qwen3_coder): calls as XML lines between <tool_call> and </tool_call>, values typed by the declared schema.
+QWEN_TYPES = ["string", "integer", "number", "boolean", "array", "object", ["integer", "null"], "int", "float"]
+QWEN_VALUES = [
+    "12", "-3", "1.5", "2e3", "7.0", "true", "False", "null", "[1, 2]", '{"a": 1}', "{'a': 1}", "(1, 2)",
+    "abc", " spaced ", "line\nbreak", "{1, 2}", "", "1_000", "0x10",
+]  # fmt: skip
+
+
+@st.composite
+def qwen_tools(draw: st.DrawFn) -> list[dict[str, Any]]:
+    names = draw(st.lists(NAMES, min_size=0 if draw(one_in(7)) else 1, max_size=3, unique=True))
+    declared = []
+    for name in names:
+        keys = draw(st.lists(NAMES, max_size=3, unique=True))
+        properties = {}
+        for key in keys:
+            kind = draw(st.sampled_from(QWEN_TYPES))
+            properties[key] = {"anyOf": [{"type": "string"}, {"type": "null"}]} if draw(one_in(8)) else {"type": kind}
+        parameters = {"type": "object", "properties": properties}
+        declared.append({"type": "function", "function": {"name": name, "parameters": parameters}})
+    return declared
+
+
+@st.composite
+def qwen_call(draw: st.DrawFn, declared: list[dict[str, Any]]) -> str:
+    function = draw(st.sampled_from(declared))["function"] if declared else {"name": draw(NAMES), "parameters": {}}
+    keys = [*(function["parameters"].get("properties") or {}), draw(NAMES)]
+    parameters = ""
+    for _ in range(draw(st.integers(0, 3))):
+        key = draw(st.sampled_from(keys))
+        close = draw(st.sampled_from(["</parameter>\n"] * 6 + ["\n", ""]))
+        parameters += (
+            f"<parameter={key}{'' if draw(one_in(15)) else '>'}\n{draw(st.sampled_from(QWEN_VALUES))}\n{close}"
+        )
+    name = function["name"] if not draw(one_in(20)) else "undeclared_tool"
+    opening = "" if draw(one_in(25)) else ">"
+    end = draw(st.sampled_from(["</function>\n"] * 8 + [""]))
+    stray = draw(st.sampled_from([""] * 8 + ["stray text\n"]))
+    return (
+        f"<tool_call>\n{stray}<function={name}{opening}\n{parameters}{end}</tool_call>"
+        if not draw(one_in(20))
+        else f"<tool_call>\n<function={name}>\n{parameters}"
+    )
+
+
+@st.composite
+def qwen_answer(draw: st.DrawFn) -> dict[str, Any]:
+    declared = draw(qwen_tools())
+    messages = [{"role": "user", "content": draw(PROSE.filter(str.strip))}]
+    thinking = not draw(one_in(4))
+    calls = "\n".join(draw(qwen_call(declared)) for _ in range(draw(st.sampled_from([0, 1, 1, 2]))))
+    text = draw(MAYBE_TEXT) + ("\n\n" + calls if calls else "") + draw(st.sampled_from(["", "", "\n"]))
+    if thinking:
+        end = draw(st.sampled_from(["\n</think>\n\n"] * 8 + [""]))
+        text = draw(MAYBE_TEXT) + end + text
+    return {"messages": messages, "tools": declared, "thinking": thinking, "text": text}

@@ -96,7 +96,10 @@ CHECKS: dict[str, Check] = {
         roles.reasoning_end not in s.output_ids and calls(roles).section_begin not in s.output_ids
     ),
     "tool_section_unclosed": lambda s, roles, r: (
-        s.declares_tools and calls(roles).section_begin in s.output_ids and calls(roles).section_end not in s.output_ids
+        s.declares_tools
+        and calls(roles).section_begin in s.output_ids
+        and calls(roles).section_end not in s.output_ids
+        and calls(roles).call_end not in s.output_ids
     ),
     "tool_call_bad_id": lambda s, roles, r: (
         s.declares_tools and not calls(roles).call_id.fullmatch(call_parts(s, roles, r)[0])

@@ -88,7 +88,7 @@ DEFECTS: tuple[DefectKind, ...] = (
         needs=("reasoning_end",),
     ),
     _tool_kind(
-        "tool_section_unclosed", Reason.TOOL_CALL_UNBALANCED, "a tool-call section (tagged: a call) with no end token"
+        "tool_section_unclosed", Reason.TOOL_CALL_UNBALANCED, "a tool call with no end token, its section unclosed"
     ),
     _tool_kind(
         "tool_call_bad_id", Reason.TOOL_CALL_BAD_ID, "a call id outside the profile's id format", formats=("sections",)

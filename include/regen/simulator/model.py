@@ -194,7 +194,8 @@ class SimulatedModel:
         head = [calls.section_begin, calls.call_begin, *self._encode(call_id), calls.argument_begin]
         ids = [*head, *self._encode(text), calls.call_end]
         at = len(head) - 1 if kind == "tool_call_bad_id" else len(ids) - 1 if kind in CALL_END_KINDS else ALWAYS
-        return (ids if kind == "tool_section_unclosed" else [*ids, calls.section_end]), at
+        # Unclosed: the call itself, which SGLang's detector then loses (a section left open it reads all the same).
+        return (ids[:-1] if kind == "tool_section_unclosed" else [*ids, calls.section_end]), at
 
     @staticmethod
     def _tagged_call(format: str, name: str, arguments: dict[str, Any], rng: random.Random, kind: str | None) -> str:
