@@ -7,6 +7,7 @@ only wires it (plugins/regen_airflow/drafter_ui.py).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,11 @@ from regen.reasons import OK
 from regen.storage import Storage, is_not_found
 
 READ_THREADS = 16  # small JSON files, one GET each: read several at once
+# What a file of another schema, or not JSON at all, raises while its numbers are read: one version's row says so,
+# and the page stays up.
+UNREADABLE = (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError)
+
+log = logging.getLogger(__name__)
 
 
 def _json(storage: Storage, key: str) -> dict[str, Any] | None:
@@ -124,7 +130,17 @@ def _rates(progress: dict[str, Any], total: int) -> dict[str, Any]:
 
 def version_summary(storage: Storage, location: DatasetLocation) -> dict[str, Any] | None:
     """One version: published (from its manifest and report), or still being made (from prepare's record and its
-    shards); None when it holds neither yet."""
+    shards); None when it holds neither yet; `unreadable`, with the error, when its files are not what the pipeline
+    writes."""
+    try:
+        return _version_summary(storage, location)
+    except UNREADABLE as e:
+        error = f"its files cannot be read as the pipeline writes them ({type(e).__name__}: {e})"[:300]
+        log.warning("%s/%s: %s", location.dataset, location.version, error)
+        return {"dataset": location.dataset, "version": location.version, "state": "unreadable", "error": error}
+
+
+def _version_summary(storage: Storage, location: DatasetLocation) -> dict[str, Any] | None:
     manifest = _json(storage, location.manifest)
     if manifest is not None:
         return _published(storage, location, manifest)
@@ -136,11 +152,15 @@ def version_summary(storage: Storage, location: DatasetLocation) -> dict[str, An
 
 def dataset_versions(storage: Storage, profile: str, dataset: str) -> list[dict[str, Any]]:
     """Every version of a dataset, newest first."""
-    versions = storage.folders(dataset_prefix(profile, dataset) + "/")
-    locations = [DatasetLocation(storage.root_uri, profile, dataset, v) for v in versions]
+    locations = []
+    for version in storage.folders(dataset_prefix(profile, dataset) + "/"):
+        try:
+            locations.append(DatasetLocation(storage.root_uri, profile, dataset, version))
+        except ValueError as e:  # a folder the pipeline never writes (a name it would refuse): not a version
+            log.warning("skipped %r under %s/%s: %s", version, profile, dataset, e)
     with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
         found = [v for v in pool.map(lambda loc: version_summary(storage, loc), locations) if v is not None]
-    return sorted(found, key=lambda v: v.get("published_at") or v.get("prepared_at") or "", reverse=True)
+    return sorted(found, key=lambda v: str(v.get("published_at") or v.get("prepared_at") or ""), reverse=True)
 
 
 def overview(storage: Storage, profile: str, datasets: list[str]) -> list[dict[str, Any]]:
@@ -155,7 +175,8 @@ def overview(storage: Storage, profile: str, datasets: list[str]) -> list[dict[s
 
 def in_progress(storage: Storage, profile: str, datasets: list[str]) -> list[dict[str, Any]]:
     """Every version not published yet, across the datasets."""
-    return [v for dataset in datasets for v in dataset_versions(storage, profile, dataset) if v["state"] != "published"]
+    versions = (v for dataset in datasets for v in dataset_versions(storage, profile, dataset))
+    return [v for v in versions if v["state"] not in ("published", "unreadable")]
 
 
 def compare(storage: Storage, profile: str, dataset: str, before: str, after: str) -> dict[str, Any]:

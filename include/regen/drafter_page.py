@@ -21,19 +21,31 @@ def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _n(value: Any, spec: str = "") -> str:
+    """A number in the format `spec`. Whatever else a file holds where a number belongs (another schema, or a value
+    someone wrote into the bucket) is escaped text: nothing read from storage reaches the HTML unescaped."""
+    if value is None:
+        return "-"
+    return format(value, spec) if _number(value) else esc(value)
+
+
+def _pct(value: Any) -> str:
+    return _n(100 * value, ".1f") + "%" if _number(value) else _n(value)
 
 
 def _num(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.4g}" if abs(value) < 1 else f"{value:,.1f}"
-    return "-" if value is None else f"{value:,}" if isinstance(value, int) else esc(value)
+    return _n(value, ",")
 
 
-def _eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
+def _eta(seconds: Any) -> str:
+    if not _number(seconds):
+        return _n(seconds)
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
@@ -48,7 +60,7 @@ def _legend(labels: list[str]) -> str:
 def svg_histogram(histograms: list[tuple[str, dict[str, Any]]], title: str) -> str:
     """Bars of one or two histograms (before, after) as inline SVG, on one token axis: each version's bins keep their
     own edges, placed by token count, so versions with different longest answers still line up."""
-    shown = [(label, h) for label, h in histograms if h and h.get("counts")]
+    shown = [(label, h) for label, h in histograms if _numbers(h)]
     if not shown:
         return f'<p class="none">{esc(title)}: no histogram in this version\'s report</p>'
     top = max(h["edges"][-1] for _, h in shown) or 1.0
@@ -77,8 +89,19 @@ def svg_histogram(histograms: list[tuple[str, dict[str, Any]]], title: str) -> s
     )
 
 
+def _numbers(histogram: Any) -> bool:
+    """A histogram whose counts and edges are lists of numbers, one edge more than counts."""
+    if not isinstance(histogram, dict):
+        return False
+    counts, edges = histogram.get("counts"), histogram.get("edges")
+    if not (isinstance(counts, list) and isinstance(edges, list) and counts and len(edges) == len(counts) + 1):
+        return False
+    return all(_number(v) for v in counts + edges)
+
+
 def svg_verdicts(rows: list[tuple[str, list[int]]], labels: list[str]) -> str:
     """Horizontal bars, one group per verdict (one bar per version compared)."""
+    rows = [(verdict, [c if _number(c) else 0 for c in counts]) for verdict, counts in rows]
     if not rows:
         return '<p class="none">no verdicts</p>'
     peak = max(max(counts) for _, counts in rows) or 1
@@ -117,15 +140,15 @@ def _links(row: dict[str, Any]) -> str:
 
 def _rejections(row: dict[str, Any]) -> str:
     reasons = row.get("rejected_by_reason") or {}
-    listed = ", ".join(f"{esc(reason)} {count}" for reason, count in reasons.items())
+    listed = ", ".join(f"{esc(reason)} {_n(count)}" for reason, count in reasons.items())
     return f'{_num(row.get("rejected"))}<div class="small">{listed}</div>' if reasons else _num(row.get("rejected"))
 
 
 def _drift(row: dict[str, Any]) -> str:
     drift = row.get("retokenize_drift") or {}
-    if not drift.get("sampled"):
+    if not isinstance(drift, dict) or not drift.get("sampled"):
         return "-"
-    return f"{drift['drifted']}/{drift['sampled']}"
+    return f"{_n(drift.get('drifted'))}/{_n(drift['sampled'])}"
 
 
 def _version_cells(row: dict[str, Any]) -> str:
@@ -137,7 +160,7 @@ def _version_cells(row: dict[str, Any]) -> str:
         f"<td class=n>{_pct(row.get('tool_call_rate'))}</td><td class=n>{_drift(row)}</td>"
         f"<td class=n>{_num(tokens.get('prompt'))} / {_num(tokens.get('output'))}{_cost(row)}</td>"
         f"<td>{esc(row.get('profile'))}<div class=small>{esc(template)}</div></td>"
-        f"<td>{esc((row.get('published_at') or '')[:19].replace('T', ' '))}</td><td>{_links(row)}</td>"
+        f"<td>{esc(str(row.get('published_at') or '')[:19].replace('T', ' '))}</td><td>{_links(row)}</td>"
     )
 
 
@@ -148,9 +171,9 @@ def _cost(row: dict[str, Any]) -> str:
     if cost.get("cached_share") is not None:
         parts.append(f"{_pct(cost['cached_share'])} cached")
     if cost.get("gpu_hours") is not None:
-        parts.append(f"{cost['gpu_hours']:.3g} GPU-h")
+        parts.append(f"{_n(cost['gpu_hours'], '.3g')} GPU-h")
     if cost.get("cost_per_million_train_tokens") is not None:
-        parts.append(f"{cost['cost_per_million_train_tokens']:.4g} {esc(cost.get('currency'))}/1M tokens")
+        parts.append(f"{_n(cost['cost_per_million_train_tokens'], '.4g')} {esc(cost.get('currency'))}/1M tokens")
     return f'<div class="small">{", ".join(parts)}</div>' if parts else ""
 
 
@@ -211,8 +234,12 @@ def datasets_section(rows: list[dict[str, Any]]) -> str:
                 else:
                     items.append(
                         f"<tr><td></td><td>{esc(version['version'])}</td><td colspan=9>{esc(version['state'])}: "
-                        f"{version['done']}/{version['prompts']} answered</td>"
-                        f"<td>{_regenerate_button(dataset, version['version'])}</td></tr>"
+                        + (
+                            esc(version["error"])
+                            if "error" in version
+                            else f"{_n(version['done'])}/{_n(version['prompts'])} answered"
+                        )
+                        + f"</td><td>{_regenerate_button(dataset, version['version'])}</td></tr>"
                     )
             body.append(
                 f'<tr class="older"><td></td><td colspan="11"><details><summary>{len(older)} other version(s)</summary>'
@@ -263,15 +290,16 @@ def runs_section(versions: list[dict[str, Any]]) -> str:
     for v in versions:
         shards = "".join(
             f"<tr><td>{esc(s['shard'])}</td><td>{esc(s['state'])}</td>"
-            f'<td><progress max="{s["total"]}" value="{s["done"]}"></progress> {s["done"]}/{s["total"]}</td>'
-            f"<td class=n>{s.get('requests_per_s', '-')}</td><td class=n>{_eta(s.get('eta_s'))}</td>"
+            f'<td><progress max="{_n(s["total"])}" value="{_n(s["done"])}"></progress> {_n(s["done"])}/{_n(s["total"])}'
+            f"</td><td class=n>{_n(s.get('requests_per_s'))}</td><td class=n>{_eta(s.get('eta_s'))}</td>"
             f"<td>{esc(', '.join(f'{k} {n}' for k, n in (s.get('retries_by_cause') or {}).items()) or '-')}</td>"
-            f"<td class=n>{s.get('in_flight', '-')}/{s.get('concurrency', '-')}</td></tr>"
+            f"<td class=n>{_n(s.get('in_flight'))}/{_n(s.get('concurrency'))}</td></tr>"
             for s in v["shards"]
         )
         blocks.append(
-            f"<h3>{esc(v['dataset'])} {esc(v['version'])} ({esc(v['state'])}): {v['done']}/{v['prompts']} answered, "
-            f"{v['requests_per_s']} req/s, ETA {_eta(v['eta_s'])}, fleet in use {_pct(v['utilisation'])}</h3>"
+            f"<h3>{esc(v['dataset'])} {esc(v['version'])} ({esc(v['state'])}): {_n(v['done'])}/{_n(v['prompts'])} "
+            f"answered, {_n(v['requests_per_s'])} req/s, ETA {_eta(v['eta_s'])}, "
+            f"fleet in use {_pct(v['utilisation'])}</h3>"
             f"<p>{_regenerate_button(v['dataset'], v['version'])} {_links(v)}</p>"
             '<table class="grid"><tr><th>shard</th><th>state</th><th>done</th><th>req/s</th><th>ETA</th>'
             f"<th>retries by cause</th><th>in flight</th></tr>{shards}</table>"
