@@ -27,6 +27,10 @@ app = FastAPI(
     title="Drafter data",
     description="eagle3-regen's datasets, versions, runs in progress and fleet",
     dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=DAG_ID))],
+    # FastAPI serves its docs and schema outside the app's dependencies, so they would answer anyone: none served.
+    docs_url=None,
+    redoc_url=None,
+    openapi_url=None,
 )
 _cache: dict[tuple[Any, ...], tuple[float, Any]] = {}
 

@@ -61,6 +61,15 @@ def test_an_anonymous_request_is_refused(client: Any, endpoint: str) -> None:
     assert client.get(endpoint, headers={"Authorization": "Bearer not-a-token"}).status_code == 403
 
 
+@pytest.mark.parametrize(
+    "route", ["/drafter/docs", "/drafter/redoc", "/drafter/openapi.json", "/drafter/docs/oauth2-redirect"]
+)
+def test_fastapis_docs_and_schema_are_not_served(client: Any, token: dict[str, str], route: str) -> None:
+    """FastAPI adds these outside the app's dependencies, so served at all they would answer anyone."""
+    assert client.get(route).status_code == 404
+    assert client.get(route, headers=token).status_code == 404
+
+
 def test_the_datasets_with_their_published_versions(client: Any, token: dict[str, str], drafter_root: Path) -> None:
     answer = client.get("/drafter/api/datasets", headers=token)
     assert answer.status_code == 200
