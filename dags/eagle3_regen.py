@@ -52,6 +52,7 @@ def _run(run: dict[str, Any]) -> Any:
             type="array",
             items={"type": "string", "enum": list(CONFIG.datasets)},
             minItems=1,
+            uniqueItems=True,  # each once: two tasks writing one version would corrupt it
             examples=list(CONFIG.datasets),
             title="Datasets",
             description="Which datasets of the deployment's config to regenerate (at least one).",

@@ -81,6 +81,9 @@ class RunSpec:
         if datasets is not None and not datasets:
             raise ConfigError("datasets is empty: choose at least one dataset of the config to regenerate")
         datasets = list(datasets or config.datasets)
+        twice = sorted({name for name in datasets if datasets.count(name) > 1})
+        if twice:  # two tasks would write one version's keys: parts numbered alike, checkpoints deleted, two publishes
+            raise ConfigError(f"datasets {twice} are listed more than once: list each dataset once")
         for name in datasets:
             config.dataset(name)
         profile = params.get("profile") or d.profile

@@ -114,6 +114,7 @@ def test_the_form_offers_exactly_what_a_run_takes_in_sections(dag) -> None:  # t
         pytest.param("max_new_tokens", 0, "is less than the minimum of 1", id="no-tokens"),
         pytest.param("top_p", 0, "less than or equal to the minimum of 0", id="top-p"),
         pytest.param("datasets", [], "should be non-empty", id="no-datasets"),
+        pytest.param("datasets", ["B1_glaive", "B1_glaive"], "has non-unique elements", id="a-dataset-twice"),
     ],
 )
 def test_the_form_refuses_bad_values(dag, name: str, value: object, message: str) -> None:  # type: ignore[no-untyped-def]

@@ -68,6 +68,9 @@ def test_run_spec_merges_params_over_defaults() -> None:
         pytest.param({"sampling": {"temperature": 0.5}}, r"unknown run parameters \['sampling'\]", id="old-shape"),
         pytest.param({"temprature": 0.5}, r"unknown run parameters \['temprature'\]", id="typo"),
         pytest.param({"datasets": []}, "datasets is empty: choose at least one", id="no-datasets"),
+        pytest.param(
+            {"datasets": ["B1_glaive", "B1_glaive"]}, r"\['B1_glaive'\] are listed more than once", id="twice"
+        ),
         pytest.param({"profile": "kimi-k3"}, "unknown profile 'kimi-k3'", id="profile"),
         pytest.param({"in_flight": 0}, "in_flight must be a whole number of at least 1", id="in-flight"),
         pytest.param({"shard_size": 0}, "shard_size must be a whole number of at least 1", id="shard-size"),
