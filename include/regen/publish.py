@@ -23,7 +23,7 @@ from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.quality import dataset_report, read_verdicts, write_dataset_report
 from regen.reasons import OK
 from regen.report import generation_cost
-from regen.storage import Storage
+from regen.storage import KeyExists, Storage
 from regen.verify import verify_manifest
 
 log = logging.getLogger(__name__)
@@ -158,9 +158,11 @@ def _write_manifest(
     sampling_params: dict[str, Any] | None,
     run_id: str | None,
     cost: dict[str, Any],
+    overwrite: bool = False,
 ) -> tuple[bytes, dict[str, Any]]:
-    """The dataset's report, then the manifest naming every file with its sha256 and size: written last. Returns
-    the manifest's bytes and the report."""
+    """The dataset's report, then the manifest naming every file with its sha256 and size: written last, and only
+    if no other publisher wrote it meanwhile (another with other data: VersionExists). Returns the manifest's bytes
+    and the report."""
     location = prepared.location
     stages = {stage: StageStats.merged([s.stats[stage] for s in shards]).to_dict() for stage in STAGES}
     generations = [s.generation for s in shards if s.generation]
@@ -196,7 +198,17 @@ def _write_manifest(
         "sizes": sizes_of(storage, [*data_files, *report_files]),
     }
     body = json.dumps(manifest, indent=1).encode()
-    storage.put_bytes(location.manifest, body)
+    if overwrite:
+        storage.put_bytes(location.manifest, body)
+        return body, report
+    try:  # one writer per version: of two publishers at once, exactly one writes the manifest
+        storage.create(location.manifest, body)
+    except KeyExists:  # the same data published meanwhile stands; other data raises VersionExists
+        theirs = _published_before(storage, location.manifest, data_files, overwrite=False)
+        if theirs is None:
+            raise
+        log.info("%s %s was published meanwhile with the same data", location.dataset, location.version)
+        return theirs, json.loads(storage.get_bytes(location.report_file("report.json")))
     return body, report
 
 
@@ -238,7 +250,7 @@ def run_publish(
         )
     body = _published_before(storage, location.manifest, data_files, overwrite)
     if body is None:
-        args = (verified, fleet, sampling_params, run_id, cost or {})
+        args = (verified, fleet, sampling_params, run_id, cost or {}, overwrite)
         body, report = _write_manifest(prepared, shards, storage, data_files, *args)
     else:  # a retried publish: the version stands as it is, report included
         log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)

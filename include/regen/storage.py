@@ -41,6 +41,7 @@ class Storage(Protocol):
     def uri(self, key: str) -> str: ...
     def exists(self, key: str) -> bool: ...
     def put_bytes(self, key: str, data: bytes) -> str: ...
+    def create(self, key: str, data: bytes) -> str: ...
     def get_bytes(self, key: str) -> bytes: ...
     def put_file(self, key: str, path: Path) -> str: ...
     def get_file(self, key: str, path: Path) -> None: ...
@@ -52,6 +53,10 @@ class Storage(Protocol):
     def content_id(self, key: str) -> str: ...
     def glob(self, pattern: str) -> list[str]: ...
     def folders(self, prefix: str) -> list[str]: ...
+
+
+class KeyExists(Exception):
+    """`create` found the key written already: another writer got there first."""
 
 
 class LocalStorage:
@@ -92,6 +97,24 @@ class LocalStorage:
 
     def put_bytes(self, key: str, data: bytes) -> str:
         return self._write_atomically(key, [data])
+
+    def create(self, key: str, data: bytes) -> str:
+        """Written only if the key is not there: the whole file linked into place in one step, which fails when a
+        file of that name exists (two writers of one key: exactly one succeeds, the other gets KeyExists)."""
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, target)
+        except FileExistsError:
+            raise KeyExists(f"{target} exists already") from None
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return hashlib.sha256(data).hexdigest()
 
     def get_bytes(self, key: str) -> bytes:
         return self._path(key).read_bytes()
@@ -178,6 +201,26 @@ class S3Storage:
             Body=data,
             ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
         )
+        return digest.hexdigest()
+
+    def create(self, key: str, data: bytes) -> str:
+        """Written only if the key is not there (`If-None-Match: *`, which S3 and MinIO enforce): of two writers of
+        one key exactly one succeeds, and the other gets KeyExists."""
+        from botocore.exceptions import ClientError
+
+        digest = hashlib.sha256(data)
+        try:
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=self._key(key),
+                Body=data,
+                ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
+                IfNoneMatch="*",
+            )
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                raise KeyExists(f"{self.uri(key)} exists already") from None
+            raise
         return digest.hexdigest()
 
     def get_bytes(self, key: str) -> bytes:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from regen.storage import LocalStorage, S3Storage, Storage, open_storage
+from regen.storage import KeyExists, LocalStorage, S3Storage, Storage, open_storage
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -35,6 +35,28 @@ def test_round_trip_list_and_checksums(storage: Storage, tmp_path: Path) -> None
     assert storage.list_keys("a/") == ["a/b.json", "a/c/big.bin"]
     storage.delete("a/b.json")
     assert storage.list_keys("a/") == ["a/c/big.bin"]
+
+
+def test_of_writers_creating_one_key_at_once_exactly_one_wins(storage: Storage) -> None:
+    """`create` is the manifest's write: If-None-Match on S3, a link that cannot replace a file locally. Sixteen
+    threads create one key with their own bytes at once; one succeeds, every other is told, and the key holds
+    the winner's bytes whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def attempt(i: int) -> int | None:
+        try:
+            storage.create("v/manifest.json", f"writer {i} ".encode() * 1000)
+        except KeyExists:
+            return None
+        return i
+
+    with ThreadPoolExecutor(16) as pool:
+        winners = [i for i in pool.map(attempt, range(16)) if i is not None]
+    assert len(winners) == 1
+    assert storage.get_bytes("v/manifest.json") == f"writer {winners[0]} ".encode() * 1000
+    with pytest.raises(KeyExists):
+        storage.create("v/manifest.json", b"late")
+    assert storage.list_keys("v/") == ["v/manifest.json"]  # no temporary file left behind
 
 
 def test_keys_cannot_escape_the_root(storage: Storage) -> None:

@@ -189,6 +189,36 @@ def test_a_published_version_is_never_changed_silently(
     assert verify_version(manifest_uri).problems == []
 
 
+def test_two_publishers_at_once_one_manifest_and_the_first_data_intact(
+    published: tuple[PreparedDataset, LocalStorage, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a check-then-write loses: a second publisher with other data checks before the first one's manifest
+    lands, then writes after it. The manifest is created only if absent, so the second is refused and the first's
+    manifest stays as it was; a second publisher with the same data finds the version published and succeeds."""
+    from regen import publish
+
+    prepared, storage, manifest_uri = published
+    before = Path(manifest_uri).read_bytes()
+    extra = f"{prepared.location.prefix}/extra-race.txt"
+    other = dataclasses.replace(prepared, files={**prepared.files, extra: storage.put_bytes(extra, b"other\n")})
+    checks: list[str] = []
+    real = publish._published_before
+
+    def checked_too_early(*args: Any, **kwargs: Any) -> bytes | None:
+        checks.append("check")
+        return None if len(checks) == 1 else real(*args, **kwargs)  # the first check saw no manifest yet
+
+    monkeypatch.setattr(publish, "_published_before", checked_too_early)
+    with pytest.raises(VersionExists, match="already published with other data"):
+        run_publish(other, storage, fleet=[])
+    assert Path(manifest_uri).read_bytes() == before and len(checks) == 2
+    checks.clear()
+    same = run_publish(prepared, storage, fleet=[])  # same data, also checking too early: the version stands
+    assert Path(manifest_uri).read_bytes() == before and same["manifest"] == manifest_uri
+    storage.delete(extra)
+    assert verify_version(manifest_uri).problems == []
+
+
 def test_a_publish_killed_before_its_manifest_is_completed_by_the_rerun(
     tmp_path: Path, renderer: ChatRenderer, simulator: Simulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -196,19 +226,19 @@ def test_a_publish_killed_before_its_manifest_is_completed_by_the_rerun(
     there for anyone; the rerun publishes it whole, and it verifies clean."""
     prepared, storage = prepare_sample(tmp_path, renderer, "B2_opencodeinstruct", 30)
     finish_shards(prepared.shards, storage, renderer, simulator.url)
-    write = storage.put_bytes
+    create = storage.create
 
     def killed_at_the_manifest(key: str, data: bytes) -> str:
         if key.endswith("manifest.json"):
             raise ConnectionResetError("the task died here")
-        return write(key, data)
+        return create(key, data)
 
-    monkeypatch.setattr(storage, "put_bytes", killed_at_the_manifest)
+    monkeypatch.setattr(storage, "create", killed_at_the_manifest)
     with pytest.raises(ConnectionResetError):
         run_publish(prepared, storage, fleet=[])
     manifest_key = prepared.location.manifest
     assert storage.exists(prepared.location.report_file("report.json")) and not storage.exists(manifest_key)
-    monkeypatch.setattr(storage, "put_bytes", write)
+    monkeypatch.setattr(storage, "create", create)
     summary = run_publish(prepared, storage, fleet=[])
     result = verify_version(summary["manifest"])
     assert result.problems == [] and summary["records"] == 48 == result.records_checked
