@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from regen.chat import PROFILE_NAME, PROFILES, ModelProfile
 from regen.errors import FinalError
+from regen.layout import RESERVED
 from regen.tool_calls import ToolCallGrammar
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -279,6 +280,8 @@ class RegenConfig(BaseModel):
                 raise ValueError(
                     f"dataset name {name!r}: use letters, digits, '_', '.', '-' (it becomes a storage key)"
                 )
+            if name in RESERVED["dataset"]:
+                raise ValueError(f"dataset name {name!r} is a folder the storage layout uses itself: choose another")
         for name in self.profiles:
             if name in PROFILES:
                 raise ValueError(f"profile {name!r} is built in; give yours another name")

@@ -14,7 +14,7 @@
       reports/shard-00042.json                 the shard's final manifest (its presence: the shard is finished)
       report.json, report.html, *.png          the dataset report
       manifest.json                            written last: its presence means the version is complete
-    {profile}/runs/{version}.json              the run's report
+    {profile}/runs/{version}.json              the run's report (a later run of the version: {version}--{run}.json)
     {profile}/.write-check-*                   plan's probe write, deleted at once
 
 Stages take their keys from here and never from each other. Profile, dataset and version names become folders of
@@ -41,9 +41,16 @@ def version_from_run_id(run_id: str) -> str:
     return version[:128]
 
 
+# Names the layout itself uses beside a dataset's or a version's folder: a dataset `runs` would be the run reports'
+# folder, a version `latest.json` the dataset's pointer (and `latest` reads as one).
+RESERVED = {"dataset": frozenset({"runs"}), "version": frozenset({"latest", "latest.json"})}
+
+
 def checked_name(part: str, name: str) -> str:
     if not SAFE_NAME.match(name):
         raise ValueError(f"{part} {name!r} cannot name a storage folder: use letters, digits, '_', '.', '-'")
+    if name in RESERVED.get(part, ()):
+        raise ValueError(f"{part} {name!r} is a name the storage layout uses itself: choose another")
     return name
 
 
@@ -56,8 +63,11 @@ def latest_key(profile: str, dataset: str) -> str:
     return f"{dataset_prefix(profile, dataset)}/latest.json"
 
 
-def run_report_key(profile: str, version: str) -> str:
-    return f"{checked_name('profile', profile)}/runs/{checked_name('version', version)}.json"
+def run_report_key(profile: str, version: str, run: str | None = None) -> str:
+    """The run report of the version's first run; a later run of the version (a Resume) writes its own beside it,
+    named after the run."""
+    suffix = f"--{checked_name('run', version_from_run_id(run))}" if run else ""
+    return f"{checked_name('profile', profile)}/runs/{checked_name('version', version)}{suffix}.json"
 
 
 def write_check_key(profile: str, token: str) -> str:

@@ -22,7 +22,7 @@ from regen.errors import FinalError
 from regen.export import ExportSettings, run_export
 from regen.generate import GenerateSettings, run_generate
 from regen.inputs import dataset_inputs, latest_published
-from regen.layout import DatasetLocation, run_report_key, version_from_run_id, write_check_key
+from regen.layout import DatasetLocation, checked_name, run_report_key, version_from_run_id, write_check_key
 from regen.manifest import GenerationReport, PreparedDataset, ShardManifest
 from regen.publish import run_publish, verify_contents
 from regen.report import fleet_utilisation, generation_cost, log_summary, sglang_version_warnings
@@ -103,6 +103,11 @@ class RunSpec:
         for name, flag in (("skip_unchanged", skip_unchanged), ("overwrite_version", overwrite)):
             if not isinstance(flag, bool):
                 raise ConfigError(f"{name} must be true or false, got {flag!r}")
+        version = version_from_run_id(params.get("version") or run_id)
+        try:
+            checked_name("version", version)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         return cls(
             datasets=datasets,
             endpoints=endpoints,
@@ -110,7 +115,7 @@ class RunSpec:
             profile=profile,
             limit=limit,
             sampling=sampling_from_params(params, d.sampling).as_params(),
-            version=version_from_run_id(params.get("version") or run_id),
+            version=version,
             shard_size=shard_size,
             concurrency=-(-in_flight // d.shard_tasks),
             request_timeout_s=d.request_timeout_s,
@@ -301,6 +306,19 @@ def asset_event(published: dict[str, Any]) -> dict[str, Any]:
     return {key: published[key] for key in keys if key in published}
 
 
+def _report_key(storage: Storage, run: RunSpec) -> str:
+    """The version's run report, or, when another run of the version wrote that one (this is a Resume), this run's
+    own beside it: the earlier run's report is never written over."""
+    key = run_report_key(run.profile, run.version)
+    if not storage.exists(key):
+        return key
+    try:
+        earlier = json.loads(storage.get_bytes(key)).get("run", {}).get("run_id")
+    except (ValueError, AttributeError):  # not a run report this pipeline wrote: keep it too
+        earlier = None
+    return key if earlier == run.run_id else run_report_key(run.profile, run.version, run.run_id)
+
+
 def report(
     run: RunSpec,
     published: list[dict[str, Any]],
@@ -324,7 +342,7 @@ def report(
         "unpublished": missing,
     }
     storage = _storage(run, s3_client)
-    key = run_report_key(run.profile, run.version)
+    key = _report_key(storage, run)
     storage.put_bytes(key, json.dumps(summary, indent=1).encode())
     log_summary(published, missing, fleet_usage)
     for warning in warnings:

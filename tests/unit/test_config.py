@@ -72,6 +72,7 @@ def test_run_spec_merges_params_over_defaults() -> None:
             {"datasets": ["B1_glaive", "B1_glaive"]}, r"\['B1_glaive'\] are listed more than once", id="twice"
         ),
         pytest.param({"profile": "kimi-k3"}, "unknown profile 'kimi-k3'", id="profile"),
+        pytest.param({"version": "latest"}, "version 'latest' is a name the storage layout uses", id="version-latest"),
         pytest.param({"in_flight": 0}, "in_flight must be a whole number of at least 1", id="in-flight"),
         pytest.param({"shard_size": 0}, "shard_size must be a whole number of at least 1", id="shard-size"),
         pytest.param({"skip_unchanged": "false"}, "skip_unchanged must be true or false", id="skip-unchanged"),

@@ -92,3 +92,18 @@ def test_a_name_that_could_leave_the_root_reaches_no_key(name: str) -> None:
         layout.run_report_key(name, "v1")
     with pytest.raises(ValueError, match="unknown split"):
         DatasetLocation("/r", "p", "d", "v").shard(0).split("../train")
+
+
+def test_names_the_layout_uses_itself_are_refused() -> None:
+    """A dataset `runs` would be the run reports' folder; a version `latest.json` the dataset's pointer."""
+    with pytest.raises(ValueError, match="dataset 'runs' is a name the storage layout uses itself"):
+        layout.latest_key("kimi-k2.5", "runs")
+    for version in ("latest", "latest.json"):
+        with pytest.raises(ValueError, match=f"version '{version}' is a name the storage layout uses"):
+            DatasetLocation("/r", "kimi-k2.5", "B1_glaive", version).manifest  # noqa: B018
+        with pytest.raises(ValueError, match="is a name the storage layout uses"):
+            layout.run_report_key("kimi-k2.5", version)
+    from regen.config import RegenConfig
+
+    with pytest.raises(ValueError, match="dataset name 'runs' is a folder the storage layout uses"):
+        RegenConfig.model_validate({"defaults": {}, "datasets": {"runs": {"paths": ["x.jsonl"]}}})

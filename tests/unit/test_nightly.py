@@ -179,3 +179,14 @@ def test_fields_added_to_the_dataset_config_leave_earlier_digests_alone(deployme
     before = plain.model_dump(mode="json", exclude={"description", *later})
     assert dataset_inputs(plain, {}, {}, None, str)["dataset"] == before
     assert digest[0] != digest[1]
+
+
+def test_a_resumed_run_keeps_the_earlier_runs_report_beside_its_own(deployment: Path, simulator: Simulator) -> None:
+    first = run_stages("night-1", simulator)
+    again = run_stages("night-1", simulator)  # the same run's report task retried: its own report, rewritten
+    resumed = run_stages("manual__resume", simulator, version="night-1")  # a Resume of the version
+    runs = deployment / "storage" / "kimi-k2.5-mini" / "runs"
+    assert first["report"] == again["report"] == str(runs / "night-1.json")
+    assert resumed["report"] == str(runs / "night-1--manual__resume.json")
+    assert json.loads((runs / "night-1.json").read_text())["run"]["run_id"] == "night-1"
+    assert json.loads((runs / "night-1--manual__resume.json").read_text())["run"]["run_id"] == "manual__resume"
