@@ -9,9 +9,12 @@ from __future__ import annotations
 import html
 import json
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 DAG_ID = "eagle3_regen"
+# Airflow's own pages and API, relative to the page's URL (Airflow's base URL + /drafter/): under a base_url with a
+# path prefix they are found as well.
+AIRFLOW = "../"
 BAR = "#4c78a8"
 BAR_AFTER = "#f58518"
 WIDTH, HEIGHT = 360, 120
@@ -134,7 +137,9 @@ def _links(row: dict[str, Any]) -> str:
     if row.get("report"):
         links.append(f'<a href="{esc(row["report"])}">report</a>')
     if row.get("run_id"):
-        links.append(f'<a target="_top" href="/dags/{DAG_ID}/runs/{esc(row["run_id"])}">run</a>')
+        links.append(
+            f'<a target="_top" href="{AIRFLOW}dags/{DAG_ID}/runs/{esc(quote(str(row["run_id"]), safe=""))}">run</a>'
+        )
     return " ".join(links)
 
 
@@ -329,20 +334,20 @@ document.querySelectorAll('button.trigger').forEach((button) => button.addEventL
 document.getElementById('trigger-copy').addEventListener('click', async () => {
   const conf = document.querySelector('#trigger-dialog pre').textContent;
   try { await navigator.clipboard.writeText(conf); } catch (e) { /* the JSON stays on screen to copy by hand */ }
-  window.open('/dags/__DAG__', '_top');
+  window.open(new URL('__AIRFLOW__dags/__DAG__', document.baseURI), '_top');
 });
 document.getElementById('trigger-now').addEventListener('click', async () => {
   const dialog = document.getElementById('trigger-dialog');
   const conf = JSON.parse(dialog.querySelector('pre').textContent);
   // Airflow's own REST API, with the signed-in user's session: Airflow checks that this user may trigger the DAG.
-  const answer = await fetch('/api/v2/dags/__DAG__/dagRuns', {method: 'POST', credentials: 'same-origin',
+  const answer = await fetch(api('__AIRFLOW__api/v2/dags/__DAG__/dagRuns'), {method: 'POST', credentials: 'same-origin',
     headers: {'Content-Type': 'application/json'}, body: JSON.stringify({logical_date: null, conf})});
   const body = await answer.json().catch(() => ({}));
   const outcome = dialog.querySelector('.outcome');
   if (answer.ok) {
     outcome.innerHTML = '';
     const link = Object.assign(document.createElement('a'), {target: '_top', textContent: body.dag_run_id,
-      href: '/dags/__DAG__/runs/' + encodeURIComponent(body.dag_run_id)});
+      href: api('__AIRFLOW__dags/__DAG__/runs/' + encodeURIComponent(body.dag_run_id))});
     outcome.append('Triggered ', link);
   } else {
     outcome.textContent = 'Refused (' + answer.status + '): ' + JSON.stringify(body.detail ?? body);
@@ -365,7 +370,7 @@ document.getElementById('fleet-check').addEventListener('click', async () => {
     table.append(row);
   }
 });
-""".replace("__DAG__", DAG_ID)
+""".replace("__DAG__", DAG_ID).replace("__AIRFLOW__", "../")
 
 DIALOG = """<dialog id="trigger-dialog"><h3>Run <span class="dataset"></span> again</h3>
 <p>The run's settings (the rest are the DAG's defaults):</p><pre></pre>

@@ -13,10 +13,13 @@ from regen.config import AlertsConfig
 log = logging.getLogger(__name__)
 
 SUBJECT = "eagle3-regen failed: {{ ti.task_id }}{{ ' ' ~ ti.rendered_map_index if ti.rendered_map_index else '' }}"
+# HTML: every value escaped (`| e`), whatever the environment's autoescape: an exception carries a server's error
+# body, and a run id is whatever its trigger chose.
 BODY = (
-    "<p>DAG {{ dag.dag_id }}, run {{ run_id }}: task {{ ti.task_id }}"
-    "{{ ' (' ~ ti.rendered_map_index ~ ')' if ti.rendered_map_index else '' }} failed after try {{ ti.try_number }}."
-    "</p><p>Why: {{ exception }}</p><p>Clear the failed tasks of this run to resume; finished work is kept.</p>"
+    "<p>DAG {{ dag.dag_id | e }}, run {{ run_id | e }}: task {{ ti.task_id | e }}"
+    "{{ (' (' ~ ti.rendered_map_index ~ ')') | e if ti.rendered_map_index else '' }} failed after try"
+    " {{ ti.try_number | e }}.</p><p>Why: {{ exception | e }}</p>"
+    "<p>Clear the failed tasks of this run to resume; finished work is kept.</p>"
 )
 
 

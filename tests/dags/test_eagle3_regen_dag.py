@@ -170,3 +170,22 @@ def test_docker_compose_agrees_with_the_config_and_the_profile() -> None:
     assert "pools set sglang_fleet $$(python -c 'from regen.config import load_config; " in command
     assert "print(load_config().defaults.shard_tasks)')" in command
     assert f"--revision {get_profile('kimi-k2.5').revision}" in compose["services"]["sglang"]["command"]
+
+
+def test_the_alert_mail_escapes_what_it_quotes() -> None:
+    """The failure mail is HTML: a server's error body in the exception, or a run id chosen at trigger, must not
+    become markup in the recipient's mail client (rendered here without autoescape, the worst case)."""
+    from types import SimpleNamespace
+
+    import jinja2
+
+    from regen_airflow.alerts import BODY
+
+    hostile = "<img src=x onerror=alert(1)>"
+    ti = SimpleNamespace(task_id=hostile, rendered_map_index=hostile, try_number=1)
+    body = (
+        jinja2.Environment(autoescape=False)
+        .from_string(BODY)
+        .render(dag=SimpleNamespace(dag_id="eagle3_regen"), run_id=hostile, ti=ti, exception=RuntimeError(hostile))
+    )
+    assert "<img" not in body and body.count("&lt;img src=x onerror=alert(1)&gt;") == 4

@@ -74,4 +74,5 @@ def test_the_page_shows_the_numbers_plots_and_buttons(root: LocalStorage) -> Non
     assert {"datasets": ["B1_glaive"]} in confs  # Regenerate
     assert {"datasets": ["B1_glaive"], "version": "night-3"} in confs  # Resume the unpublished version
     assert "compare=B1_glaive&amp;before=night-1&amp;after=night-2" in html
-    assert 'href="/dags/eagle3_regen/runs/manual__night-2"' in html
+    assert 'href="../dags/eagle3_regen/runs/manual__night-2"' in html  # relative: found under a base_url prefix too
+    assert "('/dags" not in html and "('/api" not in html and 'href="/dags' not in html
