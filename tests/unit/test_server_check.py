@@ -38,6 +38,28 @@ def test_a_ready_fleet_is_recorded(simulator: Simulator, renderer: ChatRenderer)
     assert info["router"] is False and info["workers"] == []
 
 
+def test_credentials_in_an_endpoint_url_are_never_shown_or_recorded(
+    simulator: Simulator, renderer: ChatRenderer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A URL may carry a proxy's user and password: it is used as given, and shown (logs, XCom, manifests, the
+    page's fleet) as `***@host`."""
+    import logging
+
+    from regen.sglang.fleet_status import fleet_status
+
+    url = simulator.url.replace("http://", "http://alice:s3cret@")
+    caplog.set_level(logging.INFO)
+    [info] = check_fleet([url], renderer, SAMPLING)
+    assert info["url"] == simulator.url.replace("http://", "http://***@") and info["model_path"] == "kimi-k2.5-mini"
+    [status] = fleet_status([url])
+    assert status["url"] == info["url"] and status["health"] == "ok"
+    assert "s3cret" not in caplog.text and "alice" not in caplog.text and "***@" in caplog.text
+    dead = f"http://bob:hunter2@127.0.0.1:{free_port()}"
+    with pytest.raises(FleetUnavailable) as failed:
+        check_fleet([dead], renderer, SAMPLING, deadline_s=5)
+    assert "hunter2" not in str(failed.value) and "hunter2" not in caplog.text
+
+
 def test_waits_for_warm_up_and_says_so(
     tmp_path: Path, renderer: ChatRenderer, caplog: pytest.LogCaptureFixture
 ) -> None:

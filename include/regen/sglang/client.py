@@ -21,7 +21,7 @@ import aiohttp
 import msgspec
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from regen.sglang.fleet import EndpointPool, FleetUnavailable, readiness
+from regen.sglang.fleet import EndpointPool, FleetUnavailable, readiness, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +220,13 @@ async def wait_healthy(
     while (last := await readiness(session, url, path)) is not None:
         waited = loop.time() - started
         if waited >= deadline_s:
-            raise FleetUnavailable(f"{url}{path} not ready after {deadline_s:.0f}s (last: {last})")
-        log.info("waiting for %s%s to answer 200: %.0fs of %.0fs so far, last: %s", url, path, waited, deadline_s, last)
+            raise FleetUnavailable(f"{redact_url(url)}{path} not ready after {deadline_s:.0f}s (last: {last})")
+        log.info(
+            "waiting for %s%s to answer 200: %.0fs of %.0fs so far, last: %s",
+            redact_url(url),
+            path,
+            waited,
+            deadline_s,
+            last,
+        )
         await asyncio.sleep(poll_s)

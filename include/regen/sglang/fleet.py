@@ -18,6 +18,18 @@ import aiohttp
 log = logging.getLogger(__name__)
 
 
+def redact_url(url: str) -> str:
+    """The URL as it may be shown or recorded: a user and password in it (`http://user:pass@host`) become `***`."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 class FleetUnavailable(Exception):
     """No endpoint can take requests: the task fails with this message and Airflow's retry resumes it."""
 
@@ -45,8 +57,8 @@ async def readiness(session: aiohttp.ClientSession, url: str, path: str = "/heal
     except (aiohttp.ClientError, TimeoutError) as e:
         if cause := nothing_listens(e):
             raise NothingListens(
-                f"{url}: nothing listens there ({cause}: {e}): check the endpoint's host and port, and that its "
-                "server is running"
+                f"{redact_url(url)}: nothing listens there ({cause}: {e}): check the endpoint's host and port, and "
+                "that its server is running"
             ) from e
         return repr(e)
 
@@ -115,7 +127,9 @@ class EndpointPool:
         endpoint.evicted = True
         endpoint.evictions += 1
         log.warning(
-            "evicted %s after %d failures in a row; probing /health", endpoint.url, endpoint.consecutive_failures
+            "evicted %s after %d failures in a row; probing /health",
+            redact_url(endpoint.url),
+            endpoint.consecutive_failures,
         )
         probe = asyncio.create_task(self._probe(endpoint))
         self._probes.add(probe)
@@ -126,7 +140,7 @@ class EndpointPool:
             await asyncio.sleep(self.probe_interval_s)
             if await health_problem(self.session, endpoint.url) is None:
                 endpoint.evicted, endpoint.consecutive_failures = False, 0
-                log.info("re-admitted %s: /health answers again", endpoint.url)
+                log.info("re-admitted %s: /health answers again", redact_url(endpoint.url))
                 self._readmitted.set()
                 self._readmitted = asyncio.Event()
 

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 
 from regen.sglang.client import get_json
-from regen.sglang.server_check import MODEL_INFO, SERVER_INFO, context_length_of, get_either, router_workers
+from regen.sglang.server_check import MODEL_INFO, SERVER_INFO, context_length_of, get_either, redacted, router_workers
 
 TIMEOUT_S = 3.0
 
@@ -86,7 +86,8 @@ def _sum_known(values: list[Any], expected: int) -> int | None:
 async def ask_fleet(endpoints: list[str], timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
     """Every endpoint's status, asked at once; an endpoint that does not answer within `timeout_s` says so."""
     async with aiohttp.ClientSession() as session:
-        return list(await asyncio.gather(*(endpoint_status(session, url, timeout_s) for url in endpoints)))
+        found = await asyncio.gather(*(endpoint_status(session, url, timeout_s) for url in endpoints))
+    return [redacted(status) for status in found]
 
 
 def fleet_status(endpoints: list[str], timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from regen.reasons import Reason
 from regen.records import RawAnswer, text_digest
 from regen.report import sglang_version_warnings
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
-from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens
+from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens, redact_url
 from regen.validate import judge
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ async def get_either(
 def _check_model(url: str, model_path: str, renderer: ChatRenderer) -> None:
     if not model_matches(model_path, renderer.profile.served_model_names):
         raise ServerMismatch(
-            f"{url} serves {model_path!r}, but profile {renderer.profile.name!r} expects one of "
+            f"{redact_url(url)} serves {model_path!r}, but profile {renderer.profile.name!r} expects one of "
             f"{list(renderer.profile.served_model_names)}: point the run at the right fleet or pick the right profile"
         )
 
@@ -159,14 +159,14 @@ async def _check_one(
     if server.get("router_manager"):
         workers = await _router_fleet(session, url, give_up - asyncio.get_running_loop().time())
         for worker in (w for w in workers if w.model_path):  # one without metadata is judged by the probe alone
-            _check_model(f"{url} (worker {worker.url})", worker.model_path, renderer)
+            _check_model(f"{redact_url(url)} (worker {redact_url(worker.url)})", worker.model_path, renderer)
     info = await get_either(session, url, MODEL_INFO)
     model_path = str(info.get("model_path", ""))
     _check_model(url, model_path, renderer)
     generation = await _probe(session, url, renderer, sampling)
     version = fleet_version(workers) if workers else server.get("version")
     served_by = f"SGLang {version}" if version else "an SGLang that does not say its version"
-    log.info("%s serves %s on %s; its probe answer passed", url, model_path, served_by)
+    log.info("%s serves %s on %s; its probe answer passed", redact_url(url), model_path, served_by)
     return EndpointInfo(
         url=url,
         model_path=model_path,
@@ -196,16 +196,26 @@ async def _router_fleet(session: aiohttp.ClientSession, url: str, deadline_s: fl
         raise
     except FleetUnavailable as e:
         raise FleetUnavailable(
-            f"{e}: the sglang-router at {url} has no healthy worker (its log says which worker URLs it cannot reach)"
+            f"{e}: the sglang-router at {redact_url(url)} has no healthy worker (its log says which worker URLs it "
+            "cannot reach)"
         ) from e
     workers = router_workers(await get_json(session, f"{url}/workers"))
     if not workers:
-        raise FleetUnavailable(f"{url} is an sglang-router, and its /workers lists no worker")
+        raise FleetUnavailable(f"{redact_url(url)} is an sglang-router, and its /workers lists no worker")
     for worker in workers:
         if not worker.healthy:
-            log.warning("%s: router worker %s is not healthy; it is left out of the fleet's capacity", url, worker.url)
+            log.warning(
+                "%s: router worker %s is not healthy; it is left out of the fleet's capacity",
+                redact_url(url),
+                redact_url(worker.url),
+            )
     served = await asyncio.gather(*(_worker_server_info(session, w.url) for w in workers))
-    log.info("%s is an sglang-router in front of %d workers: %s", url, len(workers), [w.url for w in workers])
+    log.info(
+        "%s is an sglang-router in front of %d workers: %s",
+        redact_url(url),
+        len(workers),
+        [redact_url(w.url) for w in workers],
+    )
     return [
         dataclasses.replace(
             w,
@@ -224,7 +234,9 @@ async def _worker_server_info(session: aiohttp.ClientSession, url: str) -> dict[
     try:
         return await get_either(session, url, SERVER_INFO)
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-        log.warning("router worker %s: no /get_server_info from here (%r); its running slots are unknown", url, e)
+        log.warning(
+            "router worker %s: no /get_server_info from here (%r); its running slots are unknown", redact_url(url), e
+        )
         return {}
 
 
@@ -244,20 +256,20 @@ async def _probe(
         if verdict.verdict == Reason.TEXT_MISMATCH:
             difference = first_difference(generation.text, renderer.decode(generation.output_ids))
             raise ServerMismatch(
-                f"{url}: tokenizer mismatch: the server's text for a probe is not this pipeline's decode of the same "
-                f"output_ids ({difference}). The server runs another tokenizer than profile "
+                f"{redact_url(url)}: tokenizer mismatch: the server's text for a probe is not this pipeline's decode "
+                f"of the same output_ids ({difference}). The server runs another tokenizer than profile "
                 f"{renderer.profile.name!r} ({renderer.profile.tokenizer}): point the run at the right fleet, or "
                 "start the servers with the profile's tokenizer"
             )
         if verdict.verdict in SERVER_FAULTS:
             raise ServerMismatch(
-                f"{url}: the server's answer to a probe is unusable ({verdict.verdict}: {verdict.detail})"
+                f"{redact_url(url)}: the server's answer to a probe is unusable ({verdict.verdict}: {verdict.detail})"
             )
         if verdict.split is not None:
             return generation
         failures.append(f"{verdict.verdict}: {verdict.detail}")
-        log.warning("%s: a probe answer failed validation (%s); trying another probe", url, failures[-1])
-    raise ServerMismatch(f"{url}: every probe answer failed validation: {failures}")
+        log.warning("%s: a probe answer failed validation (%s); trying another probe", redact_url(url), failures[-1])
+    raise ServerMismatch(f"{redact_url(url)}: every probe answer failed validation: {failures}")
 
 
 async def _check_all(
@@ -277,10 +289,18 @@ def check_fleet(
     """Every endpoint's EndpointInfo as a dict. A fleet that serves another SGLang version than the one the pipeline
     is proven against (regen.sglang.parity), or does not say which, passes with a warning (here and in the run
     report)."""
-    fleet = [dataclasses.asdict(e) for e in asyncio.run(_check_all(endpoints, renderer, sampling, deadline_s))]
+    fleet = [
+        redacted(dataclasses.asdict(e)) for e in asyncio.run(_check_all(endpoints, renderer, sampling, deadline_s))
+    ]
     for warning in sglang_version_warnings(fleet):
         log.warning("%s", warning)
     return fleet
+
+
+def redacted(endpoint: dict[str, Any]) -> dict[str, Any]:
+    """An endpoint's record without the credentials a URL may carry: it goes to XCom, the manifest and the report."""
+    workers = [{**w, "url": redact_url(w["url"])} for w in endpoint.get("workers") or []]
+    return {**endpoint, "url": redact_url(endpoint["url"]), **({"workers": workers} if workers else {})}
 
 
 def first_difference(text: str | None, decoded: str) -> str:
