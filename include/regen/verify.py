@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -97,13 +97,37 @@ def manifest_uri_of(
 def read_manifest(
     manifest_uri: str, s3_client: Any = None, sha256: str | None = None
 ) -> tuple[dict[str, Any], Storage]:
-    """The manifest and the storage its keys are relative to; with `sha256`, the manifest must have it."""
+    """The manifest, and the storage of the copy it was read from, where its files are looked for (`root` is only
+    a record of where it was published: a trainer's copy in another root, or of the version's folder alone, is
+    verified as the copy it is). With `sha256`, the manifest must have it."""
     folder, name = manifest_uri.rsplit("/", 1)
-    body = open_storage(folder, s3_client).get_bytes(name)
+    here = open_storage(folder, s3_client)
+    body = here.get_bytes(name)
     if sha256 is not None and (actual := hashlib.sha256(body).hexdigest()) != sha256:
         raise VerificationFailed(f"{manifest_uri}: sha256 {actual}, but latest.json says {sha256}")
     manifest = json.loads(body)
-    return manifest, open_storage(manifest["root"], s3_client)
+    location = DatasetLocation(manifest["root"], manifest["profile"]["name"], manifest["dataset"], manifest["version"])
+    return manifest, cast(Storage, VersionFolder(here, location.prefix))
+
+
+class VersionFolder:
+    """A version's files where its manifest lies: the manifest's keys (relative to the root it was published in,
+    `{profile}/{dataset}/{version}/...`) are read relative to the manifest's own folder."""
+
+    KEYED = frozenset("uri exists get_bytes get_file size iter_chunks open content_id list_keys folders glob".split())
+
+    def __init__(self, storage: Storage, prefix: str) -> None:
+        self.storage, self.prefix = storage, prefix.rstrip("/") + "/"
+        self.root_uri = storage.root_uri
+
+    def _key(self, key: str) -> str:
+        return key[len(self.prefix) :] if key.startswith(self.prefix) else key
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.storage, name)
+        if name not in self.KEYED:
+            return method
+        return lambda key, *args, **kwargs: method(self._key(key), *args, **kwargs)
 
 
 def verify_version(

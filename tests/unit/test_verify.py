@@ -308,3 +308,29 @@ def test_latest_json_pins_the_manifest_by_its_sha256(published: tuple[PreparedDa
         assert latest_published(storage, location.profile, location.dataset) is None
     finally:
         Path(manifest_uri).write_bytes(original)
+
+
+@pytest.mark.parametrize("whole_root", [True, False], ids=["the-root-copied", "the-version-folder-alone"])
+def test_a_copy_is_verified_as_the_copy_it_is(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator, whole_root: bool
+) -> None:
+    """A trainer copies a version to its own place (the manifest untouched, its `root` naming the original): the
+    verifier reads the copy. An untouched copy passes with the original moved away; one byte more in a copy's train
+    file fails, whatever the original holds."""
+    prepared, storage = prepare_sample(tmp_path / "original", renderer, "B2_opencodeinstruct", 10)
+    finish_shards(prepared.shards, storage, renderer, simulator.url)
+    manifest_uri = run_publish(prepared, storage, fleet=[])["manifest"]
+    version = Path(manifest_uri).parent
+    copy = tmp_path / "trainer" / "data"
+    shutil.copytree(storage.root if whole_root else version, copy)
+    copied = copy / (version.relative_to(storage.root) if whole_root else ".") / "manifest.json"
+    assert json.loads(copied.read_text())["root"] == str(storage.root)  # the manifest as published
+    storage.root.rename(tmp_path / "moved-away")
+    clean = verify_version(str(copied))
+    assert clean.problems == [] and clean.records_checked > 0
+    train = next(p for p in copied.parent.rglob("train/*.parquet"))
+    train.write_bytes(train.read_bytes() + b"\0")
+    tampered = verify_version(str(copied))
+    assert any("train/" in p and "manifest says" in p for p in tampered.problems), tampered.problems
+    (tmp_path / "moved-away").rename(storage.root)  # the original, untouched, still verifies
+    assert verify_version(manifest_uri).problems == []
