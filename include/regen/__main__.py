@@ -1,4 +1,5 @@
-"""`python -m regen verify <manifest URI | dataset/version | dataset>`: is a published version whole and right?
+"""`regen verify <manifest URI | dataset/version | dataset>` (or `python -m regen verify`, in the project's venv):
+is a published version whole and right?
 
 Streams every file the manifest names (sha256 and size), reads every training record (prompt + output, mask boundary,
 ids inside the vocabulary, EOS), prints a summary as JSON and exits 0, or lists every problem and exits 1. S3 is read
@@ -16,7 +17,7 @@ from regen.verify import manifest_uri_of, verify_version
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m regen", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="regen", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     verify = commands.add_parser("verify", help="check a published version against its manifest")
     verify.add_argument(
@@ -25,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
         "(its manifest checked against the sha256 in latest.json)",
     )
     verify.add_argument("--root", help="the storage root the version was published under (with dataset/version)")
-    verify.add_argument("--profile", default="kimi-k2.5", help="the profile it was published for (default %(default)s)")
+    verify.add_argument(
+        "--profile", help="the profile it was published for (default: the one profile under --root that holds it)"
+    )
     verify.add_argument("--files-only", action="store_true", help="check files only, not every record")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -33,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         uri, manifest_sha256 = manifest_uri_of(args.target, args.root, args.profile)
         result = verify_version(uri, records=not args.files_only, manifest_sha256=manifest_sha256)
     except (ValueError, OSError) as e:
-        print(f"python -m regen verify: {e}", file=sys.stderr)
+        print(f"regen verify: {e}", file=sys.stderr)
         return 2
     if result.problems:
         print(f"{uri}: {len(result.problems)} problems", file=sys.stderr)

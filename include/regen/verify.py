@@ -81,17 +81,30 @@ def manifest_uri_of(
     target: str, root: str | None = None, profile: str | None = None, s3_client: Any = None
 ) -> tuple[str, str | None]:
     """The manifest a target names, and the sha256 it must have (known when it is found through latest.json).
-    A target is a manifest URI, `dataset/version`, or `dataset` alone for its latest version, under root/profile."""
+    A target is a manifest URI, `dataset/version`, or `dataset` alone for its latest version, under root/profile;
+    without a profile, the one profile under the root that holds the dataset."""
     if target.endswith(MANIFEST):
         return target, None
     parts = target.strip("/").split("/")
-    if len(parts) not in (1, 2) or root is None or profile is None or not all(parts):
-        raise ValueError(f"{target!r}: give a manifest URI, or dataset[/version] with --root and --profile")
+    if len(parts) not in (1, 2) or root is None or not all(parts):
+        raise ValueError(f"{target!r}: give a manifest URI, or dataset[/version] with --root")
     storage = open_storage(root, s3_client)
+    profile = profile or _the_profile_holding(storage, root, parts[0])
     if len(parts) == 2:
         return storage.uri(DatasetLocation(root, profile, parts[0], parts[1]).manifest), None
-    latest = json.loads(storage.get_bytes(latest_key(profile, parts[0])))
+    key = latest_key(profile, parts[0])
+    if not storage.exists(key):
+        raise ValueError(f"{storage.uri(key)} is not there: {parts[0]} has no published version under {root}/{profile}")
+    latest = json.loads(storage.get_bytes(key))
     return latest["manifest"], latest.get("manifest_sha256")
+
+
+def _the_profile_holding(storage: Storage, root: str, dataset: str) -> str:
+    holding = [p for p in storage.folders("") if dataset in storage.folders(f"{p}/")]
+    if len(holding) == 1:
+        return holding[0]
+    where = f"profiles holding {dataset}: {', '.join(holding)}" if holding else f"no profile there holds {dataset}"
+    raise ValueError(f"{root}: give --profile ({where})")
 
 
 def read_manifest(

@@ -252,6 +252,20 @@ def test_the_cli_takes_dataset_and_version_under_a_root(published: tuple[Prepare
     assert main(["verify", target]) == 2  # no root: says what to give
 
 
+def test_the_cli_finds_the_profile_and_names_what_is_missing(
+    published: tuple[PreparedDataset, LocalStorage, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`regen verify B1_glaive --root R` without --profile: the one profile under R holding B1_glaive is taken; a
+    dataset nothing holds, or no published version, is named with what to give."""
+    prepared, storage, _ = published
+    location = prepared.location
+    assert main(["verify", location.dataset, "--root", storage.root_uri]) == 0  # the latest, its profile found
+    assert main(["verify", "B9_nothing", "--root", storage.root_uri]) == 2
+    assert "give --profile (no profile there holds B9_nothing)" in capsys.readouterr().err
+    assert main(["verify", location.dataset, "--root", storage.root_uri, "--profile", "qwen3.6"]) == 2
+    assert "has no published version under" in capsys.readouterr().err
+
+
 def test_data_that_does_not_read_back_as_written_is_never_published(
     tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
 ) -> None:
