@@ -55,6 +55,29 @@ class Storage(Protocol):
     def folders(self, prefix: str) -> list[str]: ...
 
 
+def _temporary_beside(target: Path) -> tuple[int, str]:
+    """A temporary file in the target's folder, made if needed (again, if a delete beside it just removed it empty)."""
+    for attempt in range(3):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _file_mode() -> int:
+    """What a new file gets under the process's umask, as open() gives it (mkstemp would give 0600: only its owner
+    could read a published version)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+FILE_MODE = _file_mode()
+
+
 class KeyExists(Exception):
     """`create` found the key written already: another writer got there first."""
 
@@ -79,8 +102,7 @@ class LocalStorage:
     def _write_atomically(self, key: str, chunks: Iterable[bytes]) -> str:
         """Written to a temporary file beside the target, synced, then renamed: readers see all or nothing."""
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+        fd, tmp = _temporary_beside(target)
         digest = hashlib.sha256()
         try:
             with os.fdopen(fd, "wb") as f:
@@ -89,6 +111,7 @@ class LocalStorage:
                     f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(tmp, FILE_MODE)
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -102,13 +125,13 @@ class LocalStorage:
         """Written only if the key is not there: the whole file linked into place in one step, which fails when a
         file of that name exists (two writers of one key: exactly one succeeds, the other gets KeyExists)."""
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+        fd, tmp = _temporary_beside(target)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(tmp, FILE_MODE)
             os.link(tmp, target)
         except FileExistsError:
             raise KeyExists(f"{target} exists already") from None
@@ -137,7 +160,16 @@ class LocalStorage:
         )
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        """The file, and the folders it leaves empty (a shard's checkpoints, once merged), up to the root."""
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        for folder in path.parents:
+            if folder == self.root or not folder.is_relative_to(self.root):
+                break
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (or gone already): the folders above it are not empty either
+                break
 
     def size(self, key: str) -> int:
         return self._path(key).stat().st_size

@@ -57,7 +57,7 @@ def test_no_value_from_storage_reaches_the_page_unescaped(drafter_root: Path, tm
     if numbers:  # counts that are not numbers: each version is shown as unreadable, with why
         assert all(v["state"] == "unreadable" for v in versions) and html.count("cannot be read") == 4
     else:  # the marker did reach the page, in the published and the generating versions alike
-        assert html.count("&lt;img src=x onerror=alert(1)&gt;") >= 9  # dates, profiles, reasons, verdicts, causes
+        assert html.count("&lt;img src=x onerror=alert(1)&gt;") >= 5  # dates, profiles, reasons, verdicts, causes
         assert {v["state"] for v in versions} == {"published", "generating", "unpublished"}
 
 

@@ -88,3 +88,25 @@ def test_a_location_whose_names_could_leave_the_root_is_refused(profile: str, da
 
     with pytest.raises(ValueError, match="cannot name a storage folder"):
         DatasetLocation("s3://bucket/root", profile, dataset, version)
+
+
+def test_local_files_honour_the_umask_and_deletes_leave_no_empty_folder(tmp_path: Path) -> None:
+    """Published data is readable by another user or a trainer's container as the umask allows (not mkstemp's
+    0600), and a folder emptied by deletes (a shard's checkpoints) goes with its last file."""
+    import os
+    import stat
+
+    storage = LocalStorage(tmp_path / "root")
+    umask = os.umask(0)
+    os.umask(umask)
+    storage.put_bytes("v/train/a.parquet", b"a")
+    storage.create("v/manifest.json", b"{}")
+    for key in ("v/train/a.parquet", "v/manifest.json"):
+        assert stat.S_IMODE(Path(storage.uri(key)).stat().st_mode) == 0o666 & ~umask
+    storage.put_bytes("v/raw/shard-00000/part-0", b"p")
+    storage.put_bytes("v/raw/shard-00000/progress.json", b"{}")
+    storage.delete("v/raw/shard-00000/part-0")
+    assert (tmp_path / "root" / "v" / "raw" / "shard-00000").is_dir()  # not empty yet
+    storage.delete("v/raw/shard-00000/progress.json")
+    assert not (tmp_path / "root" / "v" / "raw").exists() and (tmp_path / "root" / "v" / "train").is_dir()
+    assert (tmp_path / "root").is_dir()  # never the root itself
