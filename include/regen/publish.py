@@ -168,6 +168,7 @@ def _write_manifest(
     generations = [s.generation for s in shards if s.generation]
     verdicts = read_verdicts(storage, shards)
     report = dataset_report(verdicts, generations)
+    report["rejected_by_stage"] = {"prepare": prepared.stats.dropped, **{s: stages[s]["dropped"] for s in STAGES}}
     report["cost"] = generation_cost(generations, fleet, report.get("train_tokens", 0), cost)
     title = f"{location.dataset} {location.version} ({location.profile})"
     report_files = write_dataset_report(storage, location, title, verdicts, report)

@@ -146,12 +146,25 @@ def _png(fig: Any) -> bytes:
     return buffer.getvalue()
 
 
+def _figure(value: Any) -> str:
+    """A figure for people: one decimal (report.json keeps it exact)."""
+    return f"{value:,.1f}" if isinstance(value, float) else html.escape(str(value))
+
+
+def _rejected(report: dict[str, Any]) -> str:
+    """Every stage's rejections: the total, then by stage (the manifest's counts)."""
+    by_stage = report.get("rejected_by_stage") or {"validate": report.get("rejected_records", 0)}
+    total = sum(by_stage.values())
+    parts = ", ".join(f"{html.escape(stage)} {count}" for stage, count in by_stage.items() if count)
+    return f"{total} rejected" + (f" ({parts})" if parts else "")
+
+
 def _html(title: str, report: dict[str, Any], pngs: list[str]) -> str:
     drift = report.get("retokenize_drift", {})
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in report.get("verdicts", {}).items())
     lengths = "".join(
         f"<tr><td>{name}</td>"
-        + "".join(f"<td>{stats.get(k, '')}</td>" for k in ("mean", "p50", "p90", "p99"))
+        + "".join(f"<td>{_figure(stats.get(k, ''))}</td>" for k in ("mean", "p50", "p90", "p99"))
         + "</tr>"
         for name, stats in report.get("lengths", {}).items()
     )
@@ -161,7 +174,7 @@ def _html(title: str, report: dict[str, Any], pngs: list[str]) -> str:
 img{{max-width:100%;display:block;margin:1em 0}}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>{report.get("answered", 0)} answers: {report.get("train_records", 0)} training records,
-{report.get("truncated_records", 0)} truncated (flagged split), {report.get("rejected_records", 0)} rejected.
+{report.get("truncated_records", 0)} truncated (flagged split), {_rejected(report)}.
 Tool-call rate {report.get("tool_call_rate", 0)}. Truncated in the reasoning
 {report.get("truncation_rate", {}).get("in_reasoning", 0)}, in the answer
 {report.get("truncation_rate", {}).get("in_answer", 0)}.

@@ -46,3 +46,29 @@ def test_publish_waits_for_every_shard_then_writes_the_manifest_last(
     assert manifest_path.stat().st_mtime_ns == newest
     for key, digest in manifest["files"].items():
         assert hashlib.sha256(storage.get_bytes(key)).hexdigest() == digest
+
+
+def test_the_dataset_report_counts_every_stages_rejections_and_rounds_for_people(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    """report.html's rejections are the manifest's, every stage's (prepare's too), and its figures are rounded;
+    report.json keeps them exact."""
+    import re
+
+    prepared, storage = prepare_sample(tmp_path, renderer, "B1_glaive", 40)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+    for shard in prepared.shards:
+        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    run_publish(prepared, storage, fleet=[])
+    location = prepared.location
+    manifest = json.loads(storage.get_bytes(location.manifest))
+    report = json.loads(storage.get_bytes(location.report_file("report.json")))
+    page = storage.get_bytes(location.report_file("report.html")).decode()
+    by_stage = {
+        "prepare": manifest["prepare"]["dropped"],
+        **{s: manifest["stages"][s]["dropped"] for s in manifest["stages"]},
+    }
+    assert report["rejected_by_stage"] == by_stage and by_stage["prepare"] == 4
+    assert f"{sum(by_stage.values())} rejected (prepare 4" in page
+    cells = re.findall(r"<td>([0-9.,]+)</td>", page.split("Token lengths")[1])
+    assert cells and all(re.fullmatch(r"[0-9,]+\.[0-9]", c) for c in cells), cells  # one decimal, for people
