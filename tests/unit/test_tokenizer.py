@@ -118,3 +118,16 @@ def test_tokenizer_directories_mirror_kimis_layout(renderer: ChatRenderer) -> No
     config = json.loads((slow / "tokenizer_config.json").read_text(encoding="utf-8"))
     assert config["auto_map"]["AutoTokenizer"][0] == "tokenization_kimi_mini.SlowKimiMiniTokenizer"
     assert (slow / "tokenization_kimi_mini.py").is_file()
+
+
+def test_no_pytorch_advice_in_a_process_that_loads_tokenizers_only() -> None:
+    """transformers warns at import that PyTorch is missing; the pipeline never loads a model, so its tasks' logs
+    carry no such line."""
+    import subprocess
+    import sys
+
+    code = "from regen.chat import ChatRenderer, get_profile; ChatRenderer(get_profile('kimi-k2.5-mini'))"
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "PyTorch was not found" not in done.stderr + done.stdout
