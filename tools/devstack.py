@@ -340,8 +340,47 @@ class Stack:
         return str(wait_until(f"run {run_id}", finished, timeout_s, poll_s=2))
 
     def task_states(self, run_id: str) -> list[tuple[str, int, str]]:
+        """Every task instance's state, in the DAG's order (upstream first), mapped ones by index."""
         items = self.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
-        return sorted((t["task_id"], t["map_index"], t["state"]) for t in items["task_instances"])
+        order = self.task_order()
+        found = [(t["task_id"], t["map_index"], t["state"]) for t in items["task_instances"]]
+        return sorted(found, key=lambda t: (order.get(t[0], len(order)), t[0], t[1]))
+
+    def task_order(self) -> dict[str, int]:
+        """task id -> its place in the DAG: a topological order, ties by name."""
+        tasks = {
+            t["task_id"]: set(t.get("downstream_task_ids") or [])
+            for t in self.call("GET", f"/dags/{DAG_ID}/tasks")["tasks"]
+        }
+        upstream = {task: {u for u, down in tasks.items() if task in down} for task in tasks}
+        order: list[str] = []
+        while len(order) < len(tasks):
+            ready = sorted(t for t in tasks if t not in order and upstream[t] <= set(order))
+            if not ready:  # not a DAG after all: the rest by name
+                ready = sorted(t for t in tasks if t not in order)
+            order.extend(ready[:1])
+        return {task: i for i, task in enumerate(order)}
+
+    def failures(self, run_id: str) -> list[str]:
+        """Each failed task, in the DAG's order, and why: the failure line its log carries (regen_airflow.alerts)."""
+        order = self.task_order()
+        items = self.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
+        failed = sorted(
+            (t for t in items["task_instances"] if t["state"] == "failed"),
+            key=lambda t: (order.get(t["task_id"], len(order)), t["map_index"]),
+        )
+        lines = []
+        for t in failed:
+            name = f"{t['task_id']}[{t['map_index']}]" if t["map_index"] >= 0 else t["task_id"]
+            path = (
+                f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{t['task_id']}/logs/{max(1, t.get('try_number') or 1)}"
+            )
+            content = self.call("GET", path, params={"map_index": t["map_index"], "full_content": True})["content"]
+            entries = content.splitlines() if isinstance(content, str) else content
+            events = [str(e.get("event", e)) if isinstance(e, dict) else str(e) for e in entries]
+            why = next((e for e in events if "eagle3-regen FAILED: " in e), "")
+            lines.append(f"{name}: {why.split('eagle3-regen FAILED: ', 1)[-1][:400] or 'see its log'}")
+        return lines
 
     def task_log(self, run_id: str, task_id: str, map_index: int = -1, try_number: int = 1) -> str:
         path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
@@ -387,9 +426,37 @@ def demo(argv: list[str]) -> int:
         for task_id, map_index, task_state in stack.task_states(run_id):
             print(f"  {task_id}[{map_index}]: {task_state}" if map_index >= 0 else f"  {task_id}: {task_state}")
         summary = stack.xcom(run_id, "report") if state == "success" else None
+        failed = stack.failures(run_id) if state != "success" else []
     if summary is None:
-        print(f"run {state}: see var/airflow/logs/ for the failed tasks")
-        return 1
+        print(f"run {state}: the failed tasks and why (their logs are in var/airflow/logs/):")
+        for line in failed:
+            print(f"  {line}")
+        summary = run_report(stack, run_id, s3=args.s3)  # written even when a dataset failed: what was published
+        if summary is None:
+            return 1
+    print_summary(summary)
+    return 0 if state == "success" else 1
+
+
+def run_report(stack: Stack, run_id: str, s3: bool) -> dict[str, Any] | None:
+    """The run report the report task wrote before it failed the run, read from the demo's storage."""
+    from regen.layout import run_report_key, version_from_run_id
+
+    config = load_config(Path(os.environ.get("REGEN_CONFIG", ROOT / "config" / "regen.yaml")))
+    key = run_report_key(config.defaults.profile, version_from_run_id(run_id))
+    try:
+        if s3:
+            body = stack.s3_client().get_object(Bucket="eagle3-regen", Key=f"demo/{key}")["Body"].read()
+        else:
+            body = (Path(config.resolve(config.defaults.storage_root)) / key).read_bytes()
+    except Exception as e:  # a run that failed before its report: nothing more to show
+        print(f"no run report ({e}): nothing was published")
+        return None
+    return dict(json.loads(body))
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """Each published dataset's counts and where its files are, as the run report has them."""
     for dataset in summary["datasets"]:
         prep = dataset["prepare"]
         drift = dataset.get("retokenize_drift") or {}
@@ -406,8 +473,10 @@ def demo(argv: list[str]) -> int:
     print(f"fleet usage: {summary['fleet_usage']}")
     for warning in summary.get("warnings", []):  # e.g. a fleet that is not the SGLang release proven against
         print(f"warning: {warning}")
-    print(f"run report: {summary['report']}")
-    return 0
+    if summary.get("unpublished"):
+        print(f"not published: {', '.join(summary['unpublished'])}")
+    if "report" in summary:
+        print(f"run report: {summary['report']}")
 
 
 def ui(argv: list[str]) -> int:
