@@ -24,12 +24,21 @@ BODY = (
 
 
 def failure_message(context: Any) -> str:
+    """Which task failed, why, and what to do: a user error (a conf or config to fix, failed at once and never
+    retried: tasks.final_errors_fail_now) is mended by fixing it and triggering again; anything else by clearing the
+    run's failed tasks, which resumes with the finished work kept."""
+    from airflow.sdk.exceptions import AirflowFailException
+
     ti = context["ti"]
     what = f"{ti.task_id} [{ti.rendered_map_index}]" if ti.rendered_map_index else ti.task_id
-    return (
-        f"eagle3-regen FAILED: {what} in run {ti.run_id} (try {ti.try_number}): {context.get('exception')!r}. "
-        "Clear the run's failed tasks to resume; finished work is kept."
+    error = context.get("exception")
+    advice = (
+        "Fix what it names (the run's conf or the deployment's config), then trigger a new run: clearing will not "
+        "mend it."
+        if isinstance(error, AirflowFailException)
+        else "Clear the run's failed tasks to resume; finished work is kept."
     )
+    return f"eagle3-regen FAILED: {what} in run {ti.run_id} (try {ti.try_number}): {error!r}. {advice}"
 
 
 class FailureLog(BaseNotifier):

@@ -189,3 +189,18 @@ def test_the_alert_mail_escapes_what_it_quotes() -> None:
         .render(dag=SimpleNamespace(dag_id="eagle3_regen"), run_id=hostile, ti=ti, exception=RuntimeError(hostile))
     )
     assert "<img" not in body and body.count("&lt;img src=x onerror=alert(1)&gt;") == 4
+
+
+def test_the_failure_line_advises_what_fits_the_error() -> None:
+    """A user error (failed at once, never retried) is fixed and triggered again; a transient fault is cleared."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from regen_airflow.alerts import failure_message
+
+    ti = SimpleNamespace(task_id="plan", rendered_map_index=None, run_id="manual__1", try_number=1)
+    user = failure_message({"ti": ti, "exception": AirflowFailException("unknown run parameters ['temprature']")})
+    assert "Fix what it names" in user and "Clear" not in user
+    transient = failure_message({"ti": ti, "exception": ConnectionResetError("peer reset")})
+    assert "Clear the run's failed tasks to resume" in transient and "Fix what" not in transient
