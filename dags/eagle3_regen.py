@@ -222,7 +222,10 @@ def eagle3_regen() -> None:
         from regen import pipeline
 
         if not fleet:
-            raise AirflowFailException("check_server did not pass: no shard is sent to the fleet")
+            raise AirflowFailException(  # check_server failed, or never ran because plan failed before it
+                "no fleet check passed (check_server failed, or plan failed before it ran): no shard is sent to the "
+                "fleet; the earliest failed task says why"
+            )
         return pipeline.shard_groups([p for p in prepared if p], CONFIG.defaults.shard_task_limit)
 
     # Each mapped task handles one shard, or a group of consecutive shards in turn when a run has more shards than
