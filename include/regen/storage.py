@@ -55,6 +55,24 @@ class Storage(Protocol):
     def folders(self, prefix: str) -> list[str]: ...
 
 
+def _staged(target: Path, chunks: Iterable[bytes]) -> tuple[str, str]:
+    """The chunks in a synced temporary file beside the target, with the mode a new file gets: its path, sha256."""
+    fd, tmp = _temporary_beside(target)
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                digest.update(chunk)
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp, digest.hexdigest()
+
+
 def _temporary_beside(target: Path) -> tuple[int, str]:
     """A temporary file in the target's folder, made if needed (again, if a delete beside it just removed it empty)."""
     for attempt in range(3):
@@ -102,21 +120,13 @@ class LocalStorage:
     def _write_atomically(self, key: str, chunks: Iterable[bytes]) -> str:
         """Written to a temporary file beside the target, synced, then renamed: readers see all or nothing."""
         target = self._path(key)
-        fd, tmp = _temporary_beside(target)
-        digest = hashlib.sha256()
+        tmp, digest = _staged(target, chunks)
         try:
-            with os.fdopen(fd, "wb") as f:
-                for chunk in chunks:
-                    digest.update(chunk)
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, FILE_MODE)
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return digest.hexdigest()
+        return digest
 
     def put_bytes(self, key: str, data: bytes) -> str:
         return self._write_atomically(key, [data])
@@ -125,19 +135,14 @@ class LocalStorage:
         """Written only if the key is not there: the whole file linked into place in one step, which fails when a
         file of that name exists (two writers of one key: exactly one succeeds, the other gets KeyExists)."""
         target = self._path(key)
-        fd, tmp = _temporary_beside(target)
+        tmp, digest = _staged(target, [data])
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, FILE_MODE)
             os.link(tmp, target)
         except FileExistsError:
             raise KeyExists(f"{target} exists already") from None
         finally:
             Path(tmp).unlink(missing_ok=True)
-        return hashlib.sha256(data).hexdigest()
+        return digest
 
     def get_bytes(self, key: str) -> bytes:
         return self._path(key).read_bytes()
