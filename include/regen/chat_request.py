@@ -130,15 +130,31 @@ def served_parameters(parameters: Any, index: int) -> Any:
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
-    parameters = copy.deepcopy(parameters)
     try:
-        standardise_types(parameters)
+        parameters = standard_parameters(parameters)
         Draft202012Validator.check_schema(parameters)
     except SchemaError as e:
         raise Refused(f"Tool {index} function has invalid 'parameters' schema: {e.message}") from None
     except RecursionError:
         raise Refused(f"Tool {index} function 'parameters' schema is too deeply nested or contains a cycle.") from None
     return parameters
+
+
+def standard_parameters(parameters: Any) -> Any:
+    """A copy of a tool's parameters with SGLang's type names, unchecked."""
+    parameters = copy.deepcopy(parameters)
+    standardise_types(parameters)
+    return parameters
+
+
+def standard_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools as SGLang's tool-call detectors hold them (type names made standard), for reading an answer: the
+    schemas were checked when the prompt was prepared, so they are not checked again on every answer."""
+    return [
+        {**tool, "function": {**function, "parameters": standard_parameters(function.get("parameters"))}}
+        for tool in tools
+        for function in [tool.get("function") or {}]
+    ]
 
 
 def served_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

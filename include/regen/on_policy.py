@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from regen.chat import ChatRenderer, ModelProfile, TokenRoles
-from regen.chat_request import served_tools
+from regen.chat_request import standard_tools
 from regen.errors import FinalError
 from regen.reasons import Reason
 from regen.records import RawAnswer
@@ -192,7 +192,7 @@ def read_message(
         if grammar.format == "sections":
             found = _section_calls(normal, grammar, tools)
         elif grammar.format == "tagged_xml":
-            xml = read_xml_calls(normal, grammar.call_begin, grammar.call_end, served_tools(tools) or [])
+            xml = read_xml_calls(normal, grammar.call_begin, grammar.call_end, standard_tools(tools))
             found, content = (xml, content) if xml is not None else ([], normal)  # None: the detector failed
         else:
             found = _tagged_calls(normal[len(content) :], grammar, tools)

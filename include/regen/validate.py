@@ -44,7 +44,7 @@ import orjson
 import pyarrow as pa
 
 from regen.chat import ChatRenderer, TokenRoles
-from regen.chat_request import served_tools
+from regen.chat_request import standard_tools
 from regen.errors import FinalError
 from regen.manifest import ShardManifest, StageStats
 from regen.reasons import OK, Reason, RejectionWriter, split_of
@@ -263,7 +263,7 @@ class _Walk:
         grammar = self.roles.tool_calls
         if format == "tagged_xml" and grammar is not None:  # values typed as qwen3_coder types them must be JSON
             begin, end = self.decode([grammar.call_begin]), self.decode([grammar.call_end])
-            if read_xml_calls(f"{begin}{text}{end}", begin, end, served_tools(self.schemas()) or []) is None:
+            if read_xml_calls(f"{begin}{text}{end}", begin, end, standard_tools(self.schemas())) is None:
                 return _reject(
                     Reason.TOOL_CALL_BAD_ARGUMENTS,
                     f"call at {pos}: a value typed by its schema is not JSON (a Python set?): SGLang drops every call",
