@@ -12,6 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hypothesis import HealthCheck, settings
+
+# Every differential test: this many cases, the same ones on every run, each as slow as the oracle is.
+CASES = 2_000
+DIFFERENTIAL = settings(
+    max_examples=CASES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("sglang_oracle.py")
 

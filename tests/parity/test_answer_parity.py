@@ -16,16 +16,15 @@ from collections import Counter
 from typing import Any
 
 import orjson
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 from regen.chat import ChatRenderer
 from regen.on_policy import assistant_message, read_message
 from regen.reasons import Reason
 from regen.validate import judge_output
 from tests.parity.answers import CALL, MARKERS, answer, qwen_answer
-from tests.parity.oracle import Oracle
+from tests.parity.oracle import CASES, DIFFERENTIAL, Oracle
 
-CASES = 2_000
 READING = frozenset(  # the tool-call reasons validate gives for what SGLang's reading loses
     {
         Reason.TOOL_CALL_UNBALANCED,
@@ -70,13 +69,7 @@ def test_answers_read_and_judged_as_sglang_reads_them(
 ) -> None:
     seen: Counter[str] = Counter()
 
-    @settings(
-        max_examples=CASES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @DIFFERENTIAL
     @given(answer())
     def check(case: dict[str, Any]) -> None:
         renderer = kimi_renderers[case["thinking"]]
@@ -134,13 +127,7 @@ def test_qwen_answers_read_as_sglang_reads_them(qwen_renderers: dict[bool, ChatR
     twice, an unclosed call are rejected, where the detector reads what it can): the test holds it to no more."""
     seen: Counter[str] = Counter()
 
-    @settings(
-        max_examples=CASES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @DIFFERENTIAL
     @given(qwen_answer())
     def check(case: dict[str, Any]) -> None:
         renderer = qwen_renderers[case["thinking"]]

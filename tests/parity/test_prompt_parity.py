@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from regen.chat import ChatRenderer
 from regen.chat_request import Refused
@@ -15,10 +15,9 @@ from regen.datasets.formats import normalise_row
 from regen.datasets.normalise import Conversation, Rejection
 from regen.datasets.tokenise import render
 from tests.parity.conversations import LONG_TEXT, conversation
-from tests.parity.oracle import Oracle
+from tests.parity.oracle import CASES, DIFFERENTIAL, Oracle
 
 KIMI_IDS = "functions.{name}:{index}"
-CASES = 2_000
 
 
 def project_prompt(case: dict[str, Any], renderer: ChatRenderer) -> list[int] | str:
@@ -68,13 +67,7 @@ def test_prepared_prompts_are_sglangs_own(model: str, request: pytest.FixtureReq
     renderers, oracle = request.getfixturevalue(f"{model}_renderers"), request.getfixturevalue(f"{model}_oracle")
     seen: Counter[str] = Counter()
 
-    @settings(
-        max_examples=CASES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @DIFFERENTIAL
     @given(conversation())
     def check(case: dict[str, Any]) -> None:
         kind = agree(case, renderers, oracle)
