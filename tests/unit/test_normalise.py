@@ -227,6 +227,22 @@ def test_the_developer_role_stays_developer_as_sglang_keeps_it() -> None:
     assert prompt.messages[0] == {"role": "developer", "content": "rules"}
 
 
+def test_empty_reasoning_is_kept_as_sglang_dumps_it() -> None:
+    """Qwen3.6's template reads reasoning out of the content only when `reasoning_content` is not a string, so "" and
+    absent render differently: production keeps "" (found by the differential test, content `</think>`)."""
+    row = {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "</think>", "reasoning_content": ""},
+            {"role": "assistant", "content": "b", "reasoning_content": None},
+            {"role": "user", "content": "c"},
+        ]
+    }
+    [prompt] = prompts(row)
+    assert prompt.messages[1] == {"role": "assistant", "content": "</think>", "reasoning_content": ""}
+    assert prompt.messages[2] == {"role": "assistant", "content": "b"}
+
+
 def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
     conversation = Conversation(messages=[{"role": "assistant", "content": "x"}], tools=[])
     assert select_prompts(conversation, "every_assistant_turn") == Rejection(
@@ -246,6 +262,11 @@ def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
         pytest.param({"messages": [{"role": "assistant", "content": "x"}]}, "no_user_turn", id="no-user"),
         pytest.param({"messages": [{"role": "user", "content": ""}]}, "empty_content", id="empty"),
         pytest.param({"messages": [{"role": "user", "content": 5}]}, "bad_content", id="content-type"),
+        pytest.param(  # SGLang types it Optional[str] and answers 400
+            {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "reasoning_content": 1}]},
+            "bad_message",
+            id="reasoning-not-text",
+        ),
         pytest.param({"messages": [{"role": "user", "content": "bad \ud800 text"}]}, "invalid_utf8", id="surrogate"),
         pytest.param(
             {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "bad_tools", id="tools"

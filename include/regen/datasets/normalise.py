@@ -189,8 +189,13 @@ class _CallIds:
 def _assistant(
     raw: dict[str, Any], message: dict[str, Any], position: int, ids: _CallIds, id_format: str
 ) -> Rejection | None:
-    if isinstance(raw.get("reasoning_content"), str) and raw["reasoning_content"]:
-        message["reasoning_content"] = raw["reasoning_content"]
+    # SGLang's message model dumps a string reasoning_content as given, "" included, and a template may tell "" from
+    # absent (Qwen3.6 reads reasoning from the content only when reasoning_content is not a string).
+    reasoning = raw.get("reasoning_content")
+    if isinstance(reasoning, str):
+        message["reasoning_content"] = reasoning
+    elif reasoning is not None:  # SGLang refuses the request (its model types it Optional[str])
+        return Rejection("bad_message", f"message {position} reasoning_content is not text")
     calls = raw.get("tool_calls")
     if not calls and raw.get("function_call") is not None:
         calls = [{"type": "function", "function": raw["function_call"]}]  # legacy OpenAI: one call, no id
