@@ -43,6 +43,7 @@ def write_dataset(folder: Path, prompts: int, shard_size: int, in_flight: int, s
             "tokenize_workers": 1,  # this benchmark measures generation; prepare is bench_prepare.py's
             "sampling": {"max_new_tokens": 1024, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0},
         },
+        "governance": {"allowed_endpoints": ["127.0.0.1"]},  # the bench's simulators
         "datasets": {"bench": {"paths": ["bench.jsonl"], "format": "input_output"}},
     }
     path = folder / f"regen-{shard_tasks}.yaml"

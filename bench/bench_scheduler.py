@@ -43,6 +43,7 @@ def write_config(folder: Path, shards: int, shard_task_limit: int) -> Path:
             "shard_task_limit": shard_task_limit,
             "sampling": {"max_new_tokens": 64, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0},
         },
+        "governance": {"allowed_endpoints": ["127.0.0.1"]},  # the bench's simulators
         "datasets": {f"bench{shards}": {"paths": [f"bench-{shards}.jsonl"], "format": "input_output"}},
     }
     path = folder / "regen.yaml"

@@ -16,7 +16,7 @@ from airflow.sdk import Asset, Param, TriggerRule, dag, get_current_context, tas
 
 from regen.config import load_config
 from regen_airflow.alerts import failure_notifiers
-from regen_airflow.tasks import PUBLISHED_DATASETS, final_errors_fail_now, s3_client
+from regen_airflow.tasks import PUBLISHED_DATASETS, final_errors_fail_now, s3_client, sglang_api_keys
 
 # The deployment's config is a local file read at parse time: it fills the trigger form (no network, no storage).
 CONFIG = load_config()
@@ -101,7 +101,7 @@ def _run(run: dict[str, Any]) -> Any:
         "endpoints": Param(
             CONFIG.defaults.endpoints,
             type="array",
-            items={"type": "string", "pattern": "^https?://"},
+            items={"type": "string", "pattern": r"^https?://[^\s?#]+$"},
             minItems=1,
             title="SGLang endpoints",
             description="Base URLs of SGLang servers, or one sglang-router URL.",
@@ -210,8 +210,8 @@ def eagle3_regen() -> None:
     def check_server(run: dict[str, Any]) -> list[dict[str, Any]]:
         from regen import pipeline
 
-        with final_errors_fail_now():  # the wrong fleet stays wrong
-            return pipeline.check_server(_run(run))
+        with final_errors_fail_now():  # the wrong fleet (or API key) stays wrong
+            return pipeline.check_server(_run(run), sglang_api_keys())
 
     # A dataset whose prepare failed must not hold back the others: shards are listed from the datasets that were
     # prepared, once the fleet check passed.
@@ -239,7 +239,9 @@ def eagle3_regen() -> None:
         from regen import pipeline
 
         _label(shards)
-        return [pipeline.generate_shard(_run(run), shard, s3_client) for shard in shards]
+        keys = sglang_api_keys()
+        with final_errors_fail_now():  # a refused API key, a template changed mid-conversation
+            return [pipeline.generate_shard(_run(run), shard, s3_client, keys) for shard in shards]
 
     @task(map_index_template="{{ label }}")
     def validate_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:

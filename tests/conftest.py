@@ -48,6 +48,36 @@ def prepare_sample(
     return prepared, storage
 
 
+def project_config_in(folder: Path, **governance: list[str]) -> Path:
+    """The project's config/regen.yaml written into `folder` with its relative paths made absolute, and `governance`
+    over its own: for tests whose runs write to a temporary root."""
+    import yaml
+
+    source = ROOT / "config" / "regen.yaml"
+    config = load_config(source)
+    raw = yaml.safe_load(source.read_text())
+    raw["defaults"]["storage_root"] = config.resolve(raw["defaults"]["storage_root"])
+    for name, dataset in raw["datasets"].items():
+        if "paths" in dataset:
+            dataset["paths"] = [config.resolve(path) for path in config.datasets[name].paths or []]
+    raw["governance"] = {
+        "allowed_endpoints": governance.get("allowed_endpoints", config.allowed_endpoints),
+        "allowed_storage_roots": [*config.allowed_storage_roots, *governance.get("allowed_storage_roots", [])],
+    }
+    path = folder / "regen.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def tmp_roots_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The project's config, whose runs may also write under this test's tmp_path."""
+    folder = tmp_path / "deployment"
+    folder.mkdir()
+    monkeypatch.setenv("REGEN_CONFIG", str(project_config_in(folder, allowed_storage_roots=[str(tmp_path)])))
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def renderer() -> ChatRenderer:
     return ChatRenderer(get_profile("kimi-k2.5-mini"))

@@ -86,7 +86,8 @@ def start_simulator(folder: Path, *args: str, port: int | None = None) -> Simula
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until("simulator", lambda: requests.get(f"{url}/model_info", timeout=1).ok, 60, poll_s=0.2)
+        # Up once it answers at all: /health is 503 while it warms up, and open even with --api-key (as SGLang's is).
+        wait_until("simulator", lambda: requests.get(f"{url}/health", timeout=1).status_code in (200, 503), 60, 0.2)
     except TimeoutError:
         process.kill()
         raise
@@ -427,6 +428,8 @@ def demo(argv: list[str]) -> int:
             print(f"  {task_id}[{map_index}]: {task_state}" if map_index >= 0 else f"  {task_id}: {task_state}")
         summary = stack.xcom(run_id, "report") if state == "success" else None
         failed = stack.failures(run_id) if state != "success" else []
+        if args.s3 and summary is not None:  # while its S3 API is up: it stops with the demo
+            verified = verify_all(summary, stack.s3_client())
     if summary is None:
         print(f"run {state}: the failed tasks and why (their logs are in var/airflow/logs/):")
         for line in failed:
@@ -435,7 +438,17 @@ def demo(argv: list[str]) -> int:
         if summary is None:
             return 1
     print_summary(summary)
+    if args.s3 and state == "success":
+        print(f"verified on the S3 API before it stopped: {verified}. The s3:// paths above are records only now.")
     return 0 if state == "success" else 1
+
+
+def verify_all(summary: dict[str, Any], s3_client: Any) -> str:
+    """Every published version of the run read back whole against its manifest (regen.verify)."""
+    from regen.verify import verify_published
+
+    done = [verify_published(d["manifest"], s3_client) for d in summary["datasets"]]
+    return f"{len(done)} versions, {sum(v['records'] for v in done)} records"
 
 
 def run_report(stack: Stack, run_id: str, s3: bool) -> dict[str, Any] | None:
@@ -517,7 +530,22 @@ def ui(argv: list[str]) -> int:
 
 COMMANDS = {"demo": demo, "ui": ui}
 
-if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+
+def main(argv: list[str]) -> int:
+    """A user's mistake (a config or conf to fix) is one short message and exit 2; REGEN_DEBUG=1 shows the traceback."""
+    from regen.errors import FinalError
+
+    if not argv or argv[0] not in COMMANDS:
         sys.exit(__doc__)
-    sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))
+    try:
+        load_config(Path(os.environ.get("REGEN_CONFIG", ROOT / "config" / "regen.yaml")))  # before anything starts
+        return COMMANDS[argv[0]](argv[1:])
+    except FinalError as e:
+        if os.environ.get("REGEN_DEBUG"):
+            raise
+        print(f"{argv[0]}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -11,13 +11,15 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from regen.chat import PROFILE_NAME, PROFILES, ModelProfile
-from regen.errors import FinalError
+from regen.errors import FinalError, did_you_mean
+from regen.governance import default_endpoint_patterns, endpoint_address, endpoint_allowed, storage_root_within
 from regen.layout import RESERVED
 from regen.tool_calls import ToolCallGrammar
 
@@ -250,9 +252,35 @@ class Defaults(BaseModel):
     # maps at most [core] max_map_length (1024) anyway.
     shard_task_limit: int = Field(256, ge=1, le=1024)
 
-    @property
-    def shard_concurrency(self) -> int:
-        return -(-self.in_flight // self.shard_tasks)
+    sglang_conn_id: str = Field(
+        "sglang_default",
+        description="Airflow connection with the fleet's API key (servers started with --api-key): its password for "
+        "every endpoint, its extra's api_keys {base URL: key} per endpoint; no such connection: no key is sent",
+    )
+
+    @field_validator("endpoints")
+    @classmethod
+    def _base_urls(cls, endpoints: list[str]) -> list[str]:
+        for url in endpoints:
+            endpoint_address(url)  # a ValueError says what is wrong with it
+        return [url.rstrip("/") for url in endpoints]
+
+
+class Governance(BaseModel):
+    """What a run may choose, decided by the deployment: whoever may trigger a run may publish training data
+    (regen.governance). Checked at plan, before anything is written or sent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    allowed_endpoints: list[str] = Field(
+        default_factory=list,
+        description="host or host:port patterns, shell-style (`sglang-*.internal:30000`, `10.0.0.*`; no port: any "
+        "port); empty: exactly the hosts and ports of defaults.endpoints",
+    )
+    allowed_storage_roots: list[str] = Field(
+        default_factory=list,
+        description="roots a run may write under (s3://bucket/prefix, or a folder relative to this file); empty: "
+        "defaults.storage_root",
+    )
 
 
 class AlertsConfig(BaseModel):
@@ -268,6 +296,7 @@ class RegenConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     defaults: Defaults = Defaults()
     alerts: AlertsConfig = AlertsConfig()
+    governance: Governance = Governance()
     datasets: dict[str, DatasetConfig] = Field(min_length=1)
     # Target models beside the built-in kimi-k2.5 and kimi-k2.5-mini: a second model is an entry here, not code.
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
@@ -287,6 +316,13 @@ class RegenConfig(BaseModel):
                 raise ValueError(f"profile {name!r} is built in; give yours another name")
             if not PROFILE_NAME.match(name):
                 raise ValueError(f"profile name {name!r}: use lowercase letters, digits, '.', '_' or '-'")
+        outside = [url for url in self.defaults.endpoints if not endpoint_allowed(url, self.allowed_endpoints)]
+        if outside:
+            raise ValueError(f"defaults.endpoints {outside} are outside governance.allowed_endpoints: allow them too")
+        if not any(
+            storage_root_within(self.resolve(self.defaults.storage_root), r) for r in self.allowed_storage_roots
+        ):
+            raise ValueError("defaults.storage_root is outside governance.allowed_storage_roots: allow it too")
         if self.defaults.profile not in self.profile_names:
             raise ValueError(
                 f"defaults.profile: unknown profile {self.defaults.profile!r}; known: {', '.join(self.profile_names)}"
@@ -307,6 +343,14 @@ class RegenConfig(BaseModel):
             return self.profiles[name].to_profile(name, self.resolve)
         except ValueError as e:
             raise ConfigError(f"profiles.{name}: {e}") from e
+
+    @property
+    def allowed_endpoints(self) -> list[str]:
+        return list(self.governance.allowed_endpoints) or default_endpoint_patterns(self.defaults.endpoints)
+
+    @property
+    def allowed_storage_roots(self) -> list[str]:
+        return [self.resolve(root) for root in self.governance.allowed_storage_roots or [self.defaults.storage_root]]
 
     def dataset(self, name: str) -> DatasetConfig:
         try:
@@ -332,13 +376,57 @@ def load_config(path: Path | None = None) -> RegenConfig:
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist (set REGEN_CONFIG to your deployment's file)") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must be a mapping with 'defaults' and 'datasets'")
     try:
         return RegenConfig(**raw, base_dir=path.resolve().parent)
     except ValidationError as e:
-        raise ConfigError(f"config file {path} is invalid:\n{e}") from e
+        problems = "\n".join(f"  {problem}" for problem in explain(e, RegenConfig))
+        raise ConfigError(f"config file {path} is invalid:\n{problems}") from None
+
+
+def explain(error: ValidationError, model: type[BaseModel]) -> list[str]:
+    """Each problem of a validation error as one line, `where: what`, with the close field name for a typo
+    (`datasets.C1_multiturn.turn: not a field; did you mean 'turns'?`)."""
+    lines = []
+    for problem in error.errors():
+        where = ".".join(str(part) for part in problem["loc"]) or "(the file)"
+        if problem["type"] == "extra_forbidden":
+            known = _fields_at(model, problem["loc"][:-1])
+            lines.append(f"{where}: not a field here{did_you_mean(problem['loc'][-1], known)}")
+        else:
+            lines.append(f"{where}: {problem['msg'].removeprefix('Value error, ')}")
+    return lines
+
+
+def _fields_at(model: Any, path: tuple[Any, ...]) -> list[str]:
+    """The field names of the model found at `path` inside `model` (through dicts of models and tagged unions, as
+    pydantic's error locations run), or none."""
+    candidates = [model]
+    for part in path:
+        models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if any(part in m.model_fields for m in models):
+            candidates = _members(next(m for m in models if part in m.model_fields).model_fields[part].annotation)
+        elif tagged := [m for m in models if "format" in m.model_fields and part in _tags(m)]:
+            candidates = tagged  # a tagged union's member, named by its tag (`tool_calls.sections`)
+        elif dicts := [c for c in candidates if get_origin(c) is dict]:
+            candidates = _members(get_args(dicts[0])[1])  # a key of a dict of models (a dataset's name)
+        else:
+            return []
+    return [name for c in candidates if isinstance(c, type) and issubclass(c, BaseModel) for name in c.model_fields]
+
+
+def _tags(model: type[BaseModel]) -> tuple[Any, ...]:
+    """The values a tagged union member's `format` Literal allows (`sections`, `tagged_json`, ...)."""
+    return get_args(model.model_fields["format"].annotation)
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types an annotation admits: through Optional, unions and Annotated."""
+    if get_origin(annotation) in (Union, UnionType, Annotated):
+        return [member for arg in get_args(annotation) for member in _members(arg)]
+    return [annotation]
 
 
 def find_profile(name: str) -> ModelProfile:

@@ -43,6 +43,7 @@ from regen.records import (
     write_raw,
 )
 from regen.samples import sample_of, turn_id
+from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLangClient, TransientError
 from regen.sglang.fleet import EndpointPool, FleetUnavailable
 from regen.storage import Storage, sha256_file
@@ -62,6 +63,7 @@ class GenerateSettings:
     progress_s: float = 10.0
     fleet_wait_s: float = 120.0
     backoff_max_s: float = 30.0
+    api_keys: ApiKeys = field(default=NO_KEYS, repr=False)
 
 
 MERGE_AFTER = 32  # small parts of one try merged into one: a long shard leaves dozens of parts to resume from
@@ -385,7 +387,7 @@ async def _generate_missing(
 ) -> GenerationReport:
     """`todo`: the samples to answer, or the on-policy conversations to follow (`conversations`)."""
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with settings.api_keys.session(connector=connector) as session:
         pool = EndpointPool(settings.endpoints, session, fleet_wait_s=settings.fleet_wait_s)
         client = SGLangClient(pool, session, settings.request_timeout_s, settings.max_attempts, settings.backoff_max_s)
         queue = iter(todo)  # shared by the workers: each sample is taken exactly once

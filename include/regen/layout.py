@@ -14,6 +14,7 @@
       reports/shard-00042.json                 the shard's final manifest (its presence: the shard is finished)
       report.json, report.html, *.png          the dataset report
       manifest.json                            written last: its presence means the version is complete
+      writer.json                              the run writing the version, renewed while it writes (regen.claims)
     {profile}/runs/{version}.json              the run's report (a later run of the version: {version}--{run}.json)
     {profile}/.write-check-*                   plan's probe write, deleted at once
 
@@ -113,6 +114,10 @@ class DatasetLocation:
     @property
     def prepared(self) -> str:
         return self._key("prompts", "prepare.json")
+
+    @property
+    def writer(self) -> str:
+        return self._key("writer.json")
 
     @property
     def prompts_folder(self) -> str:

@@ -16,16 +16,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from regen.chat import ChatRenderer, why_tokenizer_fails
+from regen.claims import held, release
 from regen.config import ConfigError, ExportConfig, RegenConfig, Sampling, find_profile, load_config
 from regen.datasets.prepare import run_prepare
-from regen.errors import FinalError
+from regen.errors import FinalError, did_you_mean
 from regen.export import ExportSettings, run_export
 from regen.generate import GenerateSettings, run_generate
+from regen.governance import check_endpoints, check_storage_root
 from regen.inputs import dataset_inputs, latest_published
 from regen.layout import DatasetLocation, checked_name, run_report_key, version_from_run_id, write_check_key
 from regen.manifest import GenerationReport, PreparedDataset, ShardManifest
 from regen.publish import run_publish, verify_contents
 from regen.report import fleet_utilisation, generation_cost, log_summary, sglang_version_warnings
+from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.server_check import check_fleet
 from regen.storage import S3ClientFactory, Storage, check_writable, open_storage
 from regen.validate import ValidateSettings, run_validate
@@ -74,8 +77,9 @@ class RunSpec:
     @classmethod
     def _from_params(cls, params: dict[str, Any], run_id: str, config: RegenConfig) -> RunSpec:
         unknown = sorted(set(params) - RUN_PARAMS)
-        if unknown:
-            raise ConfigError(f"unknown run parameters {unknown}; a run takes {sorted(RUN_PARAMS)}")
+        if unknown:  # Airflow 3.3 takes any key at trigger (ParamsDict.deep_merge adds it): refused here
+            hints = "".join(did_you_mean(name, RUN_PARAMS).replace("; did", f"; for {name!r} did") for name in unknown)
+            raise ConfigError(f"unknown run parameters {unknown}{hints}; a run takes {sorted(RUN_PARAMS)}")
         d = config.defaults
         datasets = params.get("datasets")
         if datasets is not None and not datasets:
@@ -92,8 +96,12 @@ class RunSpec:
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise ConfigError(f"limit must be a positive integer or null, got {limit!r}")
         endpoints = [str(e).rstrip("/") for e in (params.get("endpoints") or d.endpoints)]
-        if not all(e.startswith(("http://", "https://")) for e in endpoints):
-            raise ConfigError(f"endpoints must be http(s) base URLs, got {endpoints}")
+        try:
+            check_endpoints(endpoints, config.allowed_endpoints)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        storage_root = config.resolve(params.get("storage_root") or d.storage_root)
+        check_storage_root(storage_root, config.allowed_storage_roots)
         in_flight = d.in_flight if params.get("in_flight") is None else params["in_flight"]
         shard_size = d.shard_size if params.get("shard_size") is None else params["shard_size"]
         for name, value in (("in_flight", in_flight), ("shard_size", shard_size)):
@@ -111,7 +119,7 @@ class RunSpec:
         return cls(
             datasets=datasets,
             endpoints=endpoints,
-            storage_root=config.resolve(params.get("storage_root") or d.storage_root),
+            storage_root=storage_root,
             profile=profile,
             limit=limit,
             sampling=sampling_from_params(params, d.sampling).as_params(),
@@ -202,19 +210,20 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
             return {"location": asdict(location), "shards": [], "unchanged_since": latest}
         if inputs["digest"] is None:
             log.info("%s: a source without a pinned content identity: regenerated every run", dataset)
-    prepared = run_prepare(
-        config.dataset(dataset),
-        location,
-        storage,
-        renderer,
-        run.shard_size,
-        run.limit,
-        config.resolve,
-        s3_client=s3_client,
-        workers=config.defaults.tokenize_workers,
-        inputs=inputs,
-        run_id=run.run_id,
-    )
+    with held(storage, location, run.run_id):
+        prepared = run_prepare(
+            config.dataset(dataset),
+            location,
+            storage,
+            renderer,
+            run.shard_size,
+            run.limit,
+            config.resolve,
+            s3_client=s3_client,
+            workers=config.defaults.tokenize_workers,
+            inputs=inputs,
+            run_id=run.run_id,
+        )
     return prepared.to_dict()
 
 
@@ -230,12 +239,15 @@ def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[list[dict[s
     return [shards[i : i + size] for shards in per_dataset for i in range(0, len(shards), size)]
 
 
-def check_server(run: RunSpec) -> list[dict[str, Any]]:
-    return check_fleet(run.endpoints, renderer_for(run.profile), run.sampling)
+def check_server(run: RunSpec, api_keys: ApiKeys = NO_KEYS) -> list[dict[str, Any]]:
+    return check_fleet(run.endpoints, renderer_for(run.profile), run.sampling, api_keys=api_keys)
 
 
-def generate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+def generate_shard(
+    run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None, api_keys: ApiKeys = NO_KEYS
+) -> dict[str, Any]:
     settings = GenerateSettings(
+        api_keys=api_keys,
         endpoints=run.endpoints,
         sampling_params=run.sampling,
         concurrency=run.concurrency,
@@ -249,19 +261,25 @@ def generate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFacto
     # Only an on-policy shard (prepare counted its turns) renders prompts as it goes: other shards never load the
     # tokenizer here.
     renderer = renderer_for(run.profile) if manifest.num_answers is not None else None
-    return run_generate(manifest, _storage(run, s3_client), settings, renderer).to_dict()
+    storage = _storage(run, s3_client)
+    with held(storage, manifest.location, run.run_id):
+        return run_generate(manifest, storage, settings, renderer).to_dict()
 
 
 def validate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
     renderer = renderer_for(run.profile)
     settings = ValidateSettings(**run.validation)
-    return run_validate(ShardManifest.from_dict(shard), _storage(run, s3_client), renderer, settings).to_dict()
+    manifest, storage = ShardManifest.from_dict(shard), _storage(run, s3_client)
+    with held(storage, manifest.location, run.run_id):
+        return run_validate(manifest, storage, renderer, settings).to_dict()
 
 
 def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
     settings = ExportSettings(**run.export)
     decode = renderer_for(run.profile).decode if settings.review_text else None
-    return run_export(ShardManifest.from_dict(shard), _storage(run, s3_client), settings, decode).to_dict()
+    manifest, storage = ShardManifest.from_dict(shard), _storage(run, s3_client)
+    with held(storage, manifest.location, run.run_id):
+        return run_export(manifest, storage, settings, decode).to_dict()
 
 
 def verify_dataset(run: RunSpec, prepared: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
@@ -270,7 +288,9 @@ def verify_dataset(run: RunSpec, prepared: dict[str, Any], s3_client: S3ClientFa
     finish. An unchanged dataset has nothing new to verify."""
     if "unchanged_since" in prepared:
         return {"dataset": prepared["location"]["dataset"], "unchanged": True}
-    return verify_contents(PreparedDataset.from_dict(prepared), _storage(run, s3_client))
+    dataset, storage = PreparedDataset.from_dict(prepared), _storage(run, s3_client)
+    with held(storage, dataset.location, run.run_id):  # its verdict holds only while no other run writes
+        return verify_contents(dataset, storage)
 
 
 class NotVerified(FinalError):
@@ -295,9 +315,12 @@ def publish_dataset(
     storage = _storage(run, s3_client)
     prepared_dataset = PreparedDataset.from_dict(prepared)
     cost = load_config().defaults.cost.model_dump()
-    return run_publish(
-        prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run.run_id, cost
-    )
+    with held(storage, prepared_dataset.location, run.run_id):  # the manifest is written by the version's writer
+        published = run_publish(
+            prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run.run_id, cost
+        )
+    release(storage, prepared_dataset.location, run.run_id)  # a published version is never written again
+    return published
 
 
 def asset_event(published: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +365,8 @@ def report(
         "unpublished": missing,
     }
     storage = _storage(run, s3_client)
+    for dataset in run.datasets:  # the run writes no more: a Resume of what it left may start at once
+        release(storage, run.location(dataset), run.run_id)
     key = _report_key(storage, run)
     storage.put_bytes(key, json.dumps(summary, indent=1).encode())
     log_summary(published, missing, fleet_usage)

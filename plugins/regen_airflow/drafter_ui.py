@@ -109,9 +109,14 @@ async def compare(dataset: str, before: str, after: str, profile: str | None = N
 async def fleet() -> list[dict[str, Any]]:
     """Asked on demand (a button on the page), never cached: the point is how the fleet is now."""
     from regen.config import load_config
+    from regen.governance import endpoint_allowed
     from regen.sglang.fleet_status import ask_fleet
+    from regen_airflow.tasks import sglang_api_keys
 
-    return await ask_fleet(load_config().defaults.endpoints)
+    config = load_config()
+    keys = await asyncio.to_thread(sglang_api_keys)  # a connection lookup blocks
+    allowed = config.allowed_endpoints
+    return await ask_fleet(config.defaults.endpoints, api_keys=keys, may_ask=lambda url: endpoint_allowed(url, allowed))
 
 
 @app.get("/", response_class=HTMLResponse)

@@ -36,6 +36,26 @@ def s3_client() -> Any:
     return hook.get_client_type(region_name=hook.region_name, config=retries.merge(own) if own else retries)
 
 
+def sglang_api_keys() -> Any:
+    """The fleet's API keys (servers started with --api-key) from the Airflow connection `defaults.sglang_conn_id`:
+    its password is the key of every endpoint, its extra's `api_keys` ({"http://host:port": key}) those of single
+    endpoints. No such connection: no key is sent (servers without --api-key need none)."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.sdk import BaseHook
+
+    from regen.config import load_config
+    from regen.sglang.auth import ApiKeys
+
+    conn_id = load_config().defaults.sglang_conn_id
+    source = f"the Airflow connection {conn_id!r} (password: every endpoint's key; extra api_keys: per endpoint)"
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return ApiKeys(source=f"{source}, which does not exist")
+    per_endpoint = conn.extra_dejson.get("api_keys") or {}
+    return ApiKeys(conn.password, per_endpoint if isinstance(per_endpoint, dict) else {}, source)
+
+
 @contextmanager
 def final_errors_fail_now(prefix: str = "") -> Iterator[None]:
     """What a retry cannot mend (regen.errors.FinalError) fails the task at once with its message; the rest is

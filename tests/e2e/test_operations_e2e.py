@@ -113,6 +113,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
     (folder / "C1.jsonl").write_text("\n".join(lines[:4] + lines[12:16]) + "\n")
     config["datasets"]["C1_multiturn"]["paths"] = [str(folder / "C1.jsonl")]
     port = free_port()
+    config["governance"]["allowed_storage_roots"] = [f"s3://{BUCKET}"]
     config["defaults"].update(
         endpoints=[f"http://127.0.0.1:{port}"],
         storage_root=f"s3://{BUCKET}/nightly",

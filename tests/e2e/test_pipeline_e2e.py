@@ -73,6 +73,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         dataset["paths"] = [str((project.parent / path).resolve()) for path in dataset["paths"]]
     config["datasets"]["B3_missing"] = {"format": "input_output", "paths": [str(project.parent / "absent.jsonl")]}
     config["defaults"]["storage_root"] = f"s3://{BUCKET}/runs"  # where the "Drafter data" page looks
+    config["governance"]["allowed_storage_roots"] = [f"s3://{BUCKET}"]
     folder = tmp_path_factory.mktemp("config")
     config.setdefault("profiles", {})[USER_PROFILE] = user_profile(folder)  # beside the project's own
     config_path = folder / "regen.yaml"

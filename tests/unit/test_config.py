@@ -31,13 +31,30 @@ def test_project_config_loads_and_resolves_paths() -> None:
         pytest.param("defaults: {profile: nope}\ndatasets: {a: {paths: [x]}}", "unknown profile 'nope'", id="profile"),
         pytest.param("datasets: {a: {paths: [x], format: csv}}", "format", id="format"),
         pytest.param("defaults: {sampling: {top_k: 0}}\ndatasets: {a: {paths: [x]}}", "top_k must be -1", id="top-k"),
-        pytest.param("defaults: {shard_sise: 5}\ndatasets: {a: {paths: [x]}}", "shard_sise", id="typo"),
+        pytest.param(
+            "defaults: {shard_sise: 5}\ndatasets: {a: {paths: [x]}}",
+            "defaults.shard_sise: not a field here; did you mean 'shard_size'",
+            id="typo",
+        ),
+        pytest.param(
+            "datasets: {C1: {paths: [x], turn: on_policy}}",
+            "datasets.C1.turn: not a field here; did you mean 'turns'",
+            id="typo-in-a-dataset",
+        ),
+        pytest.param(
+            "datasets: {a: {paths: [x]}}\nprofiles: {m: {tokenizer: t, generation_suffix: s, eos_tokens: [e], "
+            "tool_calls: {format: tagged_json, call_begin: b, call_ends: e}}}",
+            "profiles.m.tool_calls.tagged_json.call_ends: not a field here; did you mean 'call_end'",
+            id="typo-in-a-grammar",
+        ),
         pytest.param("[1, 2", "not valid YAML", id="yaml"),
     ],
 )
 def test_bad_configs_fail_with_what_to_fix(tmp_path: Path, text: str, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as failed:
         load_config(write(tmp_path, text))
+    assert "errors.pydantic.dev" not in str(failed.value)  # one line a problem, no pydantic boilerplate
+    assert failed.value.__cause__ is None and failed.value.__suppress_context__  # no chained traceback
 
 
 def test_missing_config_names_the_variable(tmp_path: Path) -> None:
@@ -66,7 +83,11 @@ def test_run_spec_merges_params_over_defaults() -> None:
         pytest.param({"max_new_tokens": 0}, "max_new_tokens: Input should be greater than or equal to 1", id="max"),
         pytest.param({"top_k": 0}, "top_k must be -1", id="top-k"),
         pytest.param({"sampling": {"temperature": 0.5}}, r"unknown run parameters \['sampling'\]", id="old-shape"),
-        pytest.param({"temprature": 0.5}, r"unknown run parameters \['temprature'\]", id="typo"),
+        pytest.param(
+            {"temprature": 0.5},
+            r"unknown run parameters \['temprature'\]; for 'temprature' did you mean 'temperature'",
+            id="typo",
+        ),
         pytest.param({"datasets": []}, "datasets is empty: choose at least one", id="no-datasets"),
         pytest.param(
             {"datasets": ["B1_glaive", "B1_glaive"]}, r"\['B1_glaive'\] are listed more than once", id="twice"
@@ -88,6 +109,7 @@ def test_version_takes_a_run_id_as_it_is() -> None:
     assert run.version == "scheduled__2026-11-29T02-00-00-00-00"
 
 
+@pytest.mark.usefixtures("tmp_roots_allowed")
 def test_plan_refuses_a_storage_root_that_takes_no_writes(tmp_path: Path) -> None:
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("a file where a directory should be")
@@ -95,3 +117,25 @@ def test_plan_refuses_a_storage_root_that_takes_no_writes(tmp_path: Path) -> Non
         pipeline.plan({"storage_root": str(blocked / "root")}, "run")
     assert pipeline.plan({"storage_root": str(tmp_path / "ok")}, "run")["storage_root"] == str(tmp_path / "ok")
     assert list((tmp_path / "ok").rglob("*.write-check-*")) == []  # the probe cleans up after itself
+
+
+def test_make_demo_names_a_config_typo_in_one_short_message_before_starting_anything(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    path = write(tmp_path, "datasets: {C1_multiturn: {paths: [x.jsonl], turn: on_policy}}")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "devstack.py"), "demo"],
+        env={**os.environ, "REGEN_CONFIG": str(path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""  # nothing was started ("starting Airflow..." is not printed)
+    assert done.stderr.splitlines() == [
+        f"demo: config file {path} is invalid:",
+        "  datasets.C1_multiturn.turn: not a field here; did you mean 'turns'?",
+    ]

@@ -27,6 +27,7 @@ def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copy(ROOT / "data" / "samples" / "B1_glaive.jsonl", source)
     config = {
         "defaults": {"storage_root": str(tmp_path / "storage"), "shard_size": 20, "tokenize_workers": 1},
+        "governance": {"allowed_endpoints": ["127.0.0.1"]},  # the test's simulator, on a port of its own
         "datasets": {DATASET: {"format": "openai_messages", "paths": [str(source)]}},
     }
     (tmp_path / "regen.yaml").write_text(yaml.safe_dump(config))

@@ -60,6 +60,7 @@ def deploy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, per_prompt: int, tem
     }
     config = {
         "defaults": {"storage_root": str(tmp_path / "storage"), "shard_size": 10, "tokenize_workers": 1},
+        "governance": {"allowed_endpoints": ["127.0.0.1"]},  # the test's simulator, on a port of its own
         "datasets": {DATASET: dataset},
     }
     (tmp_path / "regen.yaml").write_text(yaml.safe_dump(config))

@@ -9,10 +9,12 @@ an sglang-router they are summed over the workers that can be reached from here.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 
+from regen.sglang.auth import NO_KEYS, ApiKeys, Unauthorized
 from regen.sglang.client import get_json
 from regen.sglang.server_check import MODEL_INFO, SERVER_INFO, context_length_of, get_either, redacted, router_workers
 
@@ -52,7 +54,12 @@ async def _server(session: aiohttp.ClientSession, url: str, timeout_s: float) ->
     }
 
 
-async def endpoint_status(session: aiohttp.ClientSession, url: str, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
+async def endpoint_status(
+    session: aiohttp.ClientSession,
+    url: str,
+    timeout_s: float = TIMEOUT_S,
+    may_ask: Callable[[str], bool] = lambda url: True,
+) -> dict[str, Any]:
     """One endpoint (a server, or a router and the workers it lists), or what went wrong asking it."""
     status: dict[str, Any] = {"url": url, "health": None, "router": False, "error": None}
     try:
@@ -62,11 +69,14 @@ async def endpoint_status(session: aiohttp.ClientSession, url: str, timeout_s: f
             return {**status, **await _server(session, url, timeout_s)}
         status |= {"router": True, "health": await _health(session, url, "/health_generate", timeout_s)}
         workers = router_workers(await get_json(session, f"{url}/workers", timeout_s))
-        served = await asyncio.gather(*(_server(session, w.url, timeout_s) for w in workers), return_exceptions=True)
+        asked = [w for w in workers if _may_ask(may_ask, w.url)]
+        served = await asyncio.gather(*(_server(session, w.url, timeout_s) for w in asked), return_exceptions=True)
         reached = [s for s in served if isinstance(s, dict)]
         return {
             **status,
-            "workers": [{"url": w.url, "healthy": w.healthy} for w in workers],
+            "workers": [
+                {"url": w.url, "healthy": w.healthy, **({} if w in asked else {"asked": NOT_ASKED})} for w in workers
+            ],
             "model": ", ".join(sorted({w.model_path for w in workers if w.model_path})) or None,
             "version": ", ".join(sorted({str(s["version"]) for s in reached if s["version"]})) or None,
             "context_length": min((s["context_length"] for s in reached if s["context_length"]), default=None),
@@ -74,8 +84,18 @@ async def endpoint_status(session: aiohttp.ClientSession, url: str, timeout_s: f
             "running_requests": _sum_known([s["running_requests"] for s in reached], len(workers)),
             "waiting_requests": _sum_known([s["waiting_requests"] for s in reached], len(workers)),
         }
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, LookupError) as e:
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, LookupError, Unauthorized) as e:
         return {**status, "error": f"{type(e).__name__}: {e}"[:300]}
+
+
+NOT_ASKED = "not asked: outside governance.allowed_endpoints"
+
+
+def _may_ask(may_ask: Callable[[str], bool], url: str) -> bool:
+    try:
+        return may_ask(url)
+    except ValueError:  # not a base URL this pipeline would send to
+        return False
 
 
 def _sum_known(values: list[Any], expected: int) -> int | None:
@@ -83,10 +103,17 @@ def _sum_known(values: list[Any], expected: int) -> int | None:
     return sum(values) if len(values) == expected and all(isinstance(v, int) for v in values) else None
 
 
-async def ask_fleet(endpoints: list[str], timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
-    """Every endpoint's status, asked at once; an endpoint that does not answer within `timeout_s` says so."""
-    async with aiohttp.ClientSession() as session:
-        found = await asyncio.gather(*(endpoint_status(session, url, timeout_s) for url in endpoints))
+async def ask_fleet(
+    endpoints: list[str],
+    timeout_s: float = TIMEOUT_S,
+    api_keys: ApiKeys = NO_KEYS,
+    may_ask: Callable[[str], bool] = lambda url: True,
+) -> list[dict[str, Any]]:
+    """Every endpoint's status, asked at once; an endpoint that does not answer within `timeout_s` says so. A
+    router's workers are asked only where `may_ask` allows it (the page asks from Airflow's API server: a router
+    must not be able to send it anywhere)."""
+    async with api_keys.session() as session:
+        found = await asyncio.gather(*(endpoint_status(session, url, timeout_s, may_ask) for url in endpoints))
     return [redacted(status) for status in found]
 
 

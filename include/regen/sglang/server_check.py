@@ -29,6 +29,7 @@ from regen.errors import FinalError
 from regen.reasons import Reason
 from regen.records import RawAnswer, text_digest
 from regen.report import sglang_version_warnings
+from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
 from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens, redact_url
 from regen.validate import judge
@@ -273,9 +274,9 @@ async def _probe(
 
 
 async def _check_all(
-    endpoints: list[str], renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float
+    endpoints: list[str], renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float, api_keys: ApiKeys
 ) -> list[EndpointInfo]:
-    async with aiohttp.ClientSession() as session:
+    async with api_keys.session() as session:
         return list(
             await asyncio.gather(
                 *(_check_one(session, u.rstrip("/"), renderer, sampling, deadline_s) for u in endpoints)
@@ -284,13 +285,18 @@ async def _check_all(
 
 
 def check_fleet(
-    endpoints: list[str], renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float = 600.0
+    endpoints: list[str],
+    renderer: ChatRenderer,
+    sampling: dict[str, Any],
+    deadline_s: float = 600.0,
+    api_keys: ApiKeys = NO_KEYS,
 ) -> list[dict[str, Any]]:
     """Every endpoint's EndpointInfo as a dict. A fleet that serves another SGLang version than the one the pipeline
     is proven against (regen.sglang.parity), or does not say which, passes with a warning (here and in the run
     report)."""
     fleet = [
-        redacted(dataclasses.asdict(e)) for e in asyncio.run(_check_all(endpoints, renderer, sampling, deadline_s))
+        redacted(dataclasses.asdict(e))
+        for e in asyncio.run(_check_all(endpoints, renderer, sampling, deadline_s, api_keys))
     ]
     for warning in sglang_version_warnings(fleet):
         log.warning("%s", warning)

@@ -37,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=PROVEN_SGLANG_VERSION,
         help="the SGLang version /server_info reports (default: the one the pipeline is proven against); '' for none",
     )
+    parser.add_argument(
+        "--api-key", default=None, help="as SGLang's: every path but /health*, /ready* and /metrics* needs this bearer"
+    )
     faults = parser.add_argument_group("fault injection (rates per /generate call, drawn from --fault-seed)")
     for kind, what in (
         ("http-500", "HTTP 500 in SGLang's error shape"),
@@ -126,7 +129,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"python -m regen.simulator: {e}") from e
     # handler_cancellation: a request whose client went away is dropped, as SGLang aborts it.
     web.run_app(
-        build_app(state), host=args.host, port=args.port, access_log=None, print=None, handler_cancellation=True
+        build_app(state, args.api_key),
+        host=args.host,
+        port=args.port,
+        access_log=None,
+        print=None,
+        handler_cancellation=True,
     )
 
 

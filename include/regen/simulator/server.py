@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import random
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -442,8 +443,28 @@ async def abort_request(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def build_app(state: SimulatorState) -> web.Application:
-    app = web.Application(client_max_size=1024**3)
+# Paths SGLang's --api-key leaves open, for probes and scrapers (srt/utils/auth.py `decide_request_auth`, 0.5.23).
+OPEN_PATHS = ("/health", "/ready", "/metrics")
+
+
+def api_key_middleware(api_key: str) -> Any:
+    """SGLang's `--api-key`: every request but health, readiness and metrics needs `Authorization: Bearer <key>`
+    (compared in constant time), else 401 `{"error": "Unauthorized"}`."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "OPTIONS" or request.path.startswith(OPEN_PATHS):
+            return await handler(request)
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), api_key.encode()):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return check
+
+
+def build_app(state: SimulatorState, api_key: str | None = None) -> web.Application:
+    app = web.Application(client_max_size=1024**3, middlewares=[api_key_middleware(api_key)] if api_key else [])
     app[STATE] = state
     app.router.add_route("POST", "/generate", generate)
     app.router.add_route("PUT", "/generate", generate)

@@ -1,0 +1,95 @@
+"""What a run may choose: whoever may trigger a run may publish training data, so the deployment, not the run,
+decides where prompts go and where answers land. A run's endpoints must be within `governance.allowed_endpoints`
+and its storage root within `governance.allowed_storage_roots` (by default, the config's own); `plan` checks both
+before anything is written or sent.
+
+An endpoint is an http(s) base URL: a query or fragment is refused, since `/generate` appended to `http://host/x?`
+would become part of the query and reach another path on that host.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import PurePosixPath
+from urllib.parse import urlsplit
+
+from regen.errors import FinalError
+
+
+class NotAllowed(FinalError):
+    """A run chose an endpoint or a storage root outside the deployment's allowlists."""
+
+
+def endpoint_address(url: str) -> str:
+    """`host:port` of an SGLang base URL (the scheme's port when none is given), lowercase; ValueError saying what
+    is wrong with a URL that is not a plain http(s) base URL."""
+    if any(c.isspace() for c in url):
+        raise ValueError(f"endpoint {url!r} contains whitespace")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"endpoint {url!r} must start with http:// or https://")
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise ValueError(f"endpoint {url!r} must be a base URL, without '?' or '#'")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ValueError(f"endpoint {url!r} has a port that is not a number from 0 to 65535") from None
+    host = (parts.hostname or "").lower()
+    if not host:
+        raise ValueError(f"endpoint {url!r} names no host")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def endpoint_allowed(url: str, patterns: list[str]) -> bool:
+    """Whether the endpoint's `host:port` matches a pattern: `*` and `?` as in the shell (`sglang-*.internal:30000`,
+    `10.0.0.*`), brackets literal (`[::1]:30000`), a pattern without a port allowing any port of its hosts."""
+    address = endpoint_address(url)
+    host = address.rsplit(":", 1)[0]
+    for pattern in patterns:
+        pattern = pattern.lower()
+        with_port = re.search(r":[\d*?]+$", pattern) is not None
+        literal_brackets = pattern.replace("[", "\0").replace("]", "[]]").replace("\0", "[[]")
+        if fnmatch.fnmatchcase(address if with_port else host, literal_brackets):
+            return True
+    return False
+
+
+def default_endpoint_patterns(endpoints: list[str]) -> list[str]:
+    """The config's own endpoints, exactly: their hosts and ports."""
+    return [endpoint_address(url) for url in endpoints]
+
+
+def check_endpoints(urls: list[str], patterns: list[str]) -> None:
+    outside = [url for url in urls if not endpoint_allowed(url, patterns)]
+    if outside:
+        raise NotAllowed(
+            f"endpoints {outside} are outside governance.allowed_endpoints {patterns}: a run may send prompts only "
+            "to servers the deployment allows (add them to the config's governance.allowed_endpoints)"
+        )
+
+
+def storage_root_within(root: str, allowed: str) -> bool:
+    """Whether `root` is `allowed` or below it, folder by folder (`s3://b/data2` is not within `s3://b/data`).
+    Both are absolute: local paths resolved (`..` and links followed), S3 URIs as written."""
+    if root.startswith("s3://") != allowed.startswith("s3://"):
+        return False
+    if root.startswith("s3://"):
+        return _segments(allowed[5:]) == _segments(root[5:])[: len(_segments(allowed[5:]))]
+    from pathlib import Path
+
+    return Path(root).resolve().is_relative_to(Path(allowed).resolve())
+
+
+def _segments(path: str) -> list[str]:
+    return [part for part in PurePosixPath(path).parts if part != "/"]
+
+
+def check_storage_root(root: str, allowed: list[str]) -> None:
+    if root.startswith("s3://") and any(part in (".", "..") for part in root[5:].split("/")):
+        raise NotAllowed(f"storage_root {root!r}: '.' and '..' are not folders on S3; write the prefix out")
+    if not any(storage_root_within(root, prefix) for prefix in allowed):
+        raise NotAllowed(
+            f"storage_root {root!r} is outside governance.allowed_storage_roots {allowed}: a run may publish only "
+            "where the deployment allows (add the root to the config's governance.allowed_storage_roots)"
+        )

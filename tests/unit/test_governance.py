@@ -1,0 +1,184 @@
+"""Who may trigger may publish: a run's endpoints and storage root must be within the deployment's allowlists, checked
+at plan before anything is sent or written; a router cannot send the page's fleet view anywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from regen import pipeline
+from regen.config import ConfigError, load_config
+from regen.governance import NotAllowed, endpoint_address, endpoint_allowed, storage_root_within
+from regen.sglang.fleet_status import NOT_ASKED, ask_fleet
+from tests.conftest import ROOT
+from tools.devstack import Simulator
+
+
+@pytest.mark.parametrize(
+    "url,address",
+    [
+        ("http://127.0.0.1:30000", "127.0.0.1:30000"),
+        ("https://SGLang.Internal", "sglang.internal:443"),
+        ("http://gpu-1", "gpu-1:80"),
+        ("http://user:secret@gpu-1:30000", "gpu-1:30000"),
+        ("http://[::1]:30000", "[::1]:30000"),
+        ("http://gw.internal/sglang", "gw.internal:80"),  # a base path behind a gateway is a base URL too
+    ],
+)
+def test_an_endpoint_is_its_host_and_port(url: str, address: str) -> None:
+    assert endpoint_address(url) == address
+
+
+@pytest.mark.parametrize(
+    "url,why",
+    [
+        ("http://evil.example/x?", "without '\\?' or '#'"),  # /generate appended would become the query
+        ("http://evil.example/#", "without '\\?' or '#'"),
+        ("ftp://gpu-1", "http:// or https://"),
+        ("localhost:30000", "http:// or https://"),
+        ("http://gpu-1:99999", "port"),
+        ("http:///generate", "names no host"),
+        ("http://gpu 1:30000", "whitespace"),
+    ],
+)
+def test_what_is_not_a_base_url_is_refused_with_why(url: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        endpoint_address(url)
+
+
+def test_patterns_match_host_and_port_shell_style() -> None:
+    patterns = ["sglang-*.internal:30000", "10.0.0.*", "[::1]:30000"]
+    assert endpoint_allowed("http://sglang-7.internal:30000", patterns)
+    assert not endpoint_allowed("http://sglang-7.internal:30001", patterns)  # the port is part of the rule
+    assert endpoint_allowed("http://10.0.0.9:8080", patterns)  # no port in the pattern: any port
+    assert not endpoint_allowed("http://10.0.1.9:8080", patterns)
+    assert endpoint_allowed("http://[::1]:30000", patterns)
+    assert not endpoint_allowed("http://sglang-7.internal.evil.example:30000", patterns)
+
+
+def test_a_storage_root_is_within_folder_by_folder(tmp_path: Path) -> None:
+    assert storage_root_within("s3://data/eagle3/nightly", "s3://data/eagle3")
+    assert storage_root_within("s3://data/eagle3", "s3://data/eagle3")
+    assert not storage_root_within("s3://data/eagle30", "s3://data/eagle3")
+    assert not storage_root_within("s3://other/eagle3", "s3://data/eagle3")
+    assert not storage_root_within(str(tmp_path), "s3://data")
+    assert storage_root_within(str(tmp_path / "a" / "b"), str(tmp_path / "a"))
+    assert not storage_root_within(str(tmp_path / "a" / ".." / "b"), str(tmp_path / "a"))  # `..` is followed
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert not storage_root_within(str(tmp_path / "a" / "link"), str(tmp_path / "a"))  # and so are links
+
+
+def deployment(folder: Path, **governance: list[str]) -> Path:
+    config = {
+        "defaults": {"endpoints": ["http://sglang-1.internal:30000"], "storage_root": "store"},
+        "datasets": {"B1_glaive": {"paths": [str(ROOT / "data" / "samples" / "B1_glaive.jsonl")]}},
+        **({"governance": governance} if governance else {}),
+    }
+    path = folder / "regen.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize(
+    "params,rule",
+    [
+        pytest.param({"endpoints": ["http://exfiltrate.example:30000"]}, "allowed_endpoints", id="elsewhere"),
+        pytest.param({"endpoints": ["http://sglang-1.internal:22"]}, "allowed_endpoints", id="another-port"),
+        pytest.param({"endpoints": ["http://sglang-1.internal:30000/admin?"]}, "without '\\?'", id="query"),
+        pytest.param({"storage_root": "/"}, "allowed_storage_roots", id="root"),
+        pytest.param({"storage_root": "s3://someone-elses-bucket"}, "allowed_storage_roots", id="bucket"),
+        pytest.param({"storage_root": "store/../../escape"}, "allowed_storage_roots", id="dot-dot"),
+    ],
+)
+def test_by_default_a_run_may_use_only_the_configs_own_fleet_and_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, params: dict[str, Any], rule: str
+) -> None:
+    """Nothing is written: the plan fails before its write probe, in seconds, as a user error (never retried)."""
+    monkeypatch.setenv("REGEN_CONFIG", str(deployment(tmp_path)))
+    before = sorted(tmp_path.rglob("*"))
+    started = time.monotonic()
+    with pytest.raises((ConfigError, NotAllowed), match=rule):
+        pipeline.plan(params, "manual__1")
+    assert time.monotonic() - started < 30
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_the_allowlists_widen_what_a_run_may_choose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "REGEN_CONFIG",
+        str(
+            deployment(tmp_path, allowed_endpoints=["sglang-*.internal:30000"], allowed_storage_roots=["runs", "store"])
+        ),
+    )
+    run = pipeline.RunSpec.from_params(
+        {"endpoints": ["http://sglang-2.internal:30000"], "storage_root": "runs/nightly"}, "manual__1"
+    )
+    assert run.storage_root == str(tmp_path / "runs" / "nightly")
+    with pytest.raises(NotAllowed, match="allowed_storage_roots"):  # a list replaces the default
+        pipeline.RunSpec.from_params({"storage_root": "elsewhere"}, "manual__1")
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        pytest.param(("sglang-1.internal:30000", "sglang-1.internal:30000/?"), "defaults.endpoints", id="not-a-base"),
+        pytest.param(("allowed_endpoints: []", "allowed_endpoints: [gpu-*]"), "allow them too", id="fleet-outside"),
+        pytest.param(("allowed_storage_roots: []", "allowed_storage_roots: [s3://b]"), "allow it too", id="root"),
+    ],
+)
+def test_a_config_at_odds_with_itself_fails_to_load(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
+    path = deployment(tmp_path, allowed_endpoints=[], allowed_storage_roots=[])
+    path.write_text(path.read_text().replace(*edit))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_a_router_cannot_send_the_fleet_view_anywhere(simulator: Simulator) -> None:
+    """The page asks the fleet from Airflow's API server: a router's /workers names a worker the allowlist does not
+    hold (an internal service), and that worker is listed, never asked."""
+
+    async def scenario() -> tuple[list[dict[str, Any]], int]:
+        hits = 0
+
+        async def internal(request: web.Request) -> web.Response:
+            nonlocal hits
+            hits += 1
+            return web.json_response({})
+
+        inside = web.Application()
+        inside.router.add_route("GET", "/{tail:.*}", internal)
+        async with TestServer(inside, host="127.0.0.1") as hidden:
+            hidden_url = str(hidden.make_url("")).rstrip("/")
+
+            async def workers(request: web.Request) -> web.Response:
+                listed = [{"url": url, "is_healthy": True, "metadata": {}} for url in (simulator.url, hidden_url)]
+                return web.json_response({"workers": listed})
+
+            async def server_info(request: web.Request) -> web.Response:
+                return web.json_response({"router_manager": True})
+
+            async def healthy(request: web.Request) -> web.Response:
+                return web.Response(status=200)
+
+            router = web.Application()
+            router.router.add_get("/get_server_info", server_info)
+            router.router.add_get("/health_generate", healthy)
+            router.router.add_get("/workers", workers)
+            async with TestServer(router, host="127.0.0.1") as front:
+                router_url = str(front.make_url("")).rstrip("/")
+                allowed = [endpoint_address(router_url), endpoint_address(simulator.url)]
+                found = await ask_fleet([router_url], may_ask=lambda url: endpoint_allowed(url, allowed))
+        return found, hits
+
+    [status], hits = asyncio.run(scenario())
+    assert hits == 0
+    assert status["error"] is None and status["running_requests"] is None  # one worker's load is unknown
+    assert [w.get("asked") for w in status["workers"]] == [None, NOT_ASKED]
