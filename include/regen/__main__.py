@@ -38,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"regen verify: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        if not _is_s3_error(e):
+            raise
+        print(f"regen verify: {_s3_problem(args.target, e)}", file=sys.stderr)
+        return 2
     if result.problems:
         print(f"{uri}: {len(result.problems)} problems", file=sys.stderr)
         for problem in result.problems:
@@ -45,6 +50,29 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(json.dumps({k: v for k, v in result.summary().items() if k != "problems"}, indent=1))
     return 0
+
+
+def _is_s3_error(error: Exception) -> bool:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return isinstance(error, (BotoCoreError, ClientError))
+
+
+def _s3_problem(target: str, error: Exception) -> str:
+    """What a reader of S3 got wrong, in a sentence: the endpoint, the credentials, the bucket or the key."""
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError
+
+    if isinstance(error, EndpointConnectionError):
+        return (
+            f"cannot reach the S3 API ({error}). Is it running? `make demo-s3` stops its own S3 API when it ends "
+            "(it verifies what it published before that); for another endpoint set AWS_ENDPOINT_URL_S3"
+        )
+    if isinstance(error, NoCredentialsError):
+        return "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile)"
+    code = getattr(error, "response", {}).get("Error", {}).get("Code", "")
+    if code in ("NoSuchKey", "404", "NotFound"):
+        return f"{target}: no such object on S3 ({code}): check the bucket, prefix, profile and version"
+    return f"{target}: S3 refused the read ({type(error).__name__}: {error})"
 
 
 if __name__ == "__main__":

@@ -18,27 +18,30 @@ SUBJECT = "eagle3-regen failed: {{ ti.task_id }}{{ ' ' ~ ti.rendered_map_index i
 BODY = (
     "<p>DAG {{ dag.dag_id | e }}, run {{ run_id | e }}: task {{ ti.task_id | e }}"
     "{{ (' (' ~ ti.rendered_map_index ~ ')') | e if ti.rendered_map_index else '' }} failed after try"
-    " {{ ti.try_number | e }}.</p><p>Why: {{ exception | e }}</p>"
-    "<p>Clear the failed tasks of this run to resume; finished work is kept.</p>"
+    " {{ ti.try_number | e }}.</p><p>Why: {{ exception | e }}</p><p>{{ advice | e }}</p>"
 )
 
 
-def failure_message(context: Any) -> str:
-    """Which task failed, why, and what to do: a user error (a conf or config to fix, failed at once and never
-    retried: tasks.final_errors_fail_now) is mended by fixing it and triggering again; anything else by clearing the
-    run's failed tasks, which resumes with the finished work kept."""
+def advice(error: BaseException | None) -> str:
+    """What mends the failure: a user error (a conf or config to fix, failed at once and never retried:
+    tasks.final_errors_fail_now) is mended by fixing it and triggering again; anything else by clearing the run's
+    failed tasks, which resumes with the finished work kept."""
     from airflow.sdk.exceptions import AirflowFailException
 
+    if isinstance(error, AirflowFailException):
+        return (
+            "Fix what it names (the run's conf or the deployment's config), then trigger a new run: clearing will "
+            "not mend it."
+        )
+    return "Clear the run's failed tasks to resume; finished work is kept."
+
+
+def failure_message(context: Any) -> str:
+    """Which task failed, why, and what to do."""
     ti = context["ti"]
     what = f"{ti.task_id} [{ti.rendered_map_index}]" if ti.rendered_map_index else ti.task_id
     error = context.get("exception")
-    advice = (
-        "Fix what it names (the run's conf or the deployment's config), then trigger a new run: clearing will not "
-        "mend it."
-        if isinstance(error, AirflowFailException)
-        else "Clear the run's failed tasks to resume; finished work is kept."
-    )
-    return f"eagle3-regen FAILED: {what} in run {ti.run_id} (try {ti.try_number}): {error!r}. {advice}"
+    return f"eagle3-regen FAILED: {what} in run {ti.run_id} (try {ti.try_number}): {error!r}. {advice(error)}"
 
 
 class FailureLog(BaseNotifier):
@@ -53,7 +56,14 @@ def failure_notifiers(alerts: AlertsConfig) -> list[BaseNotifier]:
     if alerts.email_to:
         from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
+        class FailureMail(SmtpNotifier):
+            """The mail gives the same advice as the log line."""
+
+            def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+                context["advice"] = advice(context.get("exception"))
+                super().render_template_fields(context, jinja_env)
+
         notifiers.append(
-            SmtpNotifier(to=alerts.email_to, smtp_conn_id=alerts.smtp_conn_id, subject=SUBJECT, html_content=BODY)
+            FailureMail(to=alerts.email_to, smtp_conn_id=alerts.smtp_conn_id, subject=SUBJECT, html_content=BODY)
         )
     return notifiers

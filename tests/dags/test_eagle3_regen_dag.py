@@ -204,3 +204,23 @@ def test_the_failure_line_advises_what_fits_the_error() -> None:
     assert "Fix what it names" in user and "Clear" not in user
     transient = failure_message({"ti": ti, "exception": ConnectionResetError("peer reset")})
     assert "Clear the run's failed tasks to resume" in transient and "Fix what" not in transient
+
+
+def test_the_alert_mail_advises_what_fits_the_error_too() -> None:
+    """The mail is rendered by the notifier itself (Airflow's template rendering) with the log line's advice."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from regen.config import AlertsConfig
+    from regen_airflow.alerts import failure_notifiers
+
+    ti = SimpleNamespace(task_id="plan", rendered_map_index=None, run_id="manual__1", try_number=1)
+    for error, expected, unexpected in (
+        (AirflowFailException("unknown run parameters ['temprature']"), "Fix what it names", "Clear the run"),
+        (ConnectionResetError("peer reset"), "Clear the run&#39;s failed tasks", "Fix what"),
+    ):
+        [_, mail] = failure_notifiers(AlertsConfig(email_to=["oncall@example.org"]))
+        context = {"ti": ti, "run_id": ti.run_id, "exception": error, "dag": None}
+        mail.render_template_fields(context)
+        assert expected in mail.html_content and unexpected not in mail.html_content

@@ -263,7 +263,12 @@ def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
         pytest.param({"messages": [{"role": "user", "content": ""}]}, "empty_content", id="empty"),
         pytest.param({"messages": [{"role": "user", "content": 5}]}, "bad_content", id="content-type"),
         pytest.param(  # SGLang types it Optional[str] and answers 400
-            {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "reasoning_content": 1}]},
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": "y", "reasoning_content": 1},
+                ]
+            },
             "bad_message",
             id="reasoning-not-text",
         ),

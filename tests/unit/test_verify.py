@@ -266,6 +266,21 @@ def test_the_cli_finds_the_profile_and_names_what_is_missing(
     assert "has no published version under" in capsys.readouterr().err
 
 
+def test_the_cli_says_when_the_s3_api_is_gone_instead_of_a_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make demo-s3` prints s3:// manifests; once its S3 API has stopped, verifying one says so in a sentence."""
+    from tools.devstack import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    assert main(["verify", "s3://eagle3-regen/demo/kimi-k2.5-mini/B1_glaive/v1/manifest.json"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("regen verify: cannot reach the S3 API") and "Traceback" not in error
+
+
 def test_data_that_does_not_read_back_as_written_is_never_published(
     tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
 ) -> None:
