@@ -5,8 +5,9 @@ The claim is `{version}/writer.json`, naming the run and when it last renewed th
 every RENEW_S while it writes; a task of another run is refused while the claim is fresh (`VersionBusy`, at once:
 the other run is writing) and takes it over once it is older than EXPIRES_S, which is how a Resume continues the
 version of a run that died. A run releases its claims when it publishes the version and when it ends (its report
-task), so a Resume of a run that failed need not wait. Creating the claim is conditional (regen.storage `create`), and a takeover reads the claim
-back after a pause, so that of two runs taking over one stale claim the later one holds it and the other is refused.
+task), so a Resume of a run that failed need not wait. Creating the claim is conditional (regen.storage `create`),
+and a takeover reads the claim back after a pause, so that of two runs taking over one stale claim the later one
+holds it and the other is refused.
 """
 
 from __future__ import annotations
