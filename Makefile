@@ -12,15 +12,19 @@ $(BIN)/.installed: requirements.txt constraints.txt pyproject.toml
 	touch $@
 
 demo: $(BIN)/.installed  ## run eagle3_regen through Airflow on the sample datasets, results under var/storage
+	bash tools/prerequisites.sh postgres
 	$(BIN)/python tools/devstack.py demo
 
 demo-s3: $(BIN)/.installed  ## the same, publishing to a local S3 API (moto server)
+	bash tools/prerequisites.sh postgres
 	$(BIN)/python tools/devstack.py demo --s3
 
 ui: $(BIN)/.installed  ## Airflow's UI on http://127.0.0.1:8080 (admin/admin) with the simulator; Ctrl-C stops it
+	bash tools/prerequisites.sh postgres
 	$(BIN)/python tools/devstack.py ui
 
 test: $(BIN)/.installed lint sglang-env  ## everything: unit, DAG and end-to-end tests
+	bash tools/prerequisites.sh postgres redis chromium
 	$(BIN)/python -m pytest
 
 test-fast: $(BIN)/.installed  ## the fast tier: no Airflow scheduler, no SGLang oracle

@@ -58,7 +58,7 @@ def one_run(folder: Path, args: argparse.Namespace, shard_tasks: int) -> dict[st
     simulator_args = ["--max-running", str(MAX_RUNNING), "--decode-ms-per-token", str(args.decode_ms)]
     stack = Stack(
         folder / f"airflow-{shard_tasks}",
-        database="eagle3_regen_bench",
+        purpose="bench_fleet",
         simulators=args.endpoints,
         simulator_args=simulator_args,
         pool_slots=shard_tasks,

@@ -102,7 +102,7 @@ def main() -> int:
         wide["datasets"].update(narrow["datasets"])
         (folder / "regen.yaml").write_text(json.dumps(wide))
         os.environ["REGEN_CONFIG"] = str(folder / "regen.yaml")
-        with Stack(folder / "airflow", database="eagle3_regen_bench_scheduler") as stack:
+        with Stack(folder / "airflow", purpose="bench_scheduler") as stack:
             baseline = one_run(stack, args.baseline_shards, args.shard_task_limit)
             wide_run = one_run(stack, args.shards, args.shard_task_limit)
     ratio = wide_run["scheduler_cpu_s_per_mapped_ti"] / baseline["scheduler_cpu_s_per_mapped_ti"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -29,7 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DAG_ID = "eagle3_regen"
 ADMIN = ("admin", "admin")
-CELERY_REDIS_DB = 7  # the broker's database on the machine's Redis, flushed when a Celery stack starts
+CELERY_REDIS_DB = 7  # the broker's database on the machine's Redis; each stack's keys under a prefix of its own
+# Stacks of two checkouts on one machine (or a demo beside a test run) share PostgreSQL and Redis: each stack's
+# database and broker keys are named after its purpose and its checkout, and only those are ever dropped.
+CHECKOUT = hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]
 
 
 def worker_hostname() -> str:
@@ -94,8 +98,13 @@ def start_simulator(folder: Path, *args: str, port: int | None = None) -> Simula
     return Simulator(url, record, process)
 
 
+def stack_name(purpose: str) -> str:
+    """`eagle3_regen_<purpose>_<checkout>`: the PostgreSQL database and Redis key prefix of one checkout's stack."""
+    return f"eagle3_regen_{purpose}_{CHECKOUT}"
+
+
 def reset_database(name: str) -> str:
-    """A fresh metadata database on the machine's PostgreSQL (trust auth on loopback)."""
+    """A fresh metadata database on the machine's PostgreSQL (trust auth on loopback): this stack's own, by name."""
     import psycopg2
 
     conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
@@ -110,7 +119,7 @@ def reset_database(name: str) -> str:
 @dataclass
 class Stack:
     home: Path  # AIRFLOW_HOME, logs and the simulator's record live here
-    database: str = "eagle3_regen_dev"
+    purpose: str = "dev"  # names the stack's database and broker keys, with the checkout (stack_name)
     with_s3: bool = False
     simulator_args: list[str] = field(default_factory=list)
     simulators: int = 1  # SGLang endpoints in the fleet
@@ -131,6 +140,7 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
+        self.database = stack_name(self.purpose)
         self.api_port, self.s3_port = self.api_port or free_port(), free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.s3_endpoint = f"http://127.0.0.1:{self.s3_port}"
@@ -171,6 +181,7 @@ class Stack:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": self.executor,
             "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:6379/{CELERY_REDIS_DB}",
+            "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__GLOBAL_KEYPREFIX": f"{self.database}:",
             "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.sql_conn.replace('+psycopg2', '')}",
             # Room for every pool slot plus the validate/export tasks of finished shards, and no more (2 cores).
             "AIRFLOW__CORE__PARALLELISM": str(self.slots + 2),
@@ -204,7 +215,9 @@ class Stack:
             return
         import redis
 
-        redis.Redis(host="127.0.0.1", port=6379, db=CELERY_REDIS_DB).flushdb()  # no task left from another stack
+        broker = redis.Redis(host="127.0.0.1", port=6379, db=CELERY_REDIS_DB)
+        for key in broker.scan_iter(match=f"{self.database}:*"):  # no task left from this stack's last start
+            broker.delete(key)
         for n in range(1, self.celery_workers + 1):
             name = f"celery-{n}"
             argv = [str(BIN / "airflow"), "celery", "worker", "--concurrency", "2", "--skip-serve-logs"]
@@ -409,7 +422,7 @@ def demo(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     stack = Stack(
         ROOT / "var" / "airflow",
-        database="eagle3_regen_demo",
+        purpose="demo",
         with_s3=args.s3,
         simulator_args=["--decode-ms-per-token", "0.2", "--max-running", "64"],
     )
@@ -502,7 +515,7 @@ def ui(argv: list[str]) -> int:
     default_endpoint = urlparse(load_config().defaults.endpoints[0])  # the form's default: serve it there
     stack = Stack(
         ROOT / "var" / "airflow",
-        database="eagle3_regen_ui",
+        purpose="ui",
         with_s3=args.s3,
         simulator_args=["--decode-ms-per-token", "0.2", "--max-running", "64"],
         api_port=args.port,

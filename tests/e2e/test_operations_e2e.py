@@ -133,7 +133,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
         patched.setenv("REGEN_CONFIG", str(config_path))
         stack = Stack(
             tmp_path_factory.mktemp("ops"),
-            database="eagle3_regen_ops",
+            purpose="ops",
             with_s3=True,
             simulators=0,
             heartbeat_timeout_s=HEARTBEAT_S,

@@ -73,7 +73,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         dataset["paths"] = [str((project.parent / path).resolve()) for path in dataset["paths"]]
     config["datasets"]["B3_missing"] = {"format": "input_output", "paths": [str(project.parent / "absent.jsonl")]}
     config["defaults"]["storage_root"] = f"s3://{BUCKET}/runs"  # where the "Drafter data" page looks
-    config["governance"]["allowed_storage_roots"] = [f"s3://{BUCKET}"]
+    # The bucket, and two roots allowed only so that plan's later checks (a write probe) are reached through the DAG.
+    config["governance"]["allowed_storage_roots"] = [f"s3://{BUCKET}", f"s3://{BUCKET}-missing", "/proc/eagle3-regen"]
     folder = tmp_path_factory.mktemp("config")
     config.setdefault("profiles", {})[USER_PROFILE] = user_profile(folder)  # beside the project's own
     config_path = folder / "regen.yaml"
@@ -82,7 +83,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         patched.setenv("REGEN_CONFIG", str(config_path))
         # Every task's S3 request goes through the fault proxy: S3's 500s, 503 SlowDowns and dropped connections.
         airflow = tmp_path_factory.mktemp("airflow")
-        with Stack(airflow, database="eagle3_regen_e2e", with_s3=True, s3_fault_rate=0.1) as running:
+        with Stack(airflow, purpose="e2e", with_s3=True, s3_fault_rate=0.1) as running:
             running.s3_client().create_bucket(Bucket=BUCKET)
             yield running
 
@@ -358,6 +359,8 @@ def s3_lines_if(stack: Stack, keys: list[str]) -> list[dict[str, Any]]:
         pytest.param({"max_new_tokens": 0}, "max_new_tokens", id="no-tokens"),
         pytest.param({"datasets": []}, "datasets", id="no-datasets"),
         pytest.param({"profile": "gpt-9"}, "profile", id="unknown-profile"),
+        pytest.param({"endpoints": ["http://127.0.0.1:9/admin?"]}, "endpoints", id="endpoint-with-a-query"),
+        pytest.param({"datasets": ["B1_glaive", "B1_glaive"]}, "datasets", id="dataset-twice"),
     ],
 )
 def test_the_form_refuses_bad_input_at_trigger(stack: Stack, conf: dict[str, Any], message: str) -> None:
@@ -373,6 +376,10 @@ def test_the_form_refuses_bad_input_at_trigger(stack: Stack, conf: dict[str, Any
         pytest.param({"sampling": {"temperature": 0.5}}, "unknown run parameters ['sampling']", id="unknown-key"),
         pytest.param({"storage_root": "/proc/eagle3-regen"}, "does not take writes", id="unwritable-root"),
         pytest.param({"storage_root": f"s3://{BUCKET}-missing/x"}, "the bucket does not exist", id="missing-bucket"),
+        pytest.param({"storage_root": "s3://someone-elses/x"}, "outside governance.allowed_storage_roots", id="root"),
+        pytest.param(
+            {"endpoints": ["http://exfiltrate.example:30000"]}, "outside governance.allowed_endpoints", id="endpoint"
+        ),
     ],
 )
 def test_bad_input_the_form_cannot_check_fails_plan_in_seconds(

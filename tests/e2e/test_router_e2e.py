@@ -92,7 +92,7 @@ def routed_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     starting)."""
     home = tmp_path_factory.mktemp("airflow")
     with (
-        Stack(home, database="eagle3_regen_router_e2e", simulators=2, pool_slots=2) as stack,
+        Stack(home, purpose="router_e2e", simulators=2, pool_slots=2) as stack,
         start_router([s.url for s in stack.fleet], home / "router.log") as router,
     ):
         conf = {"endpoints": [router.url], "datasets": ["B1_glaive"], "storage_root": str(home / "storage")}

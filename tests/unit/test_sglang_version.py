@@ -68,6 +68,7 @@ def run_report(fleet: list[dict[str, object]], endpoint: str, root: Path) -> tup
         ),
     ],
 )
+@pytest.mark.usefixtures("tmp_roots_allowed")
 def test_the_run_report_warns_when_the_fleet_is_not_the_proven_sglang(
     servers: dict[str, Simulator],
     renderer: ChatRenderer,
