@@ -38,18 +38,19 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from regen.chat import ChatRenderer, get_profile  # noqa: E402
+from regen.chat import ChatRenderer  # noqa: E402
 from regen.config import Sampling  # noqa: E402
 from regen.generate import GenerateSettings, run_generate  # noqa: E402
 from regen.layout import DatasetLocation  # noqa: E402
 from regen.manifest import ShardManifest  # noqa: E402
+from regen.profiles import lookup  # noqa: E402
 from regen.sglang.client import SGLangClient  # noqa: E402
 from regen.sglang.fleet import EndpointPool  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from tools.devstack import start_simulator  # noqa: E402
 
 PROFILE = "kimi-k2.5-mini"  # the simulator's default; prompts end with its generation suffix, as rendered ones do
-GENERATION_SUFFIX = list(ChatRenderer(get_profile(PROFILE)).roles.generation_suffix)
+GENERATION_SUFFIX = list(ChatRenderer(lookup(PROFILE)).roles.generation_suffix)
 SAMPLING = {**Sampling(max_new_tokens=4096).as_params()}
 
 

@@ -24,11 +24,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from regen.chat import ChatRenderer, get_profile  # noqa: E402
+from regen.chat import ChatRenderer  # noqa: E402
 from regen.config import DatasetConfig, Sampling  # noqa: E402
 from regen.datasets.prepare import run_prepare  # noqa: E402
 from regen.generate import GenerateSettings, run_generate  # noqa: E402
 from regen.layout import DatasetLocation  # noqa: E402
+from regen.profiles import lookup  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from tools.devstack import start_simulator  # noqa: E402
 
@@ -82,7 +83,7 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=3.0, help="in-flight budget over the running slots")
     parser.add_argument("--decode-ms", type=float, default=2.0, help="per output token (answers average ~115)")
     args = parser.parse_args()
-    renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+    renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
     with tempfile.TemporaryDirectory(prefix="regen-bench-on-policy-") as tmp:
         folder = Path(tmp)
         source = folder / "conversations.jsonl"

@@ -6,7 +6,7 @@
 
 Throughput: the real `run_prepare` (read, normalise, dedupe, render, write shards) over a generated JSONL dataset
 mixing OpenAI-messages-with-tools, Glaive, ShareGPT and OpenCodeInstruct rows (1% duplicates, 0.5% broken lines),
-with the mini (Rust) tokenizer, the slow Python tokenizer of `regen.assets.slow_kimi` (same ids, Python cost), the
+with the mini (Rust) tokenizer, the slow Python tokenizer of `regen.tokenizers.slow_kimi` (same ids, Python cost), the
 mini vocabulary in Kimi's remote-code layout (tiktoken, loaded through trust_remote_code as Kimi's is), and the
 qwen3.6 profile of config/regen.yaml (Qwen3.6's real vocabulary, Rust). Each is run with `workers=1` (in-process)
 and with all cores, in the same process, and the shards of both runs are checked identical. The pool start-up
@@ -18,7 +18,6 @@ workers' largest.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import resource
@@ -34,35 +33,34 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "include"))
 
-from regen.assets.slow_kimi import ensure_slow_tokenizer  # noqa: E402
-from regen.chat import ChatRenderer, ModelProfile, get_profile  # noqa: E402
+from regen.chat import ChatRenderer  # noqa: E402
 from regen.config import DatasetConfig, load_config  # noqa: E402
 from regen.datasets.normalise import Conversation  # noqa: E402
 from regen.datasets.prepare import run_prepare  # noqa: E402
 from regen.datasets.tokenise import available_cores, render_ordered  # noqa: E402
 from regen.layout import DatasetLocation  # noqa: E402
 from regen.manifest import PreparedDataset  # noqa: E402
+from regen.profiles import Profile, lookup  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
+from regen.tokenizers.slow_kimi import ensure_slow_tokenizer  # noqa: E402
 
 SHARD_SIZE = 2000
 
 
-def tiktoken_profile() -> ModelProfile:
+def tiktoken_profile() -> Profile:
     """The mini vocabulary in Kimi-K2.5's remote-code layout: tiktoken.model and a TikTokenTokenizer module, loaded
-    through trust_remote_code as production loads Kimi's (regen.assets.tiktoken_kimi)."""
-    from regen.assets.kimi_mini import ensure_tiktoken_tokenizer
+    through trust_remote_code as production loads Kimi's (regen.tokenizers.tiktoken_kimi)."""
+    from regen.tokenizers.kimi_mini import ensure_tiktoken_tokenizer
 
-    return dataclasses.replace(
-        get_profile("kimi-k2.5-mini"),
+    return lookup("kimi-k2.5-mini").replaced(
         name="kimi-k2.5-mini-tiktoken",
         tokenizer=str(ensure_tiktoken_tokenizer()),
         trust_remote_code=True,
     )
 
 
-def slow_profile() -> ModelProfile:
-    return dataclasses.replace(
-        get_profile("kimi-k2.5-mini"),
+def slow_profile() -> Profile:
+    return lookup("kimi-k2.5-mini").replaced(
         name="kimi-k2.5-mini-slow",
         tokenizer=str(ensure_slow_tokenizer()),
         trust_remote_code=True,
@@ -163,7 +161,7 @@ def throughput(rows: dict[str, int]) -> None:
     cores = available_cores()
     print(f"throughput: run_prepare on generated mixed-format rows, 1 process vs {cores} worker processes")
     profiles = (
-        ("mini (Rust)", get_profile("kimi-k2.5-mini")),
+        ("mini (Rust)", lookup("kimi-k2.5-mini")),
         ("slow (Python)", slow_profile()),
         ("Kimi layout", tiktoken_profile()),
         ("Qwen3.6", load_config().profile("qwen3.6")),
@@ -188,7 +186,7 @@ def throughput(rows: dict[str, int]) -> None:
 
 def child(source: Path, workers: int) -> None:
     """Runs in its own process so that its peak RSS is prepare's alone."""
-    renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+    renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
     with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
         prepared, seconds = prepare_once(source, renderer, workers, Path(tmp), "memory")
     report = {

@@ -30,10 +30,11 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from regen.chat import ChatRenderer, get_profile  # noqa: E402
+from regen.chat import ChatRenderer  # noqa: E402
 from regen.export import run_export  # noqa: E402
 from regen.layout import DatasetLocation  # noqa: E402
 from regen.manifest import ShardManifest  # noqa: E402
+from regen.profiles import SectionCalls, lookup  # noqa: E402
 from regen.records import RawAnswer, ShardPrompts, encode_answer, text_digest, write_raw  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from regen.tool_calls import write_tagged  # noqa: E402
@@ -42,10 +43,10 @@ from regen.validate import ValidateSettings, check_render_drift, run_validate  #
 
 def tool_call_text(renderer: ChatRenderer, name: str, arguments: str) -> str:
     """One call in the profile's grammar (for sections, its id in the profile's format)."""
-    grammar, profile = renderer.profile.tool_call_grammar, renderer.profile
+    grammar, profile = renderer.profile.tool_calls, renderer.profile
     if grammar is None:
         raise ValueError(f"profile {profile.name!r} declares no tool-call grammar")
-    if grammar.format != "sections":
+    if not isinstance(grammar, SectionCalls):
         return f"{grammar.call_begin}{write_tagged(grammar.format, name, json.loads(arguments))}{grammar.call_end}"
     call_id = profile.tool_call_id_format.format(name=name, index=0, id=f"call_{name}")
     return (
@@ -80,7 +81,7 @@ def build_shard(root: Path, renderer: ChatRenderer, records: int, seed: int = 0)
     from regen.datasets.prepare import PROMPT_SCHEMA
 
     rng = random.Random(seed)
-    words = (ROOT / "include/regen/assets/corpus.txt").read_text().split()
+    words = (ROOT / "include/regen/tokenizers/corpus.txt").read_text().split()
     storage = LocalStorage(root)
     location = DatasetLocation(storage.root_uri, renderer.profile.name, "bench", "v1")
     tok = renderer.tokenizer
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=3000)
     args = parser.parse_args(argv)
-    renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+    renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
     with tempfile.TemporaryDirectory(prefix="bench-validate-") as tmp:
         root = Path(tmp) / "root"
         print(f"building {args.records} records ...", flush=True)

@@ -27,8 +27,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_validate import build_shard  # noqa: E402
 
-from regen.chat import ChatRenderer, get_profile  # noqa: E402
+from regen.chat import ChatRenderer  # noqa: E402
 from regen.export import run_export  # noqa: E402
+from regen.profiles import lookup  # noqa: E402
 from regen.publish import shard_entries  # noqa: E402
 from regen.storage import sha256_file  # noqa: E402
 from regen.validate import ValidateSettings, run_validate  # noqa: E402
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=3000)
     args = parser.parse_args(argv)
-    renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+    renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:
         root = Path(tmp) / "root"
         storage, shard = build_shard(root, renderer, args.records)

@@ -11,11 +11,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from regen.chat import ChatRenderer, get_profile
+from regen.chat import ChatRenderer
 from regen.config import load_config
 from regen.datasets.prepare import run_prepare
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest
+from regen.profiles import lookup
 from regen.records import ShardPrompts, read_raw
 from regen.storage import LocalStorage, Storage, read_table
 from tools.devstack import Simulator, free_port, start_simulator
@@ -80,7 +81,7 @@ def tmp_roots_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def renderer() -> ChatRenderer:
-    return ChatRenderer(get_profile("kimi-k2.5-mini"))
+    return ChatRenderer(lookup("kimi-k2.5-mini"))
 
 
 @pytest.fixture(scope="session")
@@ -132,14 +133,15 @@ def finish_shards(
 
 KILLABLE_GENERATE = """
 import json, sys
-from regen.chat import ChatRenderer, get_profile
+from regen.chat import ChatRenderer
+from regen.profiles import lookup
 from regen.config import Sampling
 from regen.generate import GenerateSettings, run_generate
 from regen.manifest import ShardManifest
 from regen.storage import LocalStorage
 shard = ShardManifest.from_dict(json.loads(sys.argv[1]))
 settings = GenerateSettings([sys.argv[3]], Sampling().as_params(), concurrency=4, checkpoint_every=4, checkpoint_s=0.2)
-renderer = ChatRenderer(get_profile(sys.argv[4])) if len(sys.argv) > 4 else None  # for on-policy conversations
+renderer = ChatRenderer(lookup(sys.argv[4])) if len(sys.argv) > 4 else None  # for on-policy conversations
 run_generate(shard, LocalStorage(__import__("pathlib").Path(sys.argv[2])), settings, renderer)
 """
 

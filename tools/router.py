@@ -91,7 +91,7 @@ def start_router(
     """A router, returned once every worker is registered and healthy (or, without wait_for_workers, once it answers
     /health): the router answers /health before it has any worker, since it registers them in the background."""
     if tokenizer_path is None:
-        from regen.assets.kimi_mini import ensure_mini_tokenizer
+        from regen.tokenizers.kimi_mini import ensure_mini_tokenizer
 
         tokenizer_path = ensure_mini_tokenizer()
     port = port or free_port()

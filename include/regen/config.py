@@ -17,11 +17,11 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from regen.chat import PROFILE_NAME, PROFILES, ModelProfile
 from regen.errors import FinalError, did_you_mean
 from regen.governance import default_endpoint_patterns, endpoint_address, endpoint_allowed, storage_root_within
 from regen.layout import RESERVED
-from regen.tool_calls import ToolCallGrammar
+from regen.profiles import Profile, builtin_profiles, lookup
+from regen.storage import S3Config
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "regen.yaml"
@@ -102,6 +102,12 @@ class DatasetConfig(BaseModel):
     tool_result_names: Literal["as_given", "from_call"] = "as_given"
     description: str = ""
 
+    def with_paths(self, resolve: Callable[[str], str]) -> DatasetConfig:
+        """Its local paths resolved (a config's are relative to the config file): what a run carries."""
+        hf = self.hf.model_copy(update={"path": resolve(self.hf.path)}) if self.hf and self.hf.path else self.hf
+        paths = [resolve(path) for path in self.paths] if self.paths else self.paths
+        return self.model_copy(update={"paths": paths, "hf": hf})
+
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
         if (self.paths is None) == (self.hf is None):
@@ -126,85 +132,6 @@ class ValidationConfig(BaseModel):
     render_check_minimum: int = Field(16, ge=1)
     retokenize_fraction: float = Field(0.05, ge=0.0, le=1.0, description="records whose re-tokenisation is measured")
     retokenize_minimum: int = Field(16, ge=0, description="and at least this many per shard")
-
-
-class SectionToolCalls(BaseModel):
-    """Calls as special tokens (Kimi's; SGLang's kimi_k2 detector): `section_begin (call_begin ID argument_begin JSON
-    call_end)+ section_end`, each ID written by `call_id_format` from {name}, {index} and {id}."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    format: Literal["sections"]
-    section_begin: str
-    section_end: str
-    call_begin: str
-    argument_begin: str
-    call_end: str
-    call_id_format: str = "{id}"
-
-
-class TaggedToolCalls(BaseModel):
-    """Each call between a begin and an end token: `tagged_json` writes `{"name", "arguments"}` (Qwen3 2504; SGLang's
-    qwen25 detector), `tagged_xml` writes `<function=NAME>` with `<parameter=KEY>` values (Qwen3.5/3.6, qwen3_coder)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    format: Literal["tagged_json", "tagged_xml"]
-    call_begin: str
-    call_end: str
-
-
-class S3Config(BaseModel):
-    """How boto3 rides out S3's transient faults (500, 503 SlowDown, dropped connections): botocore's own retries."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    retry_mode: Literal["standard", "adaptive"] = Field(
-        "standard", description="botocore retry mode; adaptive also slows down on throttling"
-    )
-    max_attempts: int = Field(10, ge=1, le=50, description="attempts per S3 request, the first included")
-
-
-class ProfileConfig(BaseModel):
-    """A target model, declared as data: its tokenizer, its template and the roles of its tokens, by string. Loading
-    checks every role against the tokenizer (regen.chat.ChatRenderer)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    tokenizer: str = Field(description="a hub id (with `revision`), a local directory, or builtin:kimi-k2.5-mini")
-    revision: str | None = Field(None, description="the hub revision to pin: a moved branch never changes prompts")
-    trust_remote_code: bool = False
-    chat_template: str | None = Field(None, description="a Jinja file used instead of the tokenizer's own template")
-    chat_template_kwargs: dict[str, object] = Field(default_factory=dict)
-    generation_suffix: str = Field(description="what the template appends for add_generation_prompt=True")
-    reasoning_start: str | None = None
-    reasoning_end: str | None = None
-    eos_tokens: list[str] = Field(min_length=1)
-    role_tokens: list[str] = Field(default_factory=list, description="turn markers no output may contain")
-    tool_calls: Annotated[SectionToolCalls | TaggedToolCalls, Field(discriminator="format")] | None = Field(
-        None, description="the tool-call grammar; format: sections | tagged_json | tagged_xml"
-    )
-    max_prompt_tokens: int = Field(131_072, ge=1)
-    served_model_names: list[str] = Field(default_factory=list)
-
-    def to_profile(self, name: str, resolve: Callable[[str], str]) -> ModelProfile:
-        calls = self.tool_calls
-        local = not self.tokenizer.startswith("builtin:") and (
-            self.tokenizer.startswith((".", "/")) or Path(resolve(self.tokenizer)).is_dir()
-        )
-        return ModelProfile(
-            name=name,
-            tokenizer=resolve(self.tokenizer) if local else self.tokenizer,
-            revision=self.revision,
-            trust_remote_code=self.trust_remote_code,
-            chat_template_file=resolve(self.chat_template) if self.chat_template else None,
-            chat_template_kwargs=dict(self.chat_template_kwargs),
-            generation_suffix=self.generation_suffix,
-            reasoning_start=self.reasoning_start,
-            reasoning_end=self.reasoning_end,
-            eos_tokens=tuple(self.eos_tokens),
-            role_tokens=tuple(self.role_tokens),
-            tool_call_grammar=ToolCallGrammar(**calls.model_dump(exclude={"call_id_format"})) if calls else None,
-            tool_call_id_format=calls.call_id_format if isinstance(calls, SectionToolCalls) else "{id}",
-            max_prompt_tokens=self.max_prompt_tokens,
-            served_model_names=tuple(self.served_model_names),
-        )
 
 
 class CostConfig(BaseModel):
@@ -299,7 +226,7 @@ class RegenConfig(BaseModel):
     governance: Governance = Governance()
     datasets: dict[str, DatasetConfig] = Field(min_length=1)
     # Target models beside the built-in kimi-k2.5 and kimi-k2.5-mini: a second model is an entry here, not code.
-    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+    profiles: dict[str, Profile] = Field(default_factory=dict)
     base_dir: Path = Path(".")
 
     @model_validator(mode="after")
@@ -311,11 +238,12 @@ class RegenConfig(BaseModel):
                 )
             if name in RESERVED["dataset"]:
                 raise ValueError(f"dataset name {name!r} is a folder the storage layout uses itself: choose another")
-        for name in self.profiles:
-            if name in PROFILES:
+        for name, profile in self.profiles.items():
+            if name in builtin_profiles():
                 raise ValueError(f"profile {name!r} is built in; give yours another name")
-            if not PROFILE_NAME.match(name):
-                raise ValueError(f"profile name {name!r}: use lowercase letters, digits, '.', '_' or '-'")
+            if profile.name not in ("", name):
+                raise ValueError(f"profiles.{name}: its name is the key it is declared under, not {profile.name!r}")
+            Profile.model_validate({**profile.model_dump(), "name": name})  # a name that is a safe storage key
         outside = [url for url in self.defaults.endpoints if not endpoint_allowed(url, self.allowed_endpoints)]
         if outside:
             raise ValueError(f"defaults.endpoints {outside} are outside governance.allowed_endpoints: allow them too")
@@ -331,18 +259,17 @@ class RegenConfig(BaseModel):
 
     @property
     def profile_names(self) -> list[str]:
-        return sorted({*PROFILES, *self.profiles})
+        return sorted({*builtin_profiles(), *self.profiles})
 
-    def profile(self, name: str) -> ModelProfile:
-        """A built-in or declared profile; ConfigError naming the ones there are."""
-        if name in PROFILES:
-            return PROFILES[name]
-        if name not in self.profiles:
-            raise ConfigError(f"unknown profile {name!r}; known: {', '.join(self.profile_names)}")
+    def profile(self, name: str) -> Profile:
+        """A built-in or declared profile (paths resolved against this file); ConfigError naming the ones there are."""
+        declared = {
+            key: p.model_copy(update={"name": key}).with_paths(self.resolve) for key, p in self.profiles.items()
+        }
         try:
-            return self.profiles[name].to_profile(name, self.resolve)
+            return lookup(name, declared)
         except ValueError as e:
-            raise ConfigError(f"profiles.{name}: {e}") from e
+            raise ConfigError(str(e)) from None
 
     @property
     def allowed_endpoints(self) -> list[str]:
@@ -429,6 +356,6 @@ def _members(annotation: Any) -> list[Any]:
     return [annotation]
 
 
-def find_profile(name: str) -> ModelProfile:
+def find_profile(name: str) -> Profile:
     """A built-in profile, or one the deployment's config declares."""
-    return PROFILES[name] if name in PROFILES else load_config().profile(name)
+    return lookup(name) if name in builtin_profiles() else load_config().profile(name)

@@ -31,7 +31,7 @@ import msgspec
 from regen.chat import ChatRenderer
 from regen.manifest import GenerationReport, ShardManifest, StageStats
 from regen.on_policy import Ended, after_answer, check_resumed, dataset_turns, turn_count
-from regen.reasons import Reason, RejectionWriter
+from regen.reasons import Reason
 from regen.records import (
     RawAnswer,
     ShardPrompts,
@@ -42,6 +42,7 @@ from regen.records import (
     text_digest,
     write_raw,
 )
+from regen.rejections import RejectionWriter
 from regen.samples import sample_of, turn_id
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLangClient, TransientError
@@ -495,7 +496,7 @@ def _write_raw(
         raise AssertionError(f"{shard.name}: {len(missing)} samples neither answered nor rejected, e.g. {missing[:3]}")
     with RejectionWriter(storage, shard.keys.rejected("generate")) as rejections:
         for sample_id, rejected in done.rejected.items():
-            rejections.add(sample_id, Reason(rejected["reason"]), rejected["detail"])
+            rejections.add(sample_id, Reason.of(rejected["reason"]), rejected["detail"])
         files = rejections.upload()
     with tempfile.TemporaryDirectory(prefix="regen-raw-") as tmp:  # streamed: a shard's raw file can be large
         path = Path(tmp) / "raw.jsonl.zst"

@@ -31,12 +31,13 @@ from typing import Any
 
 import orjson
 
-from regen.chat import ChatRenderer, ModelProfile, TokenRoles
+from regen.chat import ChatRenderer, TokenRoles
 from regen.chat_request import standard_tools
 from regen.errors import FinalError
+from regen.profiles import Profile, SectionCalls, TaggedCalls
 from regen.reasons import Reason
 from regen.records import RawAnswer
-from regen.tool_calls import BadCall, ToolCallGrammar, read_section_call_id, read_tagged, read_xml_calls
+from regen.tool_calls import BadCall, read_section_call_id, read_tagged, read_xml_calls
 from regen.validate import judge_output
 
 Message = dict[str, Any]
@@ -156,7 +157,7 @@ def assistant_message(
     output_ids: list[int],
     prompt_tail: list[int],
     roles: TokenRoles,
-    profile: ModelProfile,
+    profile: Profile,
     decode: Decode,
     history: list[Message],
     tools: list[Message],
@@ -177,19 +178,17 @@ def assistant_message(
     return read_message(text, phase == "reasoning", profile, history, tools)
 
 
-def read_message(
-    text: str, forced: bool, profile: ModelProfile, history: list[Message], tools: list[Message]
-) -> Message:
+def read_message(text: str, forced: bool, profile: Profile, history: list[Message], tools: list[Message]) -> Message:
     """The message SGLang's chat layer reads from an answer's text: its reasoning parser, then its tool-call detector
     when the request declares tools. `forced`: the prompt opened the reasoning."""
-    grammar = profile.tool_call_grammar
-    tool_start = None if grammar is None else grammar.section_begin or grammar.call_begin
+    grammar = profile.tool_calls
+    tool_start = None if grammar is None else grammar.tokens().get("section_begin", grammar.call_begin)
     reasoning, normal = split_reasoning(text, forced, profile.reasoning_start, profile.reasoning_end, tool_start)
     content, calls = normal, []
     if grammar is not None and tool_start is not None and tools and tool_start in normal:
         content = normal[: normal.index(tool_start)]
         earlier = sum(len(m.get("tool_calls") or []) for m in history)
-        if grammar.format == "sections":
+        if isinstance(grammar, SectionCalls):
             found = _section_calls(normal, grammar, tools)
         elif grammar.format == "tagged_xml":
             xml = read_xml_calls(normal, grammar.call_begin, grammar.call_end, standard_tools(tools))
@@ -225,7 +224,7 @@ def split_reasoning(
     return (text[:at], text[at:]) if at != -1 else (text, "")
 
 
-def _call(name: str, arguments: str, index: int, profile: ModelProfile) -> Message:
+def _call(name: str, arguments: str, index: int, profile: Profile) -> Message:
     """A call with the id SGLang gives it (`_process_tool_call_id`): for kimi_k2, the profile's id format at the
     calls in the history plus its place in the answer; for the tagged formats SGLang's ids are random, and their
     templates do not print them."""
@@ -233,7 +232,7 @@ def _call(name: str, arguments: str, index: int, profile: ModelProfile) -> Messa
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _section_calls(text: str, grammar: ToolCallGrammar, tools: list[Message]) -> list[tuple[str, str]]:
+def _section_calls(text: str, grammar: SectionCalls, tools: list[Message]) -> list[tuple[str, str]]:
     """kimi_k2's detector (function_call/kimik2_detector.py `detect_and_parse`): every call in the text, in every
     section, arguments as written; a call whose id names no function is skipped."""
     calls = []
@@ -247,8 +246,7 @@ def _section_calls(text: str, grammar: ToolCallGrammar, tools: list[Message]) ->
 
 
 @cache
-def section_call_pattern(grammar: ToolCallGrammar) -> re.Pattern[str]:
-    assert grammar.argument_begin is not None  # a sections grammar has all five tokens
+def section_call_pattern(grammar: SectionCalls) -> re.Pattern[str]:
     return re.compile(
         re.escape(grammar.call_begin)
         + r"\s*([^\s<|]+)\s*"
@@ -259,7 +257,7 @@ def section_call_pattern(grammar: ToolCallGrammar) -> re.Pattern[str]:
     )
 
 
-def _tagged_calls(text: str, grammar: ToolCallGrammar, tools: list[Message]) -> list[tuple[str, str]]:
+def _tagged_calls(text: str, grammar: TaggedCalls, tools: list[Message]) -> list[tuple[str, str]]:
     """The calls of the tagged_json grammar (qwen25), each between its begin and end marker."""
     calls = []
     for piece in text.split(grammar.call_begin)[1:]:

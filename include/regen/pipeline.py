@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from regen.chat import ChatRenderer, why_tokenizer_fails
+from regen.chat import ChatRenderer
 from regen.claims import held, release
 from regen.config import ConfigError, ExportConfig, RegenConfig, Sampling, find_profile, load_config
 from regen.datasets.prepare import run_prepare
@@ -31,6 +31,7 @@ from regen.report import fleet_utilisation, generation_cost, log_summary, sglang
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.server_check import check_fleet
 from regen.storage import S3ClientFactory, Storage, check_writable, open_storage
+from regen.tokenizers.loading import why_tokenizer_fails
 from regen.validate import ValidateSettings, run_validate
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ def plan(params: dict[str, Any], run_id: str, s3_client: S3ClientFactory | None 
     try:
         renderer_for(run.profile)
     except (OSError, ImportError) as e:
-        raise ConfigError(why_tokenizer_fails(find_profile(run.profile), e)) from e
+        raise ConfigError(why_tokenizer_fails(find_profile(run.profile).tokenizer_source, e)) from e
     except ValueError as e:  # a token role the tokenizer does not have
         raise ConfigError(str(e)) from e
     try:

@@ -19,8 +19,10 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Literal, Protocol
 from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field
 
 CHUNK = 8 * 1024 * 1024
 READ_BUFFER = 1024 * 1024  # what a stream opened for reading fetches at a time
@@ -348,6 +350,16 @@ def is_not_found(error: Exception) -> bool:
     return response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
+class S3Config(BaseModel):
+    """How boto3 rides out S3's transient faults (500, 503 SlowDown, dropped connections): botocore's own retries."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    retry_mode: Literal["standard", "adaptive"] = Field(
+        "standard", description="botocore retry mode; adaptive also slows down on throttling"
+    )
+    max_attempts: int = Field(10, ge=1, le=50, description="attempts per S3 request, the first included")
+
+
 def s3_client_config(retry_mode: str, max_attempts: int) -> Any:
     """botocore's client config for S3: its retries (the config's `defaults.s3`), for every client the project makes."""
     from botocore.config import Config
@@ -359,8 +371,6 @@ def default_s3_client() -> Any:
     """A boto3 S3 client from the environment's credentials (AWS_* variables, profiles), with the default retries of
     `defaults.s3` (outside Airflow no deployment config is read)."""
     import boto3
-
-    from regen.config import S3Config
 
     settings = S3Config()
     return boto3.client("s3", config=s3_client_config(settings.retry_mode, settings.max_attempts))

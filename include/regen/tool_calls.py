@@ -1,5 +1,6 @@
-"""Tool-call grammars, declared as data: how a model writes its calls, read back by validation and written by the
-simulator. One format per family of SGLang's tool-call detectors (sglang/srt/function_call/):
+"""Tool-call grammars at work: how a model writes its calls (declared in its profile, regen.profiles), read back by
+validation and written by the simulator. One format per family of SGLang's tool-call detectors
+(sglang/srt/function_call/):
 
 - `sections` (kimi_k2): `section_begin (call_begin ID argument_begin JSON call_end)+ section_end`, every marker one
   token; ID in the profile's call-id format, JSON the arguments object.
@@ -24,8 +25,6 @@ from typing import Any
 
 from regen.reasons import Reason
 
-FORMATS = ("sections", "tagged_json", "tagged_xml")
-SECTION_TOKENS = ("section_begin", "section_end", "argument_begin")
 # qwen3_coder's reading: a function runs to `</function>` (or the end), a parameter to `</parameter>`, the next
 # `<parameter=`, `</function>` or the end; one newline around a value is the template's, not the value's.
 XML_FUNCTION = re.compile(r"<function=(.*?)</function>|<function=(.*)$", re.DOTALL)
@@ -39,35 +38,6 @@ BARE_COUNTER = re.compile(r"\d+")
 FLAG_SPACED_ID = "tool_call_id_spaced"  # whitespace around the call id: SGLang reads it, the drafter sees it
 FLAG_UNPREFIXED_ID = "tool_call_id_without_functions_prefix"
 FLAG_BARE_ID = "tool_call_id_bare_counter"  # the function inferred from the declared tools, as SGLang infers it
-
-
-@dataclass(frozen=True)
-class ToolCallGrammar:
-    """A grammar's marker tokens, by string. `sections` needs all five; the tagged formats only begin and end."""
-
-    format: str
-    call_begin: str
-    call_end: str
-    section_begin: str | None = None
-    section_end: str | None = None
-    argument_begin: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"tool_calls.format {self.format!r}: use one of {', '.join(FORMATS)}")
-        given = [name for name in SECTION_TOKENS if getattr(self, name) is not None]
-        if self.format == "sections" and len(given) != len(SECTION_TOKENS):
-            raise ValueError(f"tool_calls: the 'sections' format needs {', '.join(SECTION_TOKENS)}")
-        if self.format != "sections" and given:
-            raise ValueError(f"tool_calls: {', '.join(given)} belong to the 'sections' format, not {self.format!r}")
-
-    def tokens(self) -> dict[str, str]:
-        """Role -> token string, for every marker the format has."""
-        fields = dataclasses.asdict(self)
-        return {name: value for name, value in fields.items() if name != "format" and value is not None}
-
-    def as_record(self) -> dict[str, str]:
-        return {"format": self.format, **self.tokens()}
 
 
 @dataclass(frozen=True)

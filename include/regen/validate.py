@@ -47,8 +47,9 @@ from regen.chat import ChatRenderer, TokenRoles
 from regen.chat_request import standard_tools
 from regen.errors import FinalError
 from regen.manifest import ShardManifest, StageStats
-from regen.reasons import OK, Reason, RejectionWriter, split_of
+from regen.reasons import OK, Reason, split_of
 from regen.records import RawAnswer, ShardPrompts, read_raw, text_digest
+from regen.rejections import RejectionWriter
 from regen.storage import Storage, read_table, write_table
 from regen.tool_calls import BadCall, read_section_call_id, read_tagged, read_xml_calls
 
@@ -464,7 +465,7 @@ def run_validate(
                 verdict = judge(prompt_ids, answer, renderer.roles, tools, renderer.decode_in_vocab, schemas)
                 if verdict.split is None:
                     stats.drop(verdict.verdict)
-                    rejections.add(answer.id, Reason(verdict.verdict), verdict.detail, finish=answer.finish_reason)
+                    rejections.add(answer.id, Reason.of(verdict.verdict), verdict.detail, finish=answer.finish_reason)
                 else:
                     stats.keep()
                 drift = None

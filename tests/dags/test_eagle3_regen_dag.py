@@ -163,13 +163,13 @@ def test_docker_compose_agrees_with_the_config_and_the_profile() -> None:
     loads the revision the production profile pins."""
     import yaml
 
-    from regen.chat import get_profile
+    from regen.profiles import lookup
 
     compose = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
     command = compose["services"]["airflow-init"]["command"]
     assert "pools set sglang_fleet $$(python -c 'from regen.config import load_config; " in command
     assert "print(load_config().defaults.shard_tasks)')" in command
-    assert f"--revision {get_profile('kimi-k2.5').revision}" in compose["services"]["sglang"]["command"]
+    assert f"--revision {lookup('kimi-k2.5').revision}" in compose["services"]["sglang"]["command"]
 
 
 def test_the_alert_mail_escapes_what_it_quotes() -> None:

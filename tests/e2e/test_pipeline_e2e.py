@@ -18,6 +18,7 @@ import requests
 import yaml
 import zstandard
 
+from regen.chat import ChatRenderer
 from regen.simulator.defects import BY_NAME
 from tools.devstack import DAG_ID, Simulator, Stack, start_simulator, wait_until
 
@@ -46,7 +47,7 @@ USER_TEMPLATE = (
 
 def user_profile(folder: Path) -> dict[str, Any]:
     """A profile declared only in the config: a tokenizer directory and a template file, no code."""
-    from regen.assets.kimi_mini import ensure_mini_tokenizer
+    from regen.tokenizers.kimi_mini import ensure_mini_tokenizer
 
     (folder / "tokenizer").mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -163,7 +164,7 @@ def test_on_policy_conversations_regenerate_turn_by_turn_through_airflow(stack: 
     """C1_multiturn (ShareGPT chats and OpenAI tool conversations, turns: on_policy): every turn k > 1 was sent a
     prompt holding the answers the model gave for turns < k, and a call that is not the dataset's ended its
     conversation with the reason; every answered turn is published as its own record, exactly as sent."""
-    from regen.chat import ChatRenderer, get_profile
+    from regen.profiles import lookup
     from tests.turns import by_conversation, check_histories
 
     dataset, storage_root = "C1_multiturn", f"s3://{BUCKET}/on-policy"
@@ -188,7 +189,7 @@ def test_on_policy_conversations_regenerate_turn_by_turn_through_airflow(stack: 
         assert server["input_ids"] == raw[answer_id]["prompt_ids"]
         assert record["input_ids"] == server["input_ids"] + server["output_ids"]
         assert record["loss_mask"] == [0] * len(server["input_ids"]) + [1] * len(server["output_ids"])
-    tokenizer = ChatRenderer(get_profile("kimi-k2.5-mini")).tokenizer
+    tokenizer = ChatRenderer(lookup("kimi-k2.5-mini")).tokenizer
     assert check_histories(by_turn, tokenizer) > 40
     diverged = [r for r in rejected if r["reason"] == "diverged_tool_call"]
     assert diverged and manifest["stages"]["generate"]["dropped_by_reason"] == {"diverged_tool_call": len(diverged)}

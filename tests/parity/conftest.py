@@ -3,13 +3,13 @@ tokenizer directory, a Kimi-K2.5-shaped one loaded as remote code on both sides,
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
 
-from regen.assets.kimi_mini import ensure_tiktoken_tokenizer
-from regen.chat import ChatRenderer, get_profile
+from regen.chat import ChatRenderer
+from regen.profiles import lookup
+from regen.tokenizers.kimi_mini import ensure_tiktoken_tokenizer
 from tests.parity.oracle import Oracle, Served
 
 
@@ -45,15 +45,13 @@ def kimi_oracle(kimi_served: Served) -> Iterator[Oracle]:
 @pytest.fixture(scope="session")
 def kimi_renderers(kimi_served: Served) -> dict[bool, ChatRenderer]:
     """thinking -> the project's renderer for the same tokenizer directory, as a production profile names it."""
-    base = dataclasses.replace(
-        get_profile("kimi-k2.5-mini"),
+    base = lookup("kimi-k2.5-mini").replaced(
         name="kimi-parity",
         tokenizer=str(kimi_served.tokenizer),
         trust_remote_code=True,
         max_prompt_tokens=131_072,  # Kimi-K2.5's: the long-prompt cases must not stop at the mini profile's limit
     )
-    off = dataclasses.replace(
-        base,
+    off = base.replaced(
         name="kimi-parity-instant",
         chat_template_kwargs={"thinking": False},
         generation_suffix=THINKING_OFF_SUFFIX,
@@ -63,7 +61,7 @@ def kimi_renderers(kimi_served: Served) -> dict[bool, ChatRenderer]:
 
 @pytest.fixture(scope="session")
 def qwen_served() -> Served:
-    from regen.assets.qwen36 import ensure_qwen36_tokenizer
+    from regen.tokenizers.qwen36 import ensure_qwen36_tokenizer
 
     return Served(
         tokenizer=ensure_qwen36_tokenizer(),
@@ -88,8 +86,7 @@ def qwen_renderers() -> dict[bool, ChatRenderer]:
     from regen.config import load_config
 
     base = load_config().profile("qwen3.6")
-    off = dataclasses.replace(
-        base,
+    off = base.replaced(
         name="qwen3.6-instant",
         chat_template_kwargs={"enable_thinking": False},
         generation_suffix="<|im_start|>assistant\n<think>\n\n</think>\n\n",

@@ -190,7 +190,8 @@ def build_corpus(folder: Path) -> Corpus:
 CHILD = """
 import json, sys
 from pathlib import Path
-from regen.chat import ChatRenderer, get_profile
+from regen.chat import ChatRenderer
+from regen.profiles import lookup
 from regen.config import DatasetConfig
 from regen.datasets.prepare import run_prepare
 from regen.datasets.sources import CorruptSource
@@ -198,7 +199,7 @@ from regen.layout import DatasetLocation
 from regen.storage import LocalStorage
 
 corpus, root = Path(sys.argv[1]), Path(sys.argv[2])
-storage, renderer = LocalStorage(root), ChatRenderer(get_profile("kimi-k2.5-mini"))
+storage, renderer = LocalStorage(root), ChatRenderer(lookup("kimi-k2.5-mini"))
 outcomes = {}
 for dataset, pattern in [("corpus", "*.json*"), ("parquet", "rows.parquet"), ("gzip", "damaged/*.gz"),
                          ("damaged_parquet", "damaged/*.parquet")]:

@@ -10,14 +10,14 @@ thinking-machines-lab/tinker-cookbook `tinker_cookbook/renderers/kimi_k2_5_tool_
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 
-from regen.assets.kimi_mini import ensure_tiktoken_tokenizer
-from regen.assets.slow_kimi import ensure_slow_tokenizer
-from regen.chat import ChatRenderer, get_profile
+from regen.chat import ChatRenderer
+from regen.profiles import lookup
+from regen.tokenizers.kimi_mini import ensure_tiktoken_tokenizer
+from regen.tokenizers.slow_kimi import ensure_slow_tokenizer
 
 WEATHER_TOOL = {
     "type": "function",
@@ -249,8 +249,8 @@ def renderer_with(base: ChatRenderer, thinking: bool, **changes: Any) -> ChatRen
     suffix = GEN if thinking else GEN_NO_THINK
     name = base.profile.name + ("" if thinking else "-instant") + ("-slow" if changes else "")
     return ChatRenderer(
-        dataclasses.replace(
-            base.profile, name=name, chat_template_kwargs={"thinking": thinking}, generation_suffix=suffix, **changes
+        base.profile.replaced(
+            name=name, chat_template_kwargs={"thinking": thinking}, generation_suffix=suffix, **changes
         )
     )
 
@@ -323,8 +323,8 @@ def test_token_roles_resolve_to_kimi_ids(renderer: ChatRenderer) -> None:
 
 
 def test_unknown_profile_says_which_exist() -> None:
-    with pytest.raises(ValueError, match=r"known profiles: kimi-k2\.5, kimi-k2\.5-mini"):
-        get_profile("kimi-k3")
+    with pytest.raises(ValueError, match=r"unknown profile .kimi-k3.; known: kimi-k2\.5, kimi-k2\.5-mini"):
+        lookup("kimi-k3")
 
 
 def test_tool_call_arguments_are_printed_as_sglang_parses_them(renderer: ChatRenderer) -> None:

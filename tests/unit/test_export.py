@@ -151,8 +151,7 @@ def test_a_template_that_changed_since_prepare_fails_validate(
 ) -> None:
     prepared, storage, _ = published
     shard = dataclasses.replace(prepared.shards[0], raw_key=prepared.shards[0].keys.raw)
-    moved = dataclasses.replace(
-        renderer.profile,
+    moved = renderer.profile.replaced(
         chat_template_kwargs={"thinking": False},
         generation_suffix="<|im_assistant|>assistant<|im_middle|><think></think>",
     )

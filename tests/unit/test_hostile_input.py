@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from regen.chat import ChatRenderer
 from regen.config import DatasetConfig
 from regen.datasets.sources import MAX_DEPTH, MAX_ROW_BYTES, BadRow, SourceRow, iter_rows
 
@@ -62,7 +63,7 @@ import resource, sys
 from regen.config import DatasetConfig
 from regen.datasets.sources import iter_rows
 rows = list(iter_rows(DatasetConfig(paths=[sys.argv[1]])))
-print([getattr(r, "reason", "ok") for r in rows], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+print([str(getattr(r, "reason", "ok")) for r in rows], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 """
 
 
@@ -126,10 +127,10 @@ def test_a_damaged_parquet_file_fails_naming_the_file(tmp_path: Path, damage: st
 def test_a_prepare_broken_off_by_a_damaged_file_leaves_nothing_a_rerun_keeps(tmp_path: Path) -> None:
     import gzip
 
-    from regen.chat import ChatRenderer, get_profile
     from regen.datasets.prepare import run_prepare
     from regen.datasets.sources import CorruptSource
     from regen.layout import DatasetLocation
+    from regen.profiles import lookup
     from regen.storage import LocalStorage
 
     rows = b"".join(json.dumps({"input": f"task {i}"}).encode() + b"\n" for i in range(1500))  # past the read-ahead
@@ -138,7 +139,7 @@ def test_a_prepare_broken_off_by_a_damaged_file_leaves_nothing_a_rerun_keeps(tmp
     storage = LocalStorage(tmp_path / "root")
     location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "d", "v1")
     config = DatasetConfig(paths=[str(tmp_path / "part-*")])
-    renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+    renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
     with pytest.raises(CorruptSource, match=r"part-1\.jsonl\.gz: the gzip stream is damaged"):
         run_prepare(config, location, storage, renderer, 100, None, workers=1)
     left = storage.list_keys(location.prompts_folder)
@@ -154,10 +155,10 @@ def test_a_prepare_broken_off_by_a_damaged_file_leaves_nothing_a_rerun_keeps(tmp
 def test_a_message_too_long_for_any_tokenisation_is_rejected_before_tokenising(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from regen.chat import ChatRenderer, get_profile
     from regen.datasets.tokenise import render
+    from regen.profiles import lookup
 
-    renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+    renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
     per_token, limit = renderer.max_token_bytes, renderer.profile.max_prompt_tokens
     assert per_token is not None
     # The bound holds: no token of the vocabulary decodes to more bytes (special tokens included).
@@ -182,16 +183,16 @@ def test_a_message_too_long_for_any_tokenisation_is_rejected_before_tokenising(
 def test_no_cheap_bound_when_a_normaliser_could_shrink_text_without_limit() -> None:
     from tokenizers import normalizers
 
-    from regen.chat import ChatRenderer, get_profile
+    from regen.profiles import lookup
 
     def with_normaliser(normaliser: normalizers.Normalizer) -> ChatRenderer:
-        renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+        renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
         renderer.tokenizer = copy.deepcopy(renderer.tokenizer)  # the loaded tokenizer is shared: change a copy
         renderer.tokenizer.backend_tokenizer.normalizer = normaliser
         return renderer
 
-    plain = ChatRenderer(get_profile("kimi-k2.5-mini")).max_token_bytes
+    plain = ChatRenderer(lookup("kimi-k2.5-mini")).max_token_bytes
     assert plain is not None
     assert with_normaliser(normalizers.Strip()).max_token_bytes is None
     assert with_normaliser(normalizers.NFC()).max_token_bytes == 3 * plain
-    assert ChatRenderer(get_profile("kimi-k2.5-mini")).tokenizer.backend_tokenizer.normalizer is None
+    assert ChatRenderer(lookup("kimi-k2.5-mini")).tokenizer.backend_tokenizer.normalizer is None

@@ -1,5 +1,5 @@
 """Nothing about Kimi-K2.5 is written into the code outside its profiles (regen/chat.py) and the tokenizer builders
-(regen/assets/): no string or number constant in the library, the DAGs, the plugins, the tools or the benchmarks
+(regen/tokenizers/): no string or number constant in the library, the DAGs, the plugins, the tools or the benchmarks
 names one of its special tokens, their ids, its call-id format or its tool-declaration header. Docstrings and
 comments may use them as examples; code takes them from a profile."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from regen.assets.kimi_mini import BPE_RANKS, NAMED_SPECIAL_TOKENS, VOCAB_SIZE
+from regen.tokenizers.kimi_mini import BPE_RANKS, NAMED_SPECIAL_TOKENS, VOCAB_SIZE
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ["include/regen", "plugins", "dags", "tools", "bench"]
-ALLOWED = ["include/regen/chat.py", "include/regen/assets/"]  # the built-in profiles, the tokenizers' builders
+ALLOWED = ["include/regen/chat.py", "include/regen/tokenizers/"]  # the built-in profiles, the tokenizers' builders
 KIMI_STRINGS = [*NAMED_SPECIAL_TOKENS.values(), "functions.{name}:{index}", "tool_declare"]
 KIMI_IDS = range(BPE_RANKS, VOCAB_SIZE)
 

@@ -13,8 +13,8 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError(f"the library imported {name}")
 sys.meta_path.insert(0, Block())
 import pkgutil, regen
-from regen.chat import restore_transformers4_imports
-restore_transformers4_imports()  # regen.assets.tiktoken_kimi is remote code written against transformers 4
+from regen.tokenizers.loading import restore_transformers4_imports
+restore_transformers4_imports()  # regen.tokenizers.tiktoken_kimi is remote code written against transformers 4
 for module in pkgutil.walk_packages(regen.__path__, "regen."):
     if not module.name.endswith("__main__"):
         __import__(module.name)

@@ -6,6 +6,7 @@ import pytest
 
 from regen.datasets.formats import normalise_row
 from regen.datasets.normalise import Conversation, RawChat, Rejection, check_tools, normalise_chat, select_prompts
+from regen.reasons import Reason
 
 KIMI_IDS = "functions.{name}:{index}"
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
@@ -246,7 +247,7 @@ def test_empty_reasoning_is_kept_as_sglang_dumps_it() -> None:
 def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
     conversation = Conversation(messages=[{"role": "assistant", "content": "x"}], tools=[])
     assert select_prompts(conversation, "every_assistant_turn") == Rejection(
-        "no_user_turn", "no user message before the regenerated turn"
+        Reason.NO_USER_TURN, "no user message before the regenerated turn"
     )
 
 

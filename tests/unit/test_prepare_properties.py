@@ -11,12 +11,13 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from regen.chat import ChatRenderer, get_profile
+from regen.chat import ChatRenderer
 from regen.config import DatasetConfig
 from regen.datasets.formats import CONVERTERS, SHAREGPT_ROLES, normalise_row
 from regen.datasets.normalise import Conversation, Rejection
 from regen.datasets.prepare import run_prepare
 from regen.layout import DatasetLocation
+from regen.profiles import lookup
 from regen.reasons import Reason
 from regen.storage import LocalStorage
 
@@ -125,7 +126,7 @@ def test_normalisation_never_raises_and_gives_prompts_or_a_known_reason(
             check_prompt(prompt)
 
 
-RENDERER = ChatRenderer(get_profile("kimi-k2.5-mini"))
+RENDERER = ChatRenderer(lookup("kimi-k2.5-mini"))
 lines = st.lists(rows.map(lambda r: json.dumps(r).encode()) | st.binary(max_size=20), max_size=12)
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from regen.assets.kimi_mini import ensure_mini_tokenizer
 from regen.chat import ChatRenderer
 from regen.config import ConfigError, RegenConfig, load_config
+from regen.tokenizers.kimi_mini import ensure_mini_tokenizer
 
 # A user's own model, as a deployment would declare it: a tokenizer directory (tokenizer.json, tokenizer_config.json)
 # and a chat template file of its own. The template is ChatML-shaped over the mini vocabulary's special tokens.
@@ -114,11 +114,6 @@ def test_a_declared_profile_loads_with_its_own_template_and_roles(tmp_path: Path
             id="tagged-grammar-token-unknown",
         ),
         pytest.param(
-            {"reasoning_start": "<think>"},
-            r"profile 'my-model': give both reasoning_start and reasoning_end, or neither",
-            id="half-a-reasoning-pair",
-        ),
-        pytest.param(
             {"chat_template": "no-such-template.jinja"},
             r"profile 'my-model': chat_template: cannot read .*no-such-template.jinja",
             id="template-file-missing",
@@ -142,6 +137,11 @@ def test_every_bad_field_names_the_profile_and_the_field(tmp_path: Path, changes
             id="typo",
         ),
         pytest.param({"my-model": {"tokenizer": "t"}}, r"generation_suffix: Field required", id="no-suffix"),
+        pytest.param(
+            {"my-model": {**USER_PROFILE, "reasoning_start": "<think>", "reasoning_end": None}},
+            r"profiles.my-model: give both reasoning_start and reasoning_end, or neither",
+            id="half-a-reasoning-pair",
+        ),
         pytest.param(
             {"my-model": {**USER_PROFILE, "tool_calls": {"format": "pythonic", "call_begin": "[", "call_end": "]"}}},
             r"tool_calls: .*does not match any of the expected tags: 'sections', 'tagged_json', 'tagged_xml'",

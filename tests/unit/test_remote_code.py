@@ -8,17 +8,18 @@ import subprocess
 import sys
 import time
 
-from regen.assets.kimi_mini import ensure_tiktoken_tokenizer
+from regen.tokenizers.kimi_mini import ensure_tiktoken_tokenizer
 
 LOAD = """
 import sys
 directory, mode = sys.argv[1], sys.argv[2]
 if mode == "no-tiktoken":
     sys.modules["tiktoken"] = None  # as if it were not installed
-import dataclasses
-from regen.chat import ChatRenderer, get_profile, why_tokenizer_fails
-mini = get_profile("kimi-k2.5-mini")
-profile = dataclasses.replace(mini, name="kimi-layout", tokenizer=directory, trust_remote_code=True)
+from regen.chat import ChatRenderer
+from regen.profiles import lookup
+from regen.tokenizers.loading import why_tokenizer_fails
+mini = lookup("kimi-k2.5-mini")
+profile = mini.replaced(name="kimi-layout", tokenizer=directory, trust_remote_code=True)
 if mode == "without-restoring-imports":
     from transformers import AutoTokenizer
     loader = lambda: AutoTokenizer.from_pretrained(directory, trust_remote_code=True)
@@ -28,7 +29,7 @@ try:
     loader()
     print("loaded")
 except Exception as e:
-    print(why_tokenizer_fails(profile, e))
+    print(why_tokenizer_fails(profile.tokenizer_source, e))
 """
 
 

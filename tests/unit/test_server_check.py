@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 import time
@@ -87,7 +86,7 @@ def test_a_server_that_never_gets_ready_fails_at_the_deadline(tmp_path: Path, re
 def test_the_wrong_model_fails_with_what_differs(simulator: Simulator, renderer: ChatRenderer) -> None:
     other = ChatRenderer.__new__(ChatRenderer)
     other.__dict__.update(renderer.__dict__)
-    other.profile = dataclasses.replace(renderer.profile, served_model_names=("moonshotai/Kimi-K2.5",))
+    other.profile = renderer.profile.replaced(served_model_names=("moonshotai/Kimi-K2.5",))
     with pytest.raises(ServerMismatch, match=r"serves 'kimi-k2.5-mini', but profile .* expects one of"):
         check_fleet([simulator.url], other, SAMPLING)
 

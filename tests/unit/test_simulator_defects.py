@@ -17,11 +17,13 @@ import pytest
 import requests
 from aiohttp.test_utils import TestClient, TestServer
 
-from regen.chat import ChatRenderer, TokenRoles, ToolCallIds, get_profile
+from regen.chat import ChatRenderer, TokenRoles
+from regen.profiles import lookup
 from regen.simulator.__main__ import defect_model, main, parse_args
 from regen.simulator.defects import BY_NAME, DEFECT_KINDS, DEFECTS, OUT_OF_VOCAB_ID, DefectModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel, typescript_functions
 from regen.simulator.server import LatencyModel, SimulatorState, build_app
+from regen.tool_calls import ToolCallIds
 from tests.conftest import Simulator, start_simulator
 
 # What the pipeline sends: text must then be exactly decode(output_ids, skip_special_tokens=False).
@@ -206,7 +208,7 @@ def test_the_same_prompt_and_seed_carry_the_same_defect(mixed: tuple[Simulator, 
 
 
 def model_with(rates: dict[str, float], **behaviour: Any) -> SimulatedModel:
-    return SimulatedModel(get_profile("kimi-k2.5-mini"), ModelBehaviour(defects=DefectModel(rates), **behaviour))
+    return SimulatedModel(lookup("kimi-k2.5-mini"), ModelBehaviour(defects=DefectModel(rates), **behaviour))
 
 
 @pytest.mark.parametrize(
@@ -275,7 +277,7 @@ def post(state: SimulatorState, body: dict[str, Any]) -> Any:
 
 
 def state_of(model: SimulatedModel) -> SimulatorState:
-    return SimulatorState(model, get_profile("kimi-k2.5-mini"), LatencyModel(), 16384, None)
+    return SimulatorState(model, lookup("kimi-k2.5-mini"), LatencyModel(), 16384, None)
 
 
 def test_a_cut_before_the_defect_sends_a_clean_answer(renderer: ChatRenderer) -> None:
@@ -303,7 +305,7 @@ def test_text_is_the_decode_of_output_ids(renderer: ChatRenderer) -> None:
 
 
 def test_text_tokenizer_mismatch_covers_every_answer_probes_included(renderer: ChatRenderer) -> None:
-    model = SimulatedModel(get_profile("kimi-k2.5-mini"), ModelBehaviour(defects=DefectModel({}, True)))
+    model = SimulatedModel(lookup("kimi-k2.5-mini"), ModelBehaviour(defects=DefectModel({}, True)))
     state = state_of(model)
     prompt = renderer.render_ids([{"role": "user", "content": "hi"}], None)
     for limit in (1, 4096):  # a one-token probe, and a whole answer
@@ -331,7 +333,7 @@ def test_typescript_tool_declarations(renderer: ChatRenderer) -> None:
     prompt = renderer.tokenizer.encode(
         f"<|im_system|>tool_declare<|im_middle|>{TS_TOOLS}<|im_end|>{text}", add_special_tokens=False
     )
-    model = SimulatedModel(get_profile("kimi-k2.5-mini"), ModelBehaviour(tool_call_rate=1.0))
+    model = SimulatedModel(lookup("kimi-k2.5-mini"), ModelBehaviour(tool_call_rate=1.0))
     names = set()
     for seed in range(8):
         sent = Sent(prompt, True, {"output_ids": model.answer(prompt, seed).ids, "meta_info": {}}, None)

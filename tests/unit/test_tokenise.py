@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -8,11 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from regen.assets.slow_kimi import ensure_slow_tokenizer
 from regen.chat import ChatRenderer
 from regen.datasets import tokenise
 from regen.datasets.normalise import Conversation, Rejection
 from regen.datasets.tokenise import Rendered, render_ordered
+from regen.reasons import Reason
+from regen.tokenizers.slow_kimi import ensure_slow_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
 CONVERSATIONS = [
@@ -42,22 +42,22 @@ CONVERSATIONS = [
 
 def test_rendering_in_workers_keeps_input_order_and_passes_rejections_through(renderer: ChatRenderer) -> None:
     too_long = Conversation([{"role": "user", "content": "word " * 9000}], [])
-    items = [(i, [*CONVERSATIONS, Rejection("duplicate", "x"), too_long][i % 4]) for i in range(70)]
+    items = [(i, [*CONVERSATIONS, Rejection(Reason.DUPLICATE, "x"), too_long][i % 4]) for i in range(70)]
     in_process = list(render_ordered(items, renderer, workers=1))
     in_workers = list(render_ordered(items, renderer, workers=2, in_process_below=0))
     assert in_workers == in_process
     assert [payload for payload, _ in in_workers] == list(range(70))
     assert [type(r).__name__ for _, r in in_workers[:4]] == ["Rendered", "Rendered", "Rejection", "Rejection"]
     assert in_workers[3][1] == Rejection(
-        "prompt_too_long", f"{len(renderer.render_ids(too_long.messages, []))} tokens > 8192"
+        Reason.PROMPT_TOO_LONG, f"{len(renderer.render_ids(too_long.messages, []))} tokens > 8192"
     )
     first = in_workers[0][1]
     assert isinstance(first, Rendered) and first.prompt_ids == renderer.render_ids(CONVERSATIONS[0].messages, [])
 
 
 def test_the_slow_python_tokenizer_gives_the_mini_tokenizers_ids(renderer: ChatRenderer) -> None:
-    profile = dataclasses.replace(
-        renderer.profile, name="kimi-k2.5-mini-slow", tokenizer=str(ensure_slow_tokenizer()), trust_remote_code=True
+    profile = renderer.profile.replaced(
+        name="kimi-k2.5-mini-slow", tokenizer=str(ensure_slow_tokenizer()), trust_remote_code=True
     )
     slow = ChatRenderer(profile)
     assert not slow.tokenizer.is_fast
@@ -79,11 +79,12 @@ def test_a_daemonic_process_tokenises_in_process(renderer: ChatRenderer, monkeyp
 MAIN_THAT_BREAKS_WHEN_IMPORTED = """
 if __name__ != "__main__":
     raise RuntimeError("the parent's __main__ was imported again in a worker")
-from regen.chat import ChatRenderer, get_profile
+from regen.chat import ChatRenderer
+from regen.profiles import lookup
 from regen.datasets.normalise import Conversation
 from regen.datasets.tokenise import render_ordered
 
-renderer = ChatRenderer(get_profile("kimi-k2.5-mini"))
+renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
 items = [(i, Conversation([{"role": "user", "content": f"question {i}"}], [])) for i in range(40)]
 print(len(list(render_ordered(items, renderer, workers=2, in_process_below=0))))
 """

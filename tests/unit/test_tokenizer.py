@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from regen.assets import kimi_mini
-from regen.assets.fast_kimi import KimiMiniTokenizerFast, load_mini_tokenizer
-from regen.assets.slow_kimi import ensure_slow_tokenizer
 from regen.chat import ChatRenderer
+from regen.tokenizers import kimi_mini
+from regen.tokenizers.fast_kimi import KimiMiniTokenizerFast, load_mini_tokenizer
+from regen.tokenizers.slow_kimi import ensure_slow_tokenizer
 
 KIMI_SPECIAL_IDS = {
     "[BOS]": 163584,
@@ -111,7 +111,7 @@ def test_the_cache_name_covers_every_file_the_build_reads_or_copies() -> None:
 def test_tokenizer_directories_mirror_kimis_layout(renderer: ChatRenderer) -> None:
     """Kimi's repository has `tokenization_kimi.py` (loaded by auto_map) beside `tool_declaration_ts.py`; the slow
     twin's directory has the same shape, and both directories carry the encoder, so its digest is recorded."""
-    encoder = resources.files("regen.assets").joinpath("tool_declaration_ts.py").read_bytes()
+    encoder = resources.files("regen.tokenizers").joinpath("tool_declaration_ts.py").read_bytes()
     fast, slow = Path(renderer.tokenizer.name_or_path), ensure_slow_tokenizer()
     assert (fast / "tool_declaration_ts.py").read_bytes() == (slow / "tool_declaration_ts.py").read_bytes() == encoder
     assert "tool_declaration_ts.py" in renderer.fingerprint()["tokenizer_files_sha256"]
@@ -126,7 +126,9 @@ def test_no_pytorch_advice_in_a_process_that_loads_tokenizers_only() -> None:
     import subprocess
     import sys
 
-    code = "from regen.chat import ChatRenderer, get_profile; ChatRenderer(get_profile('kimi-k2.5-mini'))"
+    code = (
+        "from regen.chat import ChatRenderer; from regen.profiles import lookup; ChatRenderer(lookup('kimi-k2.5-mini'))"
+    )
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr

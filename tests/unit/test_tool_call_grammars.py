@@ -9,7 +9,6 @@ a value stripped) and `qwen25_detector.py` (`json.loads` of the text between the
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -18,10 +17,11 @@ from hypothesis import strategies as st
 
 from regen.chat import ChatRenderer
 from regen.config import load_config
+from regen.profiles import TaggedCalls
 from regen.records import RawAnswer, text_digest
 from regen.simulator.defects import BY_NAME, DEFECTS, DefectModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel
-from regen.tool_calls import ToolCallGrammar, read_tagged, write_tagged
+from regen.tool_calls import read_tagged, write_tagged
 from regen.validate import FLAG_NO_REASONING_END, OK, judge
 
 TOOLS = frozenset({"get_weather"})
@@ -37,8 +37,8 @@ def xml() -> ChatRenderer:
 @pytest.fixture(scope="module")
 def tagged_json(xml: ChatRenderer) -> ChatRenderer:
     """Qwen3 (2504)'s grammar on the same vocabulary: the profile differs only in its `tool_calls`."""
-    grammar = ToolCallGrammar(format="tagged_json", call_begin="<tool_call>", call_end="</tool_call>")
-    return ChatRenderer(dataclasses.replace(xml.profile, tool_call_grammar=grammar))
+    grammar = TaggedCalls(format="tagged_json", call_begin="<tool_call>", call_end="</tool_call>")
+    return ChatRenderer(xml.profile.replaced(tool_calls=grammar))
 
 
 def verdict(renderer: ChatRenderer, text: str, tools: frozenset[str] | None = TOOLS) -> tuple[str, tuple[str, ...]]:

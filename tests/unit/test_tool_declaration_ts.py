@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from regen.assets.tool_declaration_ts import kimi_template_inputs, sort_keys_deep, tools_to_typescript
+from regen.tokenizers.tool_declaration_ts import kimi_template_inputs, sort_keys_deep, tools_to_typescript
 
 HEAD = "# Tools\n\n## functions\nnamespace functions {\n"
 

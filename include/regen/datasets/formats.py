@@ -22,6 +22,7 @@ from regen.datasets.normalise import (
     normalise_chat,
     select_prompts,
 )
+from regen.reasons import Reason
 
 # Columns holding a reference answer: never carried into a prompt's metadata (the target model writes its own).
 REFERENCE_COLUMNS = frozenset({"output", "response", "completion"})
@@ -70,14 +71,14 @@ def _json_list(value: Any, what: str) -> Any:
     try:
         return json.loads(value)
     except json.JSONDecodeError as e:
-        return Rejection("bad_messages", f"{what} is text but not JSON: {e}")
+        return Rejection(Reason.BAD_MESSAGES, f"{what} is text but not JSON: {e}")
 
 
 def openai_messages(row: dict[str, Any]) -> RawChat | Rejection:
     """`messages` and `tools`; a legacy row (OpenAI's deprecated functions API) declares bare function schemas in
     `functions` instead, and its `function_call` and `function` turns are converted by `normalise`."""
     if "messages" not in row:
-        return Rejection("missing_messages", f"no 'messages' field (fields: {_fields(row)})")
+        return Rejection(Reason.MISSING_MESSAGES, f"no 'messages' field (fields: {_fields(row)})")
     tools = row.get("tools") if row.get("tools") is not None else row.get("functions")
     return RawChat(row["messages"], tools, _meta(row, frozenset({"messages", "tools", "functions"})))
 
@@ -93,23 +94,23 @@ def parse_calls(text: Any) -> list[dict[str, Any]] | Rejection:
         except json.JSONDecodeError:
             match = GLAIVE_CALL.fullmatch(text.strip())
             if match is None:
-                return Rejection("bad_tool_call", f"function call is not JSON nor Glaive's form: {text[:80]!r}")
+                return Rejection(Reason.BAD_TOOL_CALL, f"function call is not JSON nor Glaive's form: {text[:80]!r}")
             value = {"name": match["name"], "arguments": match["arguments"]}
     else:
-        return Rejection("bad_tool_call", f"function call is a {type(text).__name__}, not text")
+        return Rejection(Reason.BAD_TOOL_CALL, f"function call is a {type(text).__name__}, not text")
     calls = value if isinstance(value, list) else [value]
     if not calls or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
-        return Rejection("bad_tool_call", "function call has no name")
+        return Rejection(Reason.BAD_TOOL_CALL, "function call has no name")
     return [{"type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", {})}} for c in calls]
 
 
 def _sharegpt_turn(turn: Any, position: int) -> dict[str, Any] | Rejection:
     if not isinstance(turn, dict):
-        return Rejection("bad_message", f"turn {position} is not an object")
+        return Rejection(Reason.BAD_MESSAGE, f"turn {position} is not an object")
     speaker, value = turn.get("from", turn.get("role")), turn.get("value", turn.get("content"))
     role = SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
     if role is None:
-        return Rejection("unknown_role", f"turn {position} is from {str(speaker)[:80]!r}")
+        return Rejection(Reason.UNKNOWN_ROLE, f"turn {position} is from {str(speaker)[:80]!r}")
     if role != "tool_call":
         named = {"name": turn["name"]} if "name" in turn else {}  # normalise keeps it when it is a name
         return {"role": role, "content": value, **named}
@@ -124,7 +125,7 @@ def sharegpt(row: dict[str, Any]) -> RawChat | Rejection:
     if isinstance(turns, Rejection):
         return turns
     if not isinstance(turns, list) or not turns:
-        return Rejection("missing_messages", f"no 'conversations' turns (fields: {_fields(row)})")
+        return Rejection(Reason.MISSING_MESSAGES, f"no 'conversations' turns (fields: {_fields(row)})")
     messages = _system(row)
     for position, turn in enumerate(turns):
         message = _sharegpt_turn(turn, position)
@@ -152,7 +153,7 @@ def glaive_tools(system: str) -> tuple[str, list[dict[str, Any]]] | Rejection:
         try:
             definition, position = decoder.raw_decode(text, position)
         except json.JSONDecodeError as e:
-            return Rejection("bad_tools", f"function definition {len(tools)} in 'system' is not JSON: {e}")
+            return Rejection(Reason.BAD_TOOLS, f"function definition {len(tools)} in 'system' is not JSON: {e}")
         tools.append({"type": "function", "function": definition} if isinstance(definition, dict) else definition)
     return prose, tools
 
@@ -171,7 +172,9 @@ def _glaive_assistant(text: str) -> dict[str, Any] | Rejection:
 def glaive_messages(chat: str) -> list[dict[str, Any]] | Rejection:
     parts = GLAIVE_TURN.split(chat)
     if parts[0].strip() or len(parts) == 1:
-        return Rejection("bad_messages", "'chat' does not start with a USER:, ASSISTANT: or FUNCTION RESPONSE: turn")
+        return Rejection(
+            Reason.BAD_MESSAGES, "'chat' does not start with a USER:, ASSISTANT: or FUNCTION RESPONSE: turn"
+        )
     messages: list[dict[str, Any]] = []
     calls = 0
     for marker, text in zip(parts[1::2], parts[2::2], strict=True):
@@ -184,7 +187,7 @@ def glaive_messages(chat: str) -> list[dict[str, Any]] | Rejection:
             calls += len(message.get("tool_calls", []))
             messages.append(message)
         elif calls == 0:
-            return Rejection("bad_message", "FUNCTION RESPONSE before any function call")
+            return Rejection(Reason.BAD_MESSAGE, "FUNCTION RESPONSE before any function call")
         else:
             messages.append({"role": "tool", "content": text.strip()})
     return messages
@@ -193,9 +196,9 @@ def glaive_messages(chat: str) -> list[dict[str, Any]] | Rejection:
 def glaive(row: dict[str, Any]) -> RawChat | Rejection:
     chat, system = row.get("chat"), row.get("system", "")
     if not isinstance(chat, str) or not chat.strip():
-        return Rejection("missing_messages", f"no 'chat' transcript (fields: {_fields(row)})")
+        return Rejection(Reason.MISSING_MESSAGES, f"no 'chat' transcript (fields: {_fields(row)})")
     if not isinstance(system, str):
-        return Rejection("bad_content", "'system' is not text")
+        return Rejection(Reason.BAD_CONTENT, "'system' is not text")
     declared = glaive_tools(system)
     if isinstance(declared, Rejection):
         return declared
@@ -210,16 +213,16 @@ def glaive(row: dict[str, Any]) -> RawChat | Rejection:
 def input_output(row: dict[str, Any]) -> RawChat | Rejection:
     instruction = row.get("input")
     if not isinstance(instruction, str) or not instruction.strip():
-        return Rejection("empty_content", "'input' is missing or empty")
+        return Rejection(Reason.EMPTY_CONTENT, "'input' is missing or empty")
     return RawChat([{"role": "user", "content": instruction}], None, _meta(row, frozenset({"input"})))
 
 
 def alpaca(row: dict[str, Any]) -> RawChat | Rejection:
     instruction, extra = row.get("instruction"), row.get("input")
     if not isinstance(instruction, str) or not instruction.strip():
-        return Rejection("empty_content", "'instruction' is missing or empty")
+        return Rejection(Reason.EMPTY_CONTENT, "'instruction' is missing or empty")
     if extra is not None and not isinstance(extra, str):
-        return Rejection("bad_content", f"'input' is a {type(extra).__name__}, not text")
+        return Rejection(Reason.BAD_CONTENT, f"'input' is a {type(extra).__name__}, not text")
     content = f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction
     messages = [*_system(row), {"role": "user", "content": content}]
     return RawChat(messages, None, _meta(row, frozenset({"instruction", "input", "system"})))
@@ -232,7 +235,7 @@ def prompt(row: dict[str, Any]) -> RawChat | Rejection:
     if isinstance(value, list):
         return RawChat(value, row.get("tools"), _meta(row, consumed))
     if not isinstance(value, str) or not value.strip():
-        return Rejection("empty_content", "'prompt' is missing or empty")
+        return Rejection(Reason.EMPTY_CONTENT, "'prompt' is missing or empty")
     return RawChat([*_system(row), {"role": "user", "content": value}], row.get("tools"), _meta(row, consumed))
 
 
@@ -276,10 +279,10 @@ def normalise_row(
 ) -> list[Conversation] | Rejection:
     """One dataset row -> its prompts (one per regenerated turn), or why it cannot give any."""
     if not isinstance(row, dict):
-        return Rejection("not_an_object", f"row is a {type(row).__name__}, not an object")
+        return Rejection(Reason.NOT_AN_OBJECT, f"row is a {type(row).__name__}, not an object")
     chosen = detect_format(row) if source_format == "auto" else source_format
     if chosen is None:
-        return Rejection("unknown_format", f"no field of a known format (fields: {_fields(row)})")
+        return Rejection(Reason.UNKNOWN_FORMAT, f"no field of a known format (fields: {_fields(row)})")
     if chosen not in CONVERTERS:
         raise ValueError(f"unknown source format {source_format!r}; known: auto, {', '.join(CONVERTERS)}")
     raw = CONVERTERS[chosen](row)

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from regen.chat import canonical_json
 from regen.chat_request import Refused, served_parameters
+from regen.reasons import Reason
 
 Turns = Literal["final", "every_assistant_turn", "on_policy"]
 ToolResultNames = Literal["as_given", "from_call"]
@@ -50,7 +51,7 @@ class Conversation:
 
 @dataclass(frozen=True)
 class Rejection:
-    reason: str
+    reason: Reason
     detail: str
 
 
@@ -92,19 +93,19 @@ def _without_nulls(value: Any) -> Any:
 def _function_schema(tool: Any, i: int) -> dict[str, Any] | Rejection:
     """OpenAI `{"type": "function", "function": {...}}`, or a bare `{"name", "parameters"}` that is wrapped."""
     if not isinstance(tool, dict):
-        return Rejection("bad_tools", f"tools[{i}] is not an object")
+        return Rejection(Reason.BAD_TOOLS, f"tools[{i}] is not an object")
     fn = tool.get("function") if "function" in tool else tool
     if tool.get("type", "function") != "function" or not isinstance(fn, dict):
-        return Rejection("bad_tools", f"tools[{i}] is not a function schema (type {tool.get('type')!r})")
+        return Rejection(Reason.BAD_TOOLS, f"tools[{i}] is not a function schema (type {tool.get('type')!r})")
     fn = _without_nulls(fn)
     if not (isinstance(fn.get("name"), str) and fn["name"]):
-        return Rejection("bad_tools", f"tools[{i}] is not a function schema with a name")
+        return Rejection(Reason.BAD_TOOLS, f"tools[{i}] is not a function schema with a name")
     if not isinstance(fn.get("parameters", {}), dict):
-        return Rejection("bad_tools", f"tools[{i}].function.parameters must be a JSON schema object")
+        return Rejection(Reason.BAD_TOOLS, f"tools[{i}].function.parameters must be a JSON schema object")
     try:  # SGLang answers a schema that is not one, once its type names are made standard, with a 400
         served_parameters(fn.get("parameters"), i)
     except Refused as e:
-        return Rejection("bad_tools", str(e)[:300])
+        return Rejection(Reason.BAD_TOOLS, str(e)[:300])
     return {"type": "function", "function": fn}
 
 
@@ -115,9 +116,9 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | Rejection:
         try:
             tools = json.loads(tools) if tools.strip() else []
         except json.JSONDecodeError as e:
-            return Rejection("bad_tools", f"tools is not JSON: {e}")
+            return Rejection(Reason.BAD_TOOLS, f"tools is not JSON: {e}")
     if not isinstance(tools, list):
-        return Rejection("bad_tools", f"tools must be a list, got {type(tools).__name__}")
+        return Rejection(Reason.BAD_TOOLS, f"tools must be a list, got {type(tools).__name__}")
     checked = []
     for i, tool in enumerate(tools):
         schema = _function_schema(tool, i)
@@ -136,20 +137,20 @@ def _arguments(raw: Any, label: str) -> str | Rejection:
     if isinstance(raw, dict):
         raw = json.dumps(raw, ensure_ascii=False)
     if not isinstance(raw, str):
-        return Rejection("bad_tool_call_arguments", f"{label}: arguments must be a JSON object")
+        return Rejection(Reason.BAD_TOOL_CALL_ARGUMENTS, f"{label}: arguments must be a JSON object")
     try:
         parsed = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        return Rejection("bad_tool_call_arguments", f"{label}: {e}")
+        return Rejection(Reason.BAD_TOOL_CALL_ARGUMENTS, f"{label}: {e}")
     if not isinstance(parsed, dict):
-        return Rejection("bad_tool_call_arguments", f"{label}: arguments are JSON but not an object")
+        return Rejection(Reason.BAD_TOOL_CALL_ARGUMENTS, f"{label}: arguments are JSON but not an object")
     return raw
 
 
 def _tool_call(call: Any, index: int, id_format: str) -> tuple[dict[str, Any], str] | Rejection:
     fn = call.get("function") if isinstance(call, dict) else None
     if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]):
-        return Rejection("bad_tool_call", f"tool call {index} has no function name")
+        return Rejection(Reason.BAD_TOOL_CALL, f"tool call {index} has no function name")
     arguments = _arguments(fn.get("arguments", "{}"), f"tool call {index} ({fn['name']})")
     if isinstance(arguments, Rejection):
         return arguments
@@ -195,13 +196,13 @@ def _assistant(
     if isinstance(reasoning, str):
         message["reasoning_content"] = reasoning
     elif reasoning is not None:  # SGLang refuses the request (its model types it Optional[str])
-        return Rejection("bad_message", f"message {position} reasoning_content is not text")
+        return Rejection(Reason.BAD_MESSAGE, f"message {position} reasoning_content is not text")
     calls = raw.get("tool_calls")
     if not calls and raw.get("function_call") is not None:
         calls = [{"type": "function", "function": raw["function_call"]}]  # legacy OpenAI: one call, no id
     calls = calls or []
     if not isinstance(calls, list):
-        return Rejection("bad_tool_call", f"message {position} tool_calls is not a list")
+        return Rejection(Reason.BAD_TOOL_CALL, f"message {position} tool_calls is not a list")
     for call in calls:
         result = _tool_call(call, ids.count, id_format)
         if isinstance(result, Rejection):
@@ -216,15 +217,15 @@ def _message(
     raw: Any, position: int, ids: _CallIds, id_format: str, tool_result_names: ToolResultNames
 ) -> dict[str, Any] | Rejection:
     if not isinstance(raw, dict):
-        return Rejection("bad_message", f"message {position} is not an object")
+        return Rejection(Reason.BAD_MESSAGE, f"message {position} is not an object")
     role = raw.get("role")
     role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
     if not isinstance(role, str) or role not in ROLES:
-        return Rejection("unknown_role", f"message {position} has role {str(role)[:80]!r}")
+        return Rejection(Reason.UNKNOWN_ROLE, f"message {position} has role {str(role)[:80]!r}")
     given = raw.get("content")
     content = _text(given) if given is not None else ""
     if content is None:
-        return Rejection("bad_content", f"message {position} ({role}) content is neither text nor text parts")
+        return Rejection(Reason.BAD_CONTENT, f"message {position} ({role}) content is neither text nor text parts")
     message: dict[str, Any] = {"role": role, "content": given if isinstance(given, str) else _text_parts(given) or ""}
     if isinstance(raw.get("name"), str) and raw["name"]:
         message["name"] = raw["name"]
@@ -237,7 +238,7 @@ def _message(
         if tool_result_names == "from_call" and "name" not in message and message["tool_call_id"] in ids.functions:
             message["name"] = ids.functions[message["tool_call_id"]]
     if not content.strip() and "tool_calls" not in message and role != "tool":
-        return Rejection("empty_content", f"message {position} ({role}) is empty")
+        return Rejection(Reason.EMPTY_CONTENT, f"message {position} ({role}) is empty")
     return message
 
 
@@ -250,9 +251,9 @@ def normalise_chat(
         try:
             raw_messages = json.loads(raw_messages)
         except json.JSONDecodeError as e:
-            return Rejection("bad_messages", f"messages is not JSON: {e}")
+            return Rejection(Reason.BAD_MESSAGES, f"messages is not JSON: {e}")
     if not isinstance(raw_messages, list) or not raw_messages:
-        return Rejection("missing_messages", "no messages")
+        return Rejection(Reason.MISSING_MESSAGES, "no messages")
     tools = check_tools(raw.tools)
     if isinstance(tools, Rejection):
         return tools
@@ -287,9 +288,9 @@ def _encodable(prompts: list[Conversation]) -> Rejection | None:
             _ = prompt.sample_id
         json.dumps(prompts[0].meta, ensure_ascii=False, default=str).encode("utf-8")
     except UnicodeEncodeError as e:
-        return Rejection("invalid_utf8", f"text that is not valid Unicode: {e.reason} at {e.start}")
+        return Rejection(Reason.INVALID_UTF8, f"text that is not valid Unicode: {e.reason} at {e.start}")
     except TypeError as e:
-        return Rejection("bad_tools", f"tools hold a value that is not JSON: {e}")
+        return Rejection(Reason.BAD_TOOLS, f"tools hold a value that is not JSON: {e}")
     return None
 
 
@@ -302,7 +303,7 @@ def select_prompts(conversation: Conversation, turns: Turns) -> list[Conversatio
     cuts = _cuts(messages)
     cuts = [c for c in (cuts[-1:] if turns == "final" else cuts) if c > first_user]
     if not cuts:
-        return Rejection("no_user_turn", "no user message before the regenerated turn")
+        return Rejection(Reason.NO_USER_TURN, "no user message before the regenerated turn")
     if turns == "on_policy":
         prompts = [Conversation(messages[: cuts[0]], tools, meta, later=messages[cuts[0] :])]
     else:

@@ -35,7 +35,8 @@ from regen.datasets.tokenise import Rendered, available_cores, render_ordered
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.on_policy import dataset_turns
-from regen.reasons import Reason, RejectionWriter
+from regen.reasons import Reason
+from regen.rejections import RejectionWriter
 from regen.samples import samples_of
 from regen.storage import S3ClientFactory, Storage, write_table
 
@@ -142,7 +143,7 @@ class _Tally:
             self.stats.keep()
         else:
             self.stats.drop(result.reason)
-            self.duplicates += result.reason == "duplicate"
+            self.duplicates += result.reason == Reason.DUPLICATE
         if time.monotonic() - self._logged >= PROGRESS_EVERY_S:
             self._logged = time.monotonic()
             self.log("preparing")
@@ -178,7 +179,7 @@ def _candidates(
             if seen.first(conversation.sample_id):
                 yield origin, conversation
             else:
-                yield origin, Rejection("duplicate", "same prompt as an earlier row")
+                yield origin, Rejection(Reason.DUPLICATE, "same prompt as an earlier row")
 
 
 def _consume(
@@ -193,8 +194,9 @@ def _consume(
         if isinstance(result, Rendered):
             shards.add(origin, result)
         else:
-            reason = Reason(result.reason)
-            rejections.add(origin.sample_id, reason, result.detail, source_index=origin.index, source=origin.source)
+            rejections.add(
+                origin.sample_id, result.reason, result.detail, source_index=origin.index, source=origin.source
+            )
         if limit is not None and tally.stats.kept >= limit:
             return
 

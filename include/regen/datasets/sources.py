@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from regen.config import DatasetConfig, HubDataset
 from regen.errors import FinalError
+from regen.reasons import Reason
 from regen.storage import READ_BUFFER, LocalStorage, Locator, S3ClientFactory
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class SourceRow:
 class BadRow:
     index: int
     source: str
-    reason: str
+    reason: Reason
     detail: str
 
 
@@ -164,13 +165,13 @@ def _open_bytes(file: SourceFile, locate: Locator) -> Iterator[IO[bytes]]:
 class _Unreadable(ValueError):
     """A value the reader refuses, with the reason it is rejected for."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: Reason, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
 
 
 def _refuse_constant(name: str) -> Any:
-    raise _Unreadable("non_finite_number", f"{name} is not a JSON number (metadata must stay strict JSON)")
+    raise _Unreadable(Reason.NON_FINITE_NUMBER, f"{name} is not a JSON number (metadata must stay strict JSON)")
 
 
 def _value_problem(value: Any) -> _Unreadable | None:
@@ -181,10 +182,12 @@ def _value_problem(value: Any) -> _Unreadable | None:
         node, depth = stack.pop()
         if isinstance(node, dict | list):
             if depth > MAX_DEPTH:
-                return _Unreadable("too_deep", f"nested deeper than {MAX_DEPTH} levels")
+                return _Unreadable(Reason.TOO_DEEP, f"nested deeper than {MAX_DEPTH} levels")
             stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
         elif isinstance(node, float) and not math.isfinite(node):
-            return _Unreadable("non_finite_number", f"{node} is not a JSON number (metadata must stay strict JSON)")
+            return _Unreadable(
+                Reason.NON_FINITE_NUMBER, f"{node} is not a JSON number (metadata must stay strict JSON)"
+            )
     return None
 
 
@@ -193,13 +196,13 @@ def _decode_line(line: bytes) -> Any:
     try:
         value = json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
-        raise _Unreadable("too_deep", f"nested deeper than {MAX_DEPTH} levels") from None
+        raise _Unreadable(Reason.TOO_DEEP, f"nested deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError:
         raise
     except ValueError as e:  # an integer literal past Python's digit limit
         if isinstance(e, _Unreadable):
             raise
-        raise _Unreadable("number_too_long", str(e)[:200]) from None
+        raise _Unreadable(Reason.NUMBER_TOO_LONG, str(e)[:200]) from None
     if problem := _value_problem(value):
         raise problem
     return value
@@ -221,17 +224,17 @@ def _jsonl_values(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any] | Ba
     for line_number, line in enumerate(_lines(stream), start=1):
         where = f"{name}:{line_number}"
         if line is None:
-            yield BadRow(-1, where, "row_too_large", f"a line over {MAX_ROW_BYTES} bytes")
+            yield BadRow(-1, where, Reason.ROW_TOO_LARGE, f"a line over {MAX_ROW_BYTES} bytes")
             continue
         if not line.strip():
-            yield BadRow(-1, where, "blank_line", "an empty line")
+            yield BadRow(-1, where, Reason.BLANK_LINE, "an empty line")
             continue
         try:
             yield where, _decode_line(line)
         except UnicodeDecodeError as e:
-            yield BadRow(-1, where, "invalid_utf8", str(e))
+            yield BadRow(-1, where, Reason.INVALID_UTF8, str(e))
         except json.JSONDecodeError as e:
-            yield BadRow(-1, where, "malformed_json", str(e))
+            yield BadRow(-1, where, Reason.MALFORMED_JSON, str(e))
         except _Unreadable as e:
             yield BadRow(-1, where, e.reason, str(e))
 
@@ -255,7 +258,7 @@ def _build_item(event: str, value: Any, events: Iterator[tuple[str, Any]]) -> An
         elif event in ("end_map", "end_array"):
             depth -= 1
             if depth == 0:
-                return _Unreadable("too_deep", f"nested deeper than {MAX_DEPTH} levels") if too_deep else root
+                return _Unreadable(Reason.TOO_DEEP, f"nested deeper than {MAX_DEPTH} levels") if too_deep else root
             if not too_deep:
                 stack.pop()
                 keys.pop()
@@ -293,10 +296,10 @@ def _json_array_values(stream: IO[bytes], name: str) -> Iterator[tuple[str, Any]
             reading = item + 1
     except ijson.JSONError as e:
         detail = e.args[0].decode("utf-8", "replace") if e.args and isinstance(e.args[0], bytes) else str(e)
-        reason = "invalid_utf8" if "UTF8" in detail or "utf-8" in detail else "malformed_json"
+        reason = Reason.INVALID_UTF8 if "UTF8" in detail or "utf-8" in detail else Reason.MALFORMED_JSON
         yield BadRow(-1, f"{name}[{reading}]", reason, f"{detail.strip()[:300]} (rest of the file skipped)")
     except ValueError as e:  # a number past Python's digit limit, from ijson's Python backends (yajl says overflow)
-        yield BadRow(-1, f"{name}[{reading}]", "number_too_long", f"{str(e)[:200]} (rest of the file skipped)")
+        yield BadRow(-1, f"{name}[{reading}]", Reason.NUMBER_TOO_LONG, f"{str(e)[:200]} (rest of the file skipped)")
 
 
 def _text_values(file: SourceFile, locate: Locator) -> Iterator[tuple[str, Any] | BadRow]:

@@ -26,9 +26,11 @@ from typing import Any, TypeVar
 
 from jinja2 import TemplateError
 
-from regen.chat import ChatRenderer, ModelProfile
+from regen.chat import ChatRenderer
 from regen.chat_request import Refused
 from regen.datasets.normalise import Conversation, Rejection
+from regen.profiles import Profile
+from regen.reasons import Reason
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +66,11 @@ def render(
             return too_long
         ids = renderer.render_ids(messages, tools)
     except TemplateError as e:
-        return Rejection("template_error", str(e)[:300])
+        return Rejection(Reason.TEMPLATE_ERROR, str(e)[:300])
     except Refused as e:  # normalise refuses these first; a conversation built elsewhere may still hold one
-        return Rejection("template_error", f"SGLang's chat layer refuses it: {e}"[:300])
+        return Rejection(Reason.TEMPLATE_ERROR, f"SGLang's chat layer refuses it: {e}"[:300])
     if len(ids) > limit:
-        return Rejection("prompt_too_long", f"{len(ids)} tokens > {limit}")
+        return Rejection(Reason.PROMPT_TOO_LONG, f"{len(ids)} tokens > {limit}")
     return ids
 
 
@@ -85,13 +87,13 @@ def _certainly_too_long(
     if size <= limit * per_token:
         return None
     return Rejection(
-        "prompt_too_long",
+        Reason.PROMPT_TOO_LONG,
         f"{size} bytes of prompt text: more than {limit} tokens however it is tokenised (a token of this vocabulary "
         f"holds at most {per_token} bytes), so it was not tokenised",
     )
 
 
-def _start_worker(profile: ModelProfile) -> None:
+def _start_worker(profile: Profile) -> None:
     global _worker_renderer
     _worker_renderer = ChatRenderer(profile)
 
@@ -166,7 +168,7 @@ class _WorkerContext(multiprocessing.context.SpawnContext):
 
 
 def _render_in_pool(
-    items: Iterable[tuple[T, Conversation | Rejection]], profile: ModelProfile, workers: int
+    items: Iterable[tuple[T, Conversation | Rejection]], profile: Profile, workers: int
 ) -> Iterator[tuple[T, Rendered | Rejection]]:
     """A worker that dies (killed, out of memory) fails the stage with `BrokenProcessPool`, never a silent hang."""
     started = time.monotonic()

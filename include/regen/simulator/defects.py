@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from regen.chat import TokenRoles
+from regen.profiles import FORMATS
 from regen.reasons import Reason
-from regen.tool_calls import FORMATS
 
 OUT_OF_VOCAB_ID = 2**31 + 1  # past any vocabulary, and past int32: a reader that narrows ids wraps it negative
 

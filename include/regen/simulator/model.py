@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.chat import ChatRenderer, ModelProfile
+from regen.chat import ChatRenderer
+from regen.profiles import Profile
 from regen.simulator.defects import BY_NAME, OUT_OF_VOCAB_ID, DefectModel, applies
 from regen.tool_calls import write_tagged
 
@@ -54,7 +55,7 @@ class Answer:
 
 
 class SimulatedModel:
-    def __init__(self, profile: ModelProfile, behaviour: ModelBehaviour) -> None:
+    def __init__(self, profile: Profile, behaviour: ModelBehaviour) -> None:
         self.renderer = ChatRenderer(profile)
         self.roles = self.renderer.roles
         self.tokenizer = self.renderer.tokenizer

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from regen.chat import ModelProfile
+from regen.profiles import Profile
 from regen.sglang.parity import PROVEN_SGLANG_VERSION
 from regen.simulator.defects import BY_NAME, defect_sent, plant_in_response
 from regen.simulator.faults import FaultModel, abort_answer, server_error
@@ -145,7 +145,7 @@ class SimulatorState:
     def __init__(
         self,
         model: SimulatedModel,
-        profile: ModelProfile,
+        profile: Profile,
         latency: LatencyModel,
         context_length: int,
         record_path: Path | None,

@@ -105,12 +105,12 @@ def special_token_table() -> list[tuple[int, str]]:
 
 
 def _corpus() -> list[str]:
-    text = resources.files("regen.assets").joinpath("corpus.txt").read_text(encoding="utf-8")
+    text = resources.files("regen.tokenizers").joinpath("corpus.txt").read_text(encoding="utf-8")
     return text.splitlines(keepends=True)
 
 
 def chat_template() -> str:
-    return resources.files("regen.assets").joinpath("kimi_k25_chat_template.jinja").read_text(encoding="utf-8")
+    return resources.files("regen.tokenizers").joinpath("kimi_k25_chat_template.jinja").read_text(encoding="utf-8")
 
 
 def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
@@ -162,7 +162,7 @@ def copy_tool_declaration(directory: Path) -> None:
     """The TypeScript tool encoder beside the tokenizer files, under the name Kimi's repository gives it: the slow twin
     imports it from there, and a run's tokenizer-file digests (`regen.chat.tokenizer_files_digest`) then change
     whenever the encoder, and so a prompt with tools, does."""
-    source = resources.files("regen.assets").joinpath(TOOL_DECLARATION)
+    source = resources.files("regen.tokenizers").joinpath(TOOL_DECLARATION)
     (directory / TOOL_DECLARATION).write_bytes(source.read_bytes())
 
 
@@ -181,7 +181,7 @@ def _source_digest() -> str:
     """Changes whenever anything the build depends on changes, so a stale cache is never used."""
     digest = hashlib.sha256()
     for name in BUILD_INPUTS:
-        digest.update(resources.files("regen.assets").joinpath(name).read_bytes())
+        digest.update(resources.files("regen.tokenizers").joinpath(name).read_bytes())
     return digest.hexdigest()[:12]
 
 
@@ -223,7 +223,7 @@ def write_tiktoken_directory(target: Path) -> None:
 
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    from regen.chat import entry_bytes
+    from regen.tokenizers.vocab import entry_bytes
 
     fast = json.loads((ensure_mini_tokenizer() / "tokenizer.json").read_text(encoding="utf-8"))
     byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
@@ -244,7 +244,7 @@ def write_tiktoken_directory(target: Path) -> None:
     }
     (target / "tokenizer_config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False), encoding="utf-8")
     (target / "chat_template.jinja").write_text(chat_template(), encoding="utf-8")
-    remote = resources.files("regen.assets").joinpath("tiktoken_kimi.py")
+    remote = resources.files("regen.tokenizers").joinpath("tiktoken_kimi.py")
     (target / f"{TIKTOKEN_MODULE}.py").write_bytes(remote.read_bytes())
     copy_tool_declaration(target)
 
@@ -252,7 +252,7 @@ def write_tiktoken_directory(target: Path) -> None:
 def ensure_tiktoken_tokenizer() -> Path:
     """A directory with Kimi-K2.5's tokenizer layout that `AutoTokenizer.from_pretrained(path,
     trust_remote_code=True)` loads (with tiktoken installed); built once into the asset cache."""
-    remote = resources.files("regen.assets").joinpath("tiktoken_kimi.py").read_bytes()
+    remote = resources.files("regen.tokenizers").joinpath("tiktoken_kimi.py").read_bytes()
     digest = hashlib.sha256(remote + ensure_mini_tokenizer().name.encode()).hexdigest()[:12]
     return build_once(
         cache_root() / f"kimi-k2.5-mini-tiktoken-{digest}", "tokenizer_config.json", write_tiktoken_directory

@@ -15,7 +15,7 @@ import hashlib
 from importlib import resources
 from pathlib import Path
 
-from regen.assets.kimi_mini import build_once, cache_root
+from regen.tokenizers.kimi_mini import build_once, cache_root
 
 # The model writes these as content: decode(skip_special_tokens=True) keeps them (GGUF token type USER_DEFINED in the
 # real Qwen3.6 checkpoints, "special": false in Qwen3's tokenizer_config.json).
@@ -35,7 +35,7 @@ def vocabulary_file() -> Path:
 
 
 def chat_template() -> str:
-    return resources.files("regen.assets").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    return resources.files("regen.tokenizers").joinpath(TEMPLATE).read_text(encoding="utf-8")
 
 
 def save_pretrained(directory: Path) -> None:

@@ -131,7 +131,7 @@ class SlowKimiMiniTokenizer(PythonBackend):
 
 
 def _write_directory(target: Path) -> None:
-    from regen.assets.kimi_mini import (
+    from regen.tokenizers.kimi_mini import (
         NON_SPECIAL,
         SPLIT_PATTERN,
         TOKENIZER_SETTINGS,
@@ -170,7 +170,7 @@ def ensure_slow_tokenizer() -> Path:
     built once into the asset cache, beside the mini tokenizer it is derived from."""
     import hashlib
 
-    from regen.assets.kimi_mini import build_once, cache_root, ensure_mini_tokenizer
+    from regen.tokenizers.kimi_mini import build_once, cache_root, ensure_mini_tokenizer
 
     digest = hashlib.sha256(Path(__file__).read_bytes() + ensure_mini_tokenizer().name.encode()).hexdigest()[:12]
     return build_once(cache_root() / f"kimi-k2.5-mini-slow-{digest}", "tokenizer_config.json", _write_directory)

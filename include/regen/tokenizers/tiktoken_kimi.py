@@ -10,7 +10,7 @@ it imports what transformers 4 offered (`bytes_to_unicode` from the GPT-2 module
 
 This module has that structure, written here, so that the production loading path (`trust_remote_code`, tiktoken,
 the transformers-4 imports that `regen.chat` restores under transformers 5) is exercised without the hub. It is never
-imported from the package: `regen.assets.kimi_mini.ensure_tiktoken_tokenizer` copies it into a directory with Kimi's
+imported from the package: `regen.tokenizers.kimi_mini.ensure_tiktoken_tokenizer` copies it into a directory with Kimi's
 layout, which renders the same ids as the mini tokenizer (a unit test checks): its ranks are the mini tokenizer's BPE
 ids, which the BPE trainer numbers in merge order, so tiktoken's lowest-rank-first merging makes the same merges.
 Standing alone in that directory, it carries its own copy of Kimi's split pattern (`kimi_mini.SPLIT_PATTERN`), as

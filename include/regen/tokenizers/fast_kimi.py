@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from regen.assets.tool_declaration_ts import kimi_template_inputs
+from regen.tokenizers.tool_declaration_ts import kimi_template_inputs
 
 
 class KimiMiniTokenizerFast(PreTrainedTokenizerFast):
@@ -32,7 +32,7 @@ class KimiMiniTokenizerFast(PreTrainedTokenizerFast):
 def load_mini_tokenizer(directory: Path | None = None) -> KimiMiniTokenizerFast:
     """The mini tokenizer from its (cached) build directory."""
     if directory is None:
-        from regen.assets.kimi_mini import ensure_mini_tokenizer
+        from regen.tokenizers.kimi_mini import ensure_mini_tokenizer
 
         directory = ensure_mini_tokenizer()
     return KimiMiniTokenizerFast.from_pretrained(str(directory))

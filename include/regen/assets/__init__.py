@@ -1,1 +1,0 @@
-"""Model assets the project builds itself (the hub is out of reach of tests and demos)."""

@@ -1,0 +1,275 @@
+"""What a run may be given, declared once: `RunParams`. The DAG's trigger form is generated from its JSON schema with
+the deployment's defaults filled in (`form`); `RunSpec.plan` validates a run's params against it once (strictly:
+`{"limit": true}` is not a number) and freezes what the run uses, the slice of the config included, so that no task
+reads the config file again and a config edited mid-run never changes a running run.
+
+Adding a run setting is a field here and the code that uses it: the form, plan and the run spec follow.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from regen.config import ConfigError, CostConfig, DatasetConfig, ExportConfig, RegenConfig, Sampling, ValidationConfig
+from regen.errors import did_you_mean
+from regen.governance import check_endpoints, check_storage_root
+from regen.layout import DatasetLocation, checked_name, version_from_run_id
+from regen.profiles import Profile
+
+Section = Literal["What to run", "Servers", "Sampling", "Advanced"]
+BaseUrl = Annotated[str, StringConstraints(pattern=r"^https?://[^\s?#]+$")]
+
+
+def _in(section: Section, title: str, description: str, unique: bool = False, **constraints: Any) -> Any:
+    """A form field: its section, title and description, and pydantic's constraints on its values (ge, gt, le,
+    min_length, max_length), which plan enforces and the form's JSON schema carries (minimum, minItems, ...)."""
+    extra: dict[str, Any] = {"section": section, **({"uniqueItems": True} if unique else {})}
+    return Field(None, title=title, description=description, json_schema_extra=extra, **constraints)
+
+
+class RunParams(BaseModel):
+    """A run's params: each one left out (or null) takes the config's default."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    datasets: list[str] | None = _in(
+        "What to run", "Datasets", "Which datasets of the deployment's config to regenerate (at least one).",
+        min_length=1, unique=True,  # each once: two tasks writing one version would corrupt it
+    )  # fmt: skip
+    profile: str | None = _in("What to run", "Model profile", "The target model: its tokenizer, template and roles.")
+    limit: int | None = _in("What to run", "Samples per dataset", "Empty = all.", ge=1)
+    version: str | None = _in(
+        "What to run",
+        "Version",
+        "Empty: this run's id. An earlier run's id (or version) resumes or completes that version.",
+        max_length=200,
+    )
+    skip_unchanged: bool | None = _in(
+        "What to run",
+        "Skip unchanged datasets",
+        "Skip a dataset whose sources, profile, template and sampling are those of its last published version "
+        "(nothing is generated, its asset is not updated). Off: sample it again.",
+    )
+    overwrite_version: bool | None = _in(
+        "What to run",
+        "Overwrite a published version",
+        "A published version is never changed: publishing other data into it fails. On: replace it (readers of "
+        "the old one lose it).",
+    )
+    endpoints: list[BaseUrl] | None = _in(
+        "Servers",
+        "SGLang endpoints",
+        "Base URLs of SGLang servers, or one sglang-router URL; within the deployment's governance.allowed_endpoints.",
+        min_length=1,
+    )
+    storage_root: str | None = _in(
+        "Servers",
+        "Storage root",
+        "s3://bucket/prefix (credentials from the aws_default connection) or a local directory; within the "
+        "deployment's governance.allowed_storage_roots.",
+        min_length=1,
+    )
+    max_new_tokens: int | None = _in(
+        "Sampling", "max_new_tokens", "Longest answer, in tokens; longer ones go to the flagged truncated split.",
+        ge=1,
+    )  # fmt: skip
+    temperature: float | None = _in("Sampling", "temperature", "0 = greedy.", ge=0)
+    top_p: float | None = _in("Sampling", "top_p", "Nucleus sampling, in (0, 1].", gt=0, le=1)
+    top_k: int | None = _in("Sampling", "top_k", "-1 = all tokens, else at least 1.", ge=-1)
+    min_p: float | None = _in(
+        "Sampling", "min_p", "In [0, 1]. Every sampling value is sent explicitly, never left to the server's defaults.",
+        ge=0, le=1,
+    )  # fmt: skip
+    shard_size: int | None = _in(
+        "Advanced", "Shard size", "Prompts per shard task (a new version only: an existing one keeps its shards).",
+        ge=1,
+    )  # fmt: skip
+    in_flight: int | None = _in(
+        "Advanced",
+        "Requests in flight",
+        "Across the whole fleet, shared by the shard tasks that generate at once; set it above the fleet's running "
+        "capacity (servers x running slots).",
+        ge=1,
+    )
+    export: ExportConfig | None = _in(
+        "Advanced",
+        "Export",
+        "jsonl: also write JSON Lines (input_ids, loss_mask) for SpecForge / speculators loaders; review_text: add "
+        "a decoded text column for reviewers.",
+    )
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and value < 1:
+            raise ValueError("top_k must be -1 (all tokens) or at least 1")
+        return value
+
+    @field_validator("datasets")
+    @classmethod
+    def _each_once(cls, value: list[str] | None) -> list[str] | None:
+        twice = sorted({name for name in value or [] if value and value.count(name) > 1})
+        if twice:  # two tasks would write one version's keys: parts numbered alike, checkpoints deleted, two publishes
+            raise ValueError(f"{twice} are listed more than once: list each dataset once")
+        return value
+
+
+def form(config: RegenConfig) -> dict[str, dict[str, Any]]:
+    """The trigger form, field by field, as keyword arguments of Airflow's `Param`: each field's JSON schema from
+    RunParams, with the deployment's default as its value and the deployment's datasets and profiles as the choices.
+    With a schedule every default must validate, so a field with a default is offered without null."""
+    schema = RunParams.model_json_schema()
+    defaults = _form_defaults(config)
+    fields = {}
+    for name, prop in schema["properties"].items():
+        prop = copy.deepcopy(prop)
+        default = defaults.get(name)
+        branches = [b for b in prop.pop("anyOf", [prop]) if b.get("type") != "null"]
+        [value] = branches  # one non-null type a field
+        value = _inline(value, schema.get("$defs", {}))
+        if name == "datasets":
+            value["items"] = {"type": "string", "enum": list(config.datasets)}
+            prop["examples"] = list(config.datasets)  # an array with examples renders as a multi-select
+        if name == "profile":
+            value["enum"] = config.profile_names
+        if default is None:
+            value["type"] = ["null", value["type"]]
+        prop.pop("default", None)
+        fields[name] = {"default": default, **value, **prop}
+    return fields
+
+
+def _inline(value: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+    """A `$ref` to a nested model replaced by its object schema (the form shows the object)."""
+    if "$ref" not in value:
+        return value
+    model = copy.deepcopy(definitions[value["$ref"].rsplit("/", 1)[-1]])
+    properties = {key: {"type": spec["type"]} for key, spec in model["properties"].items()}
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
+def _form_defaults(config: RegenConfig) -> dict[str, Any]:
+    d = config.defaults
+    return {
+        "datasets": list(config.datasets),
+        "profile": d.profile,
+        "skip_unchanged": True,
+        "overwrite_version": False,
+        "endpoints": list(d.endpoints),
+        "storage_root": config.resolve(d.storage_root),
+        **d.sampling.model_dump(),
+        "shard_size": d.shard_size,
+        "in_flight": d.in_flight,
+        "export": d.export.model_dump(),
+    }
+
+
+class RunSpec(BaseModel):
+    """One run: its params over the config's defaults, checked once at plan, and everything of the config its tasks
+    use, frozen. It travels between tasks as a small JSON dict (XCom); no task reads the config file again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    datasets: list[str]
+    endpoints: list[str]
+    storage_root: str
+    profile: str
+    limit: int | None
+    sampling: dict[str, Any]
+    version: str
+    shard_size: int
+    concurrency: int
+    request_timeout_s: float
+    max_attempts: int
+    fleet_wait_s: float
+    checkpoint_every: int
+    checkpoint_s: float
+    export: dict[str, bool]
+    validation: dict[str, Any]
+    skip_unchanged: bool = True
+    overwrite_version: bool = False  # publish over a version that exists with other data (never by default)
+    run_id: str = ""  # the Airflow run: recorded beside what it writes, so people find the run from the data
+    # The config's slice, as it was at plan: each dataset (source paths resolved), the profile (its files resolved).
+    dataset_configs: dict[str, DatasetConfig] = Field(default_factory=dict)
+    profile_declaration: Profile | None = None
+    tokenize_workers: int | None = None
+    shard_task_limit: int = 256
+    cost: dict[str, Any] = Field(default_factory=lambda: CostConfig().model_dump())
+
+    @classmethod
+    def plan(cls, params: dict[str, Any], run_id: str, config: RegenConfig) -> RunSpec:
+        """Everything the trigger form cannot check, checked here; a bad value raises ConfigError saying what to fix."""
+        unknown = sorted(set(params) - set(RunParams.model_fields))
+        if unknown:  # Airflow 3.3 takes any key at trigger (ParamsDict.deep_merge adds it): refused here
+            known = RunParams.model_fields
+            hints = "".join(did_you_mean(name, known).replace("; did", f"; for {name!r} did") for name in unknown)
+            raise ConfigError(f"unknown run parameters {unknown}{hints}; a run takes {sorted(known)}")
+        try:
+            given = RunParams.model_validate(params)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'params'}: {err['msg']}" for err in e.errors())
+            raise ConfigError(f"invalid run parameters: {problems.replace('Value error, ', '')}") from None
+        return cls._over_defaults(given, run_id, config)
+
+    @classmethod
+    def _over_defaults(cls, given: RunParams, run_id: str, config: RegenConfig) -> RunSpec:
+        d = config.defaults
+        datasets = list(given.datasets or config.datasets)
+        dataset_configs = {name: config.dataset(name).with_paths(config.resolve) for name in datasets}
+        profile = given.profile or d.profile
+        declaration = config.profile(profile)  # known, and its declaration is sound
+        endpoints = [url.rstrip("/") for url in given.endpoints or d.endpoints]
+        try:
+            check_endpoints(endpoints, config.allowed_endpoints)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        storage_root = config.resolve(given.storage_root or d.storage_root)
+        check_storage_root(storage_root, config.allowed_storage_roots)
+        version = version_from_run_id(given.version or run_id)
+        try:
+            checked_name("version", version)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        sampling = {name: value for name in Sampling.model_fields if (value := getattr(given, name)) is not None}
+        in_flight = given.in_flight or d.in_flight
+        return cls(
+            datasets=datasets,
+            endpoints=endpoints,
+            storage_root=storage_root,
+            profile=profile,
+            limit=given.limit,
+            sampling=Sampling(**{**d.sampling.model_dump(), **sampling}).as_params(),
+            version=version,
+            shard_size=given.shard_size or d.shard_size,
+            concurrency=-(-in_flight // d.shard_tasks),
+            request_timeout_s=d.request_timeout_s,
+            max_attempts=d.max_attempts,
+            fleet_wait_s=d.fleet_wait_s,
+            checkpoint_every=d.checkpoint_every,
+            checkpoint_s=d.checkpoint_s,
+            export=(given.export or d.export).model_dump(),
+            validation=d.validation.model_dump(),
+            skip_unchanged=True if given.skip_unchanged is None else given.skip_unchanged,
+            overwrite_version=bool(given.overwrite_version),
+            run_id=run_id,
+            dataset_configs=dataset_configs,
+            profile_declaration=declaration,
+            tokenize_workers=d.tokenize_workers,
+            shard_task_limit=d.shard_task_limit,
+            cost=d.cost.model_dump(),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def location(self, dataset: str) -> DatasetLocation:
+        return DatasetLocation(self.storage_root, self.profile, dataset, self.version)
+
+    def dataset(self, name: str) -> DatasetConfig:
+        return self.dataset_configs[name]
+
+    @property
+    def validation_settings(self) -> ValidationConfig:
+        return ValidationConfig(**self.validation)
