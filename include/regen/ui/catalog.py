@@ -62,11 +62,12 @@ class Overview:
     runs: list[dict[str, Any]] = field(default_factory=list)
 
 
-# Versions are ordered without reading them. A version is its DAG run's id made storage-safe
-# (layout.version_from_run_id: `manual__2026-12-01T02:08:36.123456+00:00` -> `manual__2026-12-01T02-08-36.123456-00-00`),
-# and Airflow's run ids carry the time the run was made, in UTC: that time, found in the name, orders them. The
-# offset's sign is lost in the safe form, so it is not read (Airflow writes +00:00). Names with no time in them (a
-# version given by hand) follow, in natural order (night-10 after night-9).
+# Versions are ordered without reading them: sorting by when each was published would mean reading every manifest,
+# which is what a cold load must not do. A version is its DAG run's id made storage-safe (layout.version_from_run_id:
+# `manual__2026-12-01T02:08:36.123456+00:00` -> `manual__2026-12-01T02-08-36.123456-00-00`), and Airflow's run ids
+# carry the time the run was made, in UTC: that time, found in the name, orders them, then the name. The offset's
+# sign is lost in the safe form, so it is not read (Airflow writes +00:00). Names with no time in them (a version
+# given by hand) come after, in natural order (night-10 before night-9).
 RUN_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2})[-:](\d{2})[-:](\d{2})(?:\.(\d{1,6}))?")
 
 

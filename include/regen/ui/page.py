@@ -10,6 +10,7 @@ in a frame; every link is relative, so the page works under a base_url with a pa
 
 from __future__ import annotations
 
+import itertools
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -113,7 +114,7 @@ def trigger_conf(dataset: str, version: str | None = None) -> dict[str, Any]:
 def previous_on_page(versions: list[dict[str, Any]]) -> dict[str, str]:
     """Each published version's previous published one among those shown: its "compare with previous" link."""
     shown = [v["version"] for v in versions if v["state"] == "published"]
-    return dict(zip(shown, shown[1:], strict=False))
+    return dict(itertools.pairwise(shown))
 
 
 def row_plots(row: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -252,16 +253,20 @@ def page(
 ) -> str:
     """The whole page: datasets (page `page_number` of their other versions), a version's report when one was asked
     for (`version`), a comparison, the runs in progress and the fleet button."""
-    return _environment().get_template("page.html.j2").render(
-        root=root,
-        profile=profile,
-        datasets=overview.datasets,
-        runs=overview.runs,
-        page=page_number,
-        comparison=comparison,
-        compare_error=compare_error,
-        version=version,
-        version_error=version_error,
-        style=_asset("page.css"),
-        script=_asset("page.js"),
+    return (
+        _environment()
+        .get_template("page.html.j2")
+        .render(
+            root=root,
+            profile=profile,
+            datasets=overview.datasets,
+            runs=overview.runs,
+            page=page_number,
+            comparison=comparison,
+            compare_error=compare_error,
+            version=version,
+            version_error=version_error,
+            style=_asset("page.css"),
+            script=_asset("page.js"),
+        )
     )
