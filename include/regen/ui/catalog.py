@@ -71,12 +71,15 @@ class Overview:
 RUN_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2})[-:](\d{2})[-:](\d{2})(?:\.(\d{1,6}))?")
 
 
-def version_order(version: str) -> tuple[bool, tuple[int, ...], tuple[tuple[int, int, str], ...]]:
-    """Sort key, newest first when sorted in reverse: (has a run time, the time, the name in natural order)."""
+def version_order(version: str) -> tuple[bool, tuple[int, ...], tuple[tuple[int, int, str], ...], str]:
+    """Sort key, newest first when sorted in reverse: (has a run time, the time, the name in natural order, the
+    name). The natural order is only worked out for names without a time: a time and the name order the others."""
     found = RUN_TIME.search(version)
-    when = (*map(int, found.groups("")[:6]), int((found.group(7) or "").ljust(6, "0"))) if found else ()
-    natural = tuple((1, int(part), "") if part.isdigit() else (0, 0, part) for part in re.split(r"(\d+)", version))
-    return found is not None, when, natural
+    if found is None:
+        natural = tuple((1, int(p), "") if p.isdigit() else (0, 0, p) for p in re.split(r"(\d+)", version))
+        return False, (), natural, version
+    when = (*map(int, found.groups("")[:6]), int((found.group(7) or "").ljust(6, "0")))
+    return True, when, (), version
 
 
 def newest_first(versions: Iterable[str]) -> list[str]:
