@@ -93,6 +93,26 @@ def test_the_datasets_with_their_published_versions(client: Any, token: dict[str
     assert "aws" not in answer.text.lower() and "secret" not in answer.text.lower()
 
 
+def test_the_page_and_its_json_share_one_scan(client: Any, token: dict[str, str]) -> None:
+    """/api/datasets, /api/runs and the page, asked together: the bucket is scanned once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from regen.ui.catalog import Catalog
+
+    scans: list[int] = []
+    scan = Catalog.overview
+
+    def counted(self: Catalog, datasets: list[str], page: int = 0) -> Any:
+        scans.append(page)
+        return scan(self, datasets, page)
+
+    paths = ["/drafter/api/datasets", "/drafter/api/runs", "/drafter/", "/drafter/api/datasets"]
+    with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(4) as pool:
+        patch.setattr(Catalog, "overview", counted)
+        answers = list(pool.map(lambda path: client.get(path, params={"page": 7}, headers=token), paths))
+    assert [a.status_code for a in answers] == [200] * 4 and scans == [7]
+
+
 def test_the_runs_in_progress_shard_by_shard(client: Any, token: dict[str, str]) -> None:
     running, waiting = client.get("/drafter/api/runs", headers=token).json()
     assert (running["dataset"], running["state"]) == ("B1_glaive", "generating")
