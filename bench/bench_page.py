@@ -69,7 +69,7 @@ def manifest(location: DatasetLocation, published_at: str, shards: int) -> dict[
     return {
         "dataset": location.dataset,
         "profile": {"name": PROFILE, "tokenizer": "builtin:kimi-k2.5-mini", "chat_template_sha256": sha(7)},
-        "token_roles": {"eos_ids": [163585, 163586], "vocab_size": 163840, "role_ids": [163584, 163587, 163588]},
+        "token_roles": {"eos_ids": [100001, 100002], "vocab_size": 163840, "role_ids": [100003, 100004, 100005]},
         "version": location.version,
         "published_at": published_at,
         "run_id": f"scheduled__{published_at}",
