@@ -79,6 +79,32 @@ def tmp_roots_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+class CountingStorage:
+    """A storage passing every call on, and noting each (method, arguments): what a reader asked for."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        if not callable(attribute):
+            return attribute
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, args))
+            return attribute(*args, **kwargs)
+
+        return counted
+
+    def asked(self, method: str) -> list[Any]:
+        """The first argument (the key, the prefix) of every call of `method`."""
+        return [args[0] for name, args in self.calls if name == method]
+
+    def arguments(self, method: str) -> list[tuple[Any, ...]]:
+        return [args for name, args in self.calls if name == method]
+
+
 @pytest.fixture(scope="session")
 def renderer() -> ChatRenderer:
     return ChatRenderer(lookup("kimi-k2.5-mini"))

@@ -32,6 +32,9 @@ VERSION_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 MANIFEST = "manifest.json"
 SPLITS = ("train", "truncated")
 REPORT_FILES = ("report.json", "report.html")
+REPORT_PLOTS = ("lengths.png", "verdicts.png")  # the plots report.html shows (regen.quality draws them)
+# What a version's page may be asked to serve to a signed-in user: the manifest and the dataset report, nothing else.
+VIEWABLE_FILES = (MANIFEST, *REPORT_FILES, *REPORT_PLOTS)
 
 
 def version_from_run_id(run_id: str) -> str:
@@ -129,6 +132,12 @@ class DatasetLocation:
 
     def report_file(self, name: str) -> str:
         """report.json, report.html or one of its plots, beside the manifest."""
+        return self._key(name)
+
+    def viewable_file(self, name: str) -> str:
+        """The key of one of the files a person may open from the Drafter data page; any other name is refused."""
+        if name not in VIEWABLE_FILES:
+            raise ValueError(f"{name!r} is not one of a version's viewable files ({', '.join(VIEWABLE_FILES)})")
         return self._key(name)
 
     def shard(self, number: int) -> ShardKeys:

@@ -10,6 +10,7 @@ the upload with its own SHA-256 checksum.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fnmatch
 import glob
 import hashlib
@@ -19,7 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, Literal, Protocol
+from typing import IO, Any, Literal, NamedTuple, Protocol
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +38,14 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+class StoredObject(NamedTuple):
+    """One file of a listing: its key, size in bytes and when it was last written (seconds since the epoch)."""
+
+    key: str
+    size: int
+    mtime: float
+
+
 class Storage(Protocol):
     root_uri: str
 
@@ -45,9 +54,11 @@ class Storage(Protocol):
     def put_bytes(self, key: str, data: bytes) -> str: ...
     def create(self, key: str, data: bytes) -> str: ...
     def get_bytes(self, key: str) -> bytes: ...
+    def read_start(self, key: str, size: int) -> bytes: ...
     def put_file(self, key: str, path: Path) -> str: ...
     def get_file(self, key: str, path: Path) -> None: ...
     def list_keys(self, prefix: str) -> list[str]: ...
+    def list_objects(self, prefix: str) -> list[StoredObject]: ...
     def delete(self, key: str) -> None: ...
     def size(self, key: str) -> int: ...
     def iter_chunks(self, key: str) -> Iterator[bytes]: ...
@@ -149,6 +160,12 @@ class LocalStorage:
     def get_bytes(self, key: str) -> bytes:
         return self._path(key).read_bytes()
 
+    def read_start(self, key: str, size: int) -> bytes:
+        """The file's first `size` bytes (all of it when it is shorter): a reader that caps what it takes asks
+        for one byte more than its cap, and never holds more."""
+        with self._path(key).open("rb") as f:
+            return f.read(max(size, 0))
+
     def put_file(self, key: str, path: Path) -> str:
         with path.open("rb") as src:
             return self._write_atomically(key, iter(lambda: src.read(CHUNK), b""))
@@ -165,6 +182,26 @@ class LocalStorage:
         return sorted(
             str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".tmp-")
         )
+
+    def list_objects(self, prefix: str) -> list[StoredObject]:
+        """Every file under `prefix` with its size and modification time, sorted by key: one walk of the folder,
+        a stat per file from the directory scan (what an S3 listing gives with each key)."""
+        base = self._path(prefix) if prefix else self.root
+        found: list[StoredObject] = []
+        folders = [base] if base.is_dir() else []
+        while folders:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(Path(entry.path))
+                    elif entry.is_file() and not entry.name.startswith(".tmp-"):
+                        stat = entry.stat()
+                        key = Path(entry.path).relative_to(self.root).as_posix()
+                        found.append(StoredObject(key, stat.st_size, stat.st_mtime))
+        if base.is_file():
+            stat = base.stat()
+            found.append(StoredObject(prefix, stat.st_size, stat.st_mtime))
+        return sorted(found)
 
     def delete(self, key: str) -> None:
         """The file, and the folders it leaves empty (a shard's checkpoints, once merged), up to the root."""
@@ -196,7 +233,10 @@ class LocalStorage:
     def folders(self, prefix: str) -> list[str]:
         """The names of the folders directly under `prefix` (a key ending in `/`), sorted."""
         base = self._path(prefix) if prefix else self.root
-        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+        if not base.is_dir():
+            return []
+        with os.scandir(base) as entries:  # the entry's type from the directory itself: no stat per folder
+            return sorted(entry.name for entry in entries if entry.is_dir())
 
     def glob(self, pattern: str) -> list[str]:
         """Keys of the files matching a glob (`**` spans folders), sorted; walks only the folders it must."""
@@ -265,6 +305,22 @@ class S3Storage:
     def get_bytes(self, key: str) -> bytes:
         return bytes(self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read())
 
+    def read_start(self, key: str, size: int) -> bytes:
+        """The object's first `size` bytes (all of it when it is shorter), with one ranged GET: a bigger object is
+        never transferred whole."""
+        from botocore.exceptions import ClientError
+
+        if size <= 0:
+            return b""
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key), Range=f"bytes=0-{size - 1}")
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "InvalidRange":  # S3's answer for an empty object
+                return b""
+            raise
+        with contextlib.closing(answer["Body"]) as body:
+            return bytes(body.read(size))
+
     def put_file(self, key: str, path: Path) -> str:
         # upload_file switches to a multipart upload for large files; every part carries its own checksum.
         self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs={"ChecksumAlgorithm": "SHA256"})
@@ -280,6 +336,17 @@ class S3Storage:
         for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
             keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
         return sorted(keys)
+
+    def list_objects(self, prefix: str) -> list[StoredObject]:
+        """Every object under `prefix` with its size and LastModified, sorted by key: the listing's own fields,
+        one request per 1,000 objects, no HEAD per key."""
+        paginator = self.client.get_paginator("list_objects_v2")
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        return sorted(
+            StoredObject(obj["Key"][strip:], int(obj["Size"]), obj["LastModified"].timestamp())
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix))
+            for obj in page.get("Contents", [])
+        )
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))

@@ -1,27 +1,34 @@
 """The "Drafter data" page in Airflow's UI: a FastAPI app that the API server mounts at /drafter
-(eagle3_regen_plugin.py), shown inside the UI from its navigation. Only wiring: the numbers come from regen.catalog,
-the HTML from regen.drafter_page, the fleet from regen.sglang.fleet_status.
+(eagle3_regen_plugin.py), shown inside the UI from its navigation. Only wiring: the numbers come from
+regen.ui.catalog, the HTML from regen.ui.page, the fleet from regen.sglang.fleet_status.
 
 Every endpoint requires a signed-in Airflow user allowed to read eagle3_regen's runs (Airflow's own
 `requires_access_dag`); FastAPI plugin apps are not behind Airflow's auth otherwise. Storage is read with the
-deployment's credentials on the server, off the event loop, and cached for a few seconds; no credential or storage
-client reaches the browser, only numbers and storage URIs.
+deployment's credentials on the server, off the event loop; one scan answers the page and its JSON endpoints alike,
+and concurrent requests for it await the same read (regen.ui.caches). No credential or storage client reaches the
+browser: numbers, storage URIs, and a version's manifest and report served through this app (`/files/...`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.core_api.security import requires_access_dag
-from fastapi import Depends, FastAPI, HTTPException
-from fastapi.responses import HTMLResponse
+from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.responses import HTMLResponse, StreamingResponse
+
+from regen.ui.caches import PublishedSummaries, SingleFlight
 
 DAG_ID = "eagle3_regen"
 CACHE_S = 10.0  # storage reads behind the page: fresh enough for people, light on the bucket
+PAGE = Query(0, ge=0, le=100_000, description="which page of each dataset's other versions, newest first")
+CONTENT_TYPES = {".json": "application/json", ".html": "text/html; charset=utf-8", ".png": "image/png"}
+# A version's files were written by whoever may write to the bucket, who is not trusted with Airflow's origin: a
+# report.html is shown sandboxed (no script runs, and it has no access to the signed-in session), nothing sniffed.
+FILE_HEADERS = {"Content-Security-Policy": "sandbox", "X-Content-Type-Options": "nosniff"}
 
 app = FastAPI(
     title="Drafter data",
@@ -32,19 +39,15 @@ app = FastAPI(
     redoc_url=None,
     openapi_url=None,
 )
-_cache: dict[tuple[Any, ...], tuple[float, Any]] = {}
+_reads: SingleFlight[Any] = SingleFlight(CACHE_S)
+_published = PublishedSummaries()
+T = TypeVar("T")
 
 
-async def _cached(key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
-    """`read()` in a worker thread (storage calls block), its answer kept for CACHE_S seconds."""
-    hit = _cache.get(key)
-    if hit is not None and time.monotonic() - hit[0] < CACHE_S:
-        return hit[1]
-    value = await asyncio.to_thread(read)
-    now = time.monotonic()
-    for old in [k for k, (at, _) in _cache.items() if now - at >= CACHE_S]:  # every comparison asked is a key
-        del _cache[old]
-    _cache[key] = (now, value)
+async def _cached(key: tuple[Any, ...], read: Callable[[], T]) -> T:
+    """`read()` in a worker thread (storage calls block), once for every request asking `key` meanwhile, its answer
+    kept for CACHE_S seconds."""
+    value: T = await _reads.get(key, read)
     return value
 
 
@@ -69,28 +72,54 @@ def _storage(config: Any) -> Any:
     return open_storage(root, s3_client_for(root))
 
 
-@app.get("/api/datasets")
-async def datasets(profile: str | None = None) -> list[dict[str, Any]]:
-    from regen.catalog import overview
+def _catalog(config: Any, profile: str) -> Any:
+    from regen.ui.catalog import Catalog
 
+    return Catalog(_storage(config), profile, published=_published)
+
+
+async def _overview(profile: str | None, page: int) -> tuple[Any, str, Any]:
+    """The one scan behind the page, /api/datasets and /api/runs."""
     config, chosen, names = _where(profile)
-    rows: list[dict[str, Any]] = await _cached(("datasets", chosen), lambda: overview(_storage(config), chosen, names))
-    return rows
+    overview = await _cached(("overview", chosen, page), lambda: _catalog(config, chosen).overview(names, page))
+    return config, chosen, overview
+
+
+@app.get("/api/datasets")
+async def datasets(profile: str | None = None, page: int = PAGE) -> list[dict[str, Any]]:
+    """Each dataset's latest published version in full and page `page` of its other versions."""
+    _, _, overview = await _overview(profile, page)
+    return list(overview.datasets)
 
 
 @app.get("/api/runs")
-async def runs(profile: str | None = None) -> list[dict[str, Any]]:
-    from regen.catalog import in_progress
+async def runs(profile: str | None = None, page: int = PAGE) -> list[dict[str, Any]]:
+    """The unpublished versions among page `page` of each dataset's versions, shard by shard."""
+    _, _, overview = await _overview(profile, page)
+    return list(overview.runs)
 
+
+async def _version(profile: str | None, dataset: str, version: str) -> dict[str, Any]:
     config, chosen, names = _where(profile)
-    found: list[dict[str, Any]] = await _cached(("runs", chosen), lambda: in_progress(_storage(config), chosen, names))
-    return found
+    if dataset not in names:
+        raise HTTPException(404, f"unknown dataset {dataset!r}")
+    try:
+        return dict(
+            await _cached(
+                ("version", chosen, dataset, version), lambda: _catalog(config, chosen).version(dataset, version)
+            )
+        )
+    except (LookupError, ValueError) as e:
+        raise HTTPException(404, str(e)) from e
 
 
-@app.get("/api/compare")
-async def compare(dataset: str, before: str, after: str, profile: str | None = None) -> dict[str, Any]:
-    from regen.catalog import compare as compare_versions
+@app.get("/api/version")
+async def version(dataset: str, version: str, profile: str | None = None) -> dict[str, Any]:
+    """One version on demand: a published one with its report's numbers and plots, another shard by shard."""
+    return await _version(profile, dataset, version)
 
+
+async def _compare(profile: str | None, dataset: str, before: str, after: str) -> dict[str, Any]:
     config, chosen, names = _where(profile)
     if dataset not in names:
         raise HTTPException(404, f"unknown dataset {dataset!r}")
@@ -98,11 +127,16 @@ async def compare(dataset: str, before: str, after: str, profile: str | None = N
         return dict(
             await _cached(
                 ("compare", chosen, dataset, before, after),
-                lambda: compare_versions(_storage(config), chosen, dataset, before, after),
+                lambda: _catalog(config, chosen).compare(dataset, before, after),
             )
         )
     except (LookupError, ValueError) as e:
         raise HTTPException(404, str(e)) from e
+
+
+@app.get("/api/compare")
+async def compare(dataset: str, before: str, after: str, profile: str | None = None) -> dict[str, Any]:
+    return await _compare(profile, dataset, before, after)
 
 
 @app.get("/api/fleet")
@@ -119,24 +153,60 @@ async def fleet() -> list[dict[str, Any]]:
     return await ask_fleet(config.defaults.endpoints, api_keys=keys, may_ask=lambda url: endpoint_allowed(url, allowed))
 
 
-@app.get("/", response_class=HTMLResponse)
-async def page(
-    profile: str | None = None, compare: str | None = None, before: str | None = None, after: str | None = None
-) -> str:
-    from regen.catalog import compare as compare_versions
-    from regen.catalog import in_progress, overview
-    from regen.drafter_page import page as render
+@app.get("/files/{profile}/{dataset}/{version}/{name}")
+async def version_file(profile: str, dataset: str, version: str, name: str) -> StreamingResponse:
+    """A version's manifest, report or plot from the storage root (local or S3), streamed: the page's links. Only
+    the names layout.VIEWABLE_FILES lists, of a configured dataset's version; anything else is 404."""
+    from regen.layout import DatasetLocation
+    from regen.storage import is_not_found
 
     config, chosen, names = _where(profile)
-    rows = await _cached(("datasets", chosen), lambda: overview(_storage(config), chosen, names))
-    found = await _cached(("runs", chosen), lambda: in_progress(_storage(config), chosen, names))
-    comparison, error = None, None
+    if dataset not in names:
+        raise HTTPException(404, f"unknown dataset {dataset!r}")
+    try:
+        key = DatasetLocation("", chosen, dataset, version).viewable_file(name)
+    except ValueError as e:
+        raise HTTPException(404, str(e)) from e
+    chunks = await asyncio.to_thread(lambda: _storage(config).iter_chunks(key))
+    try:  # the first chunk here: a file that is not there is a 404, not a broken stream
+        first = await asyncio.to_thread(next, chunks, b"")
+    except Exception as e:
+        if is_not_found(e):
+            raise HTTPException(404, f"{dataset} {version} has no {name}") from e
+        raise
+    return StreamingResponse(
+        _stream(first, chunks), media_type=CONTENT_TYPES[name[name.rfind(".") :]], headers=FILE_HEADERS
+    )
+
+
+def _stream(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest  # Starlette iterates a plain iterator in a worker thread
+
+
+@app.get("/", response_class=HTMLResponse)
+async def drafter_page(
+    profile: str | None = None,
+    page: int = PAGE,
+    compare: str | None = None,
+    before: str | None = None,
+    after: str | None = None,
+    dataset: str | None = None,
+    version: str | None = None,
+) -> str:
+    from regen.ui.page import page as render
+
+    config, chosen, overview = await _overview(profile, page)
+    comparison, compare_error, detail, detail_error = None, None, None, None
     if compare and before and after:
         try:
-            comparison = await _cached(
-                ("compare", chosen, compare, before, after),
-                lambda: compare_versions(_storage(config), chosen, compare, before, after),
-            )
-        except (LookupError, ValueError) as e:
-            error = str(e)
-    return render(config.resolve(config.defaults.storage_root), chosen, rows, found, comparison, error)
+            comparison = await _compare(chosen, compare, before, after)
+        except HTTPException as e:
+            compare_error = str(e.detail)
+    if dataset and version:
+        try:
+            detail = await _version(chosen, dataset, version)
+        except HTTPException as e:
+            detail_error = str(e.detail)
+    root = config.resolve(config.defaults.storage_root)
+    return render(root, chosen, overview, page, comparison, compare_error, detail, detail_error)

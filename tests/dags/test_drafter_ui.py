@@ -17,7 +17,16 @@ from tests.dags.conftest import USERS
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASETS = ["B1_glaive", "B2_opencodeinstruct"]
-ENDPOINTS = ["/drafter/", "/drafter/api/datasets", "/drafter/api/runs", "/drafter/api/fleet"]
+ENDPOINTS = [
+    "/drafter/",
+    "/drafter/api/datasets",
+    "/drafter/api/runs",
+    "/drafter/api/fleet",
+    "/drafter/api/version?dataset=B1_glaive&version=night-2",
+    "/drafter/api/compare?dataset=B1_glaive&before=night-1&after=night-2",
+    "/drafter/files/kimi-k2.5-mini/B1_glaive/night-2/manifest.json",
+    "/drafter/files/kimi-k2.5-mini/B1_glaive/night-2/report.html",
+]
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +86,31 @@ def test_the_datasets_with_their_published_versions(client: Any, token: dict[str
     manifest = json.loads((drafter_root / "kimi-k2.5-mini/B1_glaive/night-2/manifest.json").read_text())
     assert glaive["dataset"] == "B1_glaive" and glaive["latest"]["version"] == "night-2"
     assert glaive["latest"]["records"] == manifest["records"]
-    assert [v["version"] for v in glaive["versions"]] == ["night-3", "night-2", "night-1"]
+    assert [v["version"] for v in glaive["versions"]] == ["night-3", "night-1"]  # the other versions, newest first
     assert code["latest"] is None and code["versions"][0]["state"] == "unpublished"
+    assert client.get("/drafter/api/datasets", params={"page": 1}, headers=token).json()[0]["versions"] == []
+    assert client.get("/drafter/api/datasets", params={"page": -1}, headers=token).status_code == 422
     assert "aws" not in answer.text.lower() and "secret" not in answer.text.lower()
+
+
+def test_the_page_and_its_json_share_one_scan(client: Any, token: dict[str, str]) -> None:
+    """/api/datasets, /api/runs and the page, asked together: the bucket is scanned once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from regen.ui.catalog import Catalog
+
+    scans: list[int] = []
+    scan = Catalog.overview
+
+    def counted(self: Catalog, datasets: list[str], page: int = 0) -> Any:
+        scans.append(page)
+        return scan(self, datasets, page)
+
+    paths = ["/drafter/api/datasets", "/drafter/api/runs", "/drafter/", "/drafter/api/datasets"]
+    with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(4) as pool:
+        patch.setattr(Catalog, "overview", counted)
+        answers = list(pool.map(lambda path: client.get(path, params={"page": 7}, headers=token), paths))
+    assert [a.status_code for a in answers] == [200] * 4 and scans == [7]
 
 
 def test_the_runs_in_progress_shard_by_shard(client: Any, token: dict[str, str]) -> None:
@@ -97,6 +128,64 @@ def test_two_versions_compared_and_a_wrong_one_named(client: Any, token: dict[st
     assert wrong.status_code == 404 and "night-9 is not a published version" in wrong.json()["detail"]
 
 
+def test_a_versions_report_is_read_on_demand(client: Any, token: dict[str, str], drafter_root: Path) -> None:
+    night_1 = client.get("/drafter/api/version", params={"dataset": "B1_glaive", "version": "night-1"}, headers=token)
+    report = json.loads((drafter_root / "kimi-k2.5-mini/B1_glaive/night-1/report.json").read_text())
+    assert night_1.status_code == 200 and night_1.json()["histograms"] == report["histograms"]
+    running = client.get("/drafter/api/version", params={"dataset": "B1_glaive", "version": "night-3"}, headers=token)
+    assert [s["state"] for s in running.json()["shards"]] == ["finished", "generating"]
+    for dataset, version in [("B1_glaive", "night-9"), ("B1_glaive", "../night-1"), ("B9_unknown", "night-1")]:
+        query = {"dataset": dataset, "version": version}
+        assert client.get("/drafter/api/version", params=query, headers=token).status_code == 404
+    page = client.get("/drafter/", params={"dataset": "B1_glaive", "version": "night-1"}, headers=token)
+    assert '<section id="version">' in page.text and page.text.count("<svg") >= 6
+
+
+@pytest.mark.parametrize(
+    "name,content_type",
+    [
+        ("manifest.json", "application/json"),
+        ("report.json", "application/json"),
+        ("report.html", "text/html; charset=utf-8"),
+        ("lengths.png", "image/png"),
+        ("verdicts.png", "image/png"),
+    ],
+)
+def test_a_versions_files_are_served_to_a_signed_in_user(
+    client: Any, token: dict[str, str], drafter_root: Path, name: str, content_type: str
+) -> None:
+    answer = client.get(f"/drafter/files/kimi-k2.5-mini/B1_glaive/night-2/{name}", headers=token)
+    assert answer.status_code == 200 and answer.headers["content-type"] == content_type
+    assert answer.content == (drafter_root / "kimi-k2.5-mini/B1_glaive/night-2" / name).read_bytes()
+    # written by whoever may write to the bucket: shown sandboxed (no script runs on Airflow's origin), never sniffed
+    assert answer.headers["content-security-policy"] == "sandbox"
+    assert answer.headers["x-content-type-options"] == "nosniff"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "kimi-k2.5-mini/B1_glaive/night-2/prompts%2Fprepare.json",  # a file of the version that is not for viewing
+        "kimi-k2.5-mini/B1_glaive/night-2/..%2F..%2Flatest.json",
+        "kimi-k2.5-mini/B1_glaive/..%2Fnight-2/manifest.json",
+        "kimi-k2.5-mini/B1_glaive/night-2/%2Fetc%2Fpasswd",
+        "kimi-k2.5-mini/B1_glaive/%2Fetc/manifest.json",
+        "kimi-k2.5-mini/B1_glaive/night-2/train/shard-00000.parquet",
+        "kimi-k2.5-mini/B1_glaive/night-2/raw.jsonl",
+        "kimi-k2.5-mini/B1_glaive/night-3/manifest.json",  # not published: no manifest
+        "kimi-k2.5-mini/B1_glaive/night-2/..",
+        "kimi-k2.5-mini/..%2F..%2F..%2Fetc/night-2/manifest.json",
+        "kimi-k2.5/B1_glaive/night-2/manifest.json",  # another profile's folder: nothing there
+        "not-a-profile/B1_glaive/night-2/manifest.json",
+        "kimi-k2.5-mini/not_configured/night-2/manifest.json",
+    ],
+)
+def test_nothing_but_a_versions_viewable_files_is_served(client: Any, token: dict[str, str], path: str) -> None:
+    answer = client.get(f"/drafter/files/{path}", headers=token)
+    assert answer.status_code == 404, answer.text[:200]
+    assert b"root:" not in answer.content
+
+
 def test_the_fleet_is_asked_now_and_a_dead_endpoint_says_so(
     client: Any, token: dict[str, str], simulator: Simulator
 ) -> None:
@@ -111,6 +200,7 @@ def test_the_page_renders_for_a_signed_in_user(client: Any, token: dict[str, str
     page = client.get("/drafter/", headers=token)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "Drafter data" in page.text and page.text.count("<svg") >= 3
+    assert 'href="files/kimi-k2.5-mini/B1_glaive/night-2/report.html"' in page.text  # served by this app
 
 
 def test_the_plugin_adds_the_page_to_the_navigation(client: Any, token: dict[str, str]) -> None:

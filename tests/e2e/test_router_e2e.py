@@ -16,7 +16,7 @@ from regen.generate import GenerateSettings, run_generate
 from regen.sglang.fleet import FleetUnavailable
 from regen.sglang.parity import PROVEN_SGLANG_VERSION
 from regen.sglang.server_check import check_fleet
-from tests.conftest import Simulator, prepare_sample, raw_answers, shard_prompt_ids, start_simulator
+from tests.conftest import Simulator, prepare_sample, project_config_in, raw_answers, shard_prompt_ids, start_simulator
 from tools.devstack import Stack, free_port
 from tools.router import Router, start_router
 
@@ -91,22 +91,25 @@ def routed_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     """The whole DAG with one endpoint: a router in front of the stack's two simulators (about 90 s, mostly Airflow
     starting)."""
     home = tmp_path_factory.mktemp("airflow")
-    with (
-        Stack(home, purpose="router_e2e", simulators=2, pool_slots=2) as stack,
-        start_router([s.url for s in stack.fleet], home / "router.log") as router,
-    ):
-        conf = {"endpoints": [router.url], "datasets": ["B1_glaive"], "storage_root": str(home / "storage")}
-        run_id = stack.trigger(conf)
-        state = stack.wait_for_run(run_id, timeout_s=300)
-        yield {
-            "state": state,
-            "states": stack.task_states(run_id),
-            "fleet": stack.xcom(run_id, "check_server"),
-            "report": stack.xcom(run_id, "report"),
-            "router": router.url,
-            "answered": [len(s.records()) for s in stack.fleet],
-            "logs": home / "logs",
-        }
+    config = project_config_in(home, allowed_storage_roots=[str(home / "storage")])  # the run writes under the test's
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setenv("REGEN_CONFIG", str(config))
+        with (
+            Stack(home, purpose="router_e2e", simulators=2, pool_slots=2) as stack,
+            start_router([s.url for s in stack.fleet], home / "router.log") as router,
+        ):
+            conf = {"endpoints": [router.url], "datasets": ["B1_glaive"], "storage_root": str(home / "storage")}
+            run_id = stack.trigger(conf)
+            state = stack.wait_for_run(run_id, timeout_s=300)
+            yield {
+                "state": state,
+                "states": stack.task_states(run_id),
+                "fleet": stack.xcom(run_id, "check_server"),
+                "report": stack.xcom(run_id, "report"),
+                "router": router.url,
+                "answered": [len(s.records()) for s in stack.fleet],
+                "logs": home / "logs",
+            }
 
 
 def test_the_dag_runs_through_the_router(routed_run: dict[str, Any]) -> None:

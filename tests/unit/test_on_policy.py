@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 
-from regen.catalog import version_summary
 from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.datasets.formats import normalise_row
@@ -35,6 +34,7 @@ from regen.on_policy import DatasetTurn, Ended, assistant_message, dataset_turns
 from regen.publish import run_publish
 from regen.reasons import Reason
 from regen.storage import Storage
+from regen.ui.catalog import Catalog
 from tests.conftest import KILLABLE_GENERATE, finish_shards, prepare_sample, raw_answers
 from tests.turns import by_conversation, check_histories
 from tools.devstack import Simulator, start_simulator
@@ -171,7 +171,8 @@ def test_on_policy_run_renders_each_turn_from_the_regenerated_answers(
     prepared, storage = prepare_sample(tmp_path, renderer, DATASET, shard_size=10)
     assert prepared.stats.kept == 24 and prepared.stats.dropped_by_reason == {"duplicate": 1, "no_user_turn": 1}
     assert sum(s.num_answers or 0 for s in prepared.shards) == 66  # what progress and the Drafter data page count
-    waiting = version_summary(storage, prepared.location)
+    location = prepared.location
+    waiting = Catalog(storage, location.profile).summary(location.dataset, location.version)
     assert waiting is not None and (waiting["done"], waiting["prompts"]) == (0, 66)
     shards = finish_shards(prepared.shards, storage, renderer, quirky_simulator.url)
     sent = {r["rid"].rsplit("-", 2)[0]: r for r in quirky_simulator.records()}

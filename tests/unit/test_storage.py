@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from regen.storage import KeyExists, LocalStorage, S3Storage, Storage, open_storage
+from regen.storage import KeyExists, LocalStorage, S3Storage, Storage, is_not_found, open_storage
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -57,6 +57,43 @@ def test_of_writers_creating_one_key_at_once_exactly_one_wins(storage: Storage) 
     with pytest.raises(KeyExists):
         storage.create("v/manifest.json", b"late")
     assert storage.list_keys("v/") == ["v/manifest.json"]  # no temporary file left behind
+
+
+def test_a_listing_gives_each_file_its_size_and_time(storage: Storage) -> None:
+    """What the Drafter data page reads a version's shards from: one listing, no request per key."""
+    import time
+
+    before = time.time()
+    storage.put_bytes("v/reports/shard-00000.json", b"{}")
+    storage.put_bytes("v/raw/shard-00001/progress.json", b'{"done": 3}')
+    storage.put_bytes("v/raw/shard-00001/part-00000.jsonl", b"")
+    storage.put_bytes("w/manifest.json", b"not under v/")
+    listed = storage.list_objects("v/")
+    assert [(o.key, o.size) for o in listed] == [
+        ("v/raw/shard-00001/part-00000.jsonl", 0),
+        ("v/raw/shard-00001/progress.json", 11),
+        ("v/reports/shard-00000.json", 2),
+    ]
+    # S3's LastModified has whole seconds; a local file's mtime the file system's resolution
+    assert all(before - 2 <= o.mtime <= time.time() + 1 for o in listed)
+    assert storage.list_objects("nothing/") == []
+
+
+def test_reading_the_start_of_a_file_takes_no_more(storage: Storage) -> None:
+    storage.put_bytes("v/big.json", b"0123456789" * 1000)
+    storage.put_bytes("v/empty.json", b"")
+    ranges: list[bytes | None] = []
+    if isinstance(storage, S3Storage):  # one ranged GET: the object is never sent whole
+        storage.client.meta.events.register(
+            "before-send.s3.GetObject", lambda request, **_: ranges.append(request.headers.get("Range"))
+        )
+    assert storage.read_start("v/big.json", 11) == b"01234567890"
+    assert ranges == ([b"bytes=0-10"] if isinstance(storage, S3Storage) else [])
+    assert storage.read_start("v/big.json", 20_000) == b"0123456789" * 1000
+    assert storage.read_start("v/empty.json", 5) == b""
+    with pytest.raises(Exception) as missing:
+        storage.read_start("v/missing.json", 5)
+    assert is_not_found(missing.value)
 
 
 def test_keys_cannot_escape_the_root(storage: Storage) -> None:
