@@ -15,19 +15,19 @@ from typing import Any
 from airflow.sdk import Asset, Param, TriggerRule, dag, get_current_context, task, task_group
 
 from regen.config import load_config
+from regen.run_params import form
 from regen_airflow.alerts import failure_notifiers
 from regen_airflow.tasks import PUBLISHED_DATASETS, final_errors_fail_now, s3_client, sglang_api_keys
 
 # The deployment's config is a local file read at parse time: it fills the trigger form (no network, no storage).
 CONFIG = load_config()
-SAMPLING = CONFIG.defaults.sampling
 FLEET_POOL = "sglang_fleet"
 
 
 def _run(run: dict[str, Any]) -> Any:
-    from regen.pipeline import RunSpec
+    from regen.run_params import RunSpec
 
-    return RunSpec(**run)
+    return RunSpec.model_validate(run)
 
 
 @dag(
@@ -46,145 +46,8 @@ def _run(run: dict[str, Any]) -> Any:
         "max_retry_delay": timedelta(minutes=10),
         "on_failure_callback": failure_notifiers(CONFIG.alerts),
     },
-    params={
-        "datasets": Param(
-            list(CONFIG.datasets),
-            type="array",
-            items={"type": "string", "enum": list(CONFIG.datasets)},
-            minItems=1,
-            uniqueItems=True,  # each once: two tasks writing one version would corrupt it
-            examples=list(CONFIG.datasets),
-            title="Datasets",
-            description="Which datasets of the deployment's config to regenerate (at least one).",
-            section="What to run",
-        ),
-        "profile": Param(
-            CONFIG.defaults.profile,
-            type="string",
-            enum=CONFIG.profile_names,
-            title="Model profile",
-            description="The target model: its tokenizer, chat template and token roles.",
-            section="What to run",
-        ),
-        "limit": Param(
-            None,
-            type=["null", "integer"],
-            minimum=1,
-            title="Samples per dataset",
-            description="Empty = all.",
-            section="What to run",
-        ),
-        "version": Param(
-            None,
-            type=["null", "string"],
-            maxLength=200,
-            title="Version",
-            description="Empty: this run's id. An earlier run's id (or version) resumes or completes that version.",
-            section="What to run",
-        ),
-        "skip_unchanged": Param(
-            True,
-            type="boolean",
-            title="Skip unchanged datasets",
-            description="Skip a dataset whose sources, profile, template and sampling are those of its last "
-            "published version (nothing is generated, its asset is not updated). Off: sample it again.",
-            section="What to run",
-        ),
-        "overwrite_version": Param(
-            False,
-            type="boolean",
-            title="Overwrite a published version",
-            description="A published version is never changed: publishing other data into it fails. On: replace it "
-            "(readers of the old one lose it).",
-            section="What to run",
-        ),
-        "endpoints": Param(
-            CONFIG.defaults.endpoints,
-            type="array",
-            items={"type": "string", "pattern": r"^https?://[^\s?#]+$"},
-            minItems=1,
-            title="SGLang endpoints",
-            description="Base URLs of SGLang servers, or one sglang-router URL.",
-            section="Servers",
-        ),
-        "storage_root": Param(
-            CONFIG.resolve(CONFIG.defaults.storage_root),
-            type="string",
-            minLength=1,
-            title="Storage root",
-            description="s3://bucket/prefix (credentials from the aws_default connection) or a local directory.",
-            section="Servers",
-        ),
-        "max_new_tokens": Param(
-            SAMPLING.max_new_tokens,
-            type="integer",
-            minimum=1,
-            title="max_new_tokens",
-            section="Sampling",
-            description="Longest answer, in tokens; longer answers go to the flagged truncated split.",
-        ),
-        "temperature": Param(
-            SAMPLING.temperature,
-            type="number",
-            minimum=0,
-            title="temperature",
-            section="Sampling",
-            description="0 = greedy.",
-        ),
-        "top_p": Param(
-            SAMPLING.top_p,
-            type="number",
-            exclusiveMinimum=0,
-            maximum=1,
-            title="top_p",
-            section="Sampling",
-            description="Nucleus sampling, in (0, 1].",
-        ),
-        "top_k": Param(
-            SAMPLING.top_k,
-            type="integer",
-            minimum=-1,
-            title="top_k",
-            section="Sampling",
-            description="-1 = all tokens, else at least 1.",
-        ),
-        "min_p": Param(
-            SAMPLING.min_p,
-            type="number",
-            minimum=0,
-            maximum=1,
-            title="min_p",
-            section="Sampling",
-            description="In [0, 1]. Every sampling value is sent explicitly, never left to the server's defaults.",
-        ),
-        "shard_size": Param(
-            CONFIG.defaults.shard_size,
-            type="integer",
-            minimum=1,
-            title="Shard size",
-            section="Advanced",
-            description="Prompts per shard task (a new version only: an existing one keeps its shards).",
-        ),
-        "in_flight": Param(
-            CONFIG.defaults.in_flight,
-            type="integer",
-            minimum=1,
-            title="Requests in flight",
-            section="Advanced",
-            description=f"Across the whole fleet, shared by the {CONFIG.defaults.shard_tasks} shard tasks that "
-            "generate at once; set it above the fleet's running capacity (servers x running slots).",
-        ),
-        "export": Param(
-            CONFIG.defaults.export.model_dump(),
-            type="object",
-            properties={"jsonl": {"type": "boolean"}, "review_text": {"type": "boolean"}},
-            additionalProperties=False,
-            title="Export",
-            description="jsonl: also write JSON Lines (input_ids, loss_mask) for SpecForge / speculators loaders; "
-            "review_text: add a decoded text column for reviewers.",
-            section="Advanced",
-        ),
-    },
+    # The trigger form: every field of regen.run_params.RunParams, the deployment's defaults filled in.
+    params={name: Param(**field) for name, field in form(CONFIG).items()},
 )
 def eagle3_regen() -> None:
     @task
@@ -216,7 +79,9 @@ def eagle3_regen() -> None:
     # A dataset whose prepare failed must not hold back the others: shards are listed from the datasets that were
     # prepared, once the fleet check passed.
     @task(trigger_rule=TriggerRule.ALL_DONE)
-    def list_shards(prepared: list[dict[str, Any]], fleet: list[dict[str, Any]] | None) -> list[list[dict[str, Any]]]:
+    def list_shards(
+        run: dict[str, Any], prepared: list[dict[str, Any]], fleet: list[dict[str, Any]] | None
+    ) -> list[list[dict[str, Any]]]:
         from airflow.sdk.exceptions import AirflowFailException
 
         from regen import pipeline
@@ -226,7 +91,7 @@ def eagle3_regen() -> None:
                 "no fleet check passed (check_server failed, or plan failed before it ran): no shard is sent to the "
                 "fleet; the earliest failed task says why"
             )
-        return pipeline.shard_groups([p for p in prepared if p], CONFIG.defaults.shard_task_limit)
+        return pipeline.shard_groups([p for p in prepared if p], run["shard_task_limit"])
 
     # Each mapped task handles one shard, or a group of consecutive shards in turn when a run has more shards than
     # the config's shard_task_limit.
@@ -313,7 +178,7 @@ def eagle3_regen() -> None:
     fleet = check_server(run)
     prepared = prepare_dataset.partial(run=run).expand(dataset=dataset_names(run))
     fleet >> prepared  # nothing is written for a fleet that cannot serve the run
-    shards = list_shards(prepared, fleet)
+    shards = list_shards(run, prepared, fleet)
     processed = process_shard.partial(run=run).expand(shards=shards)
     published = deliver_dataset.partial(run=run, fleet=fleet).expand(prepared=prepared)
     report(run, published, fleet)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -101,12 +100,6 @@ class DatasetConfig(BaseModel):
     # datasets whose clients send names that the rows left out.
     tool_result_names: Literal["as_given", "from_call"] = "as_given"
     description: str = ""
-
-    def with_paths(self, resolve: Callable[[str], str]) -> DatasetConfig:
-        """Its local paths resolved (a config's are relative to the config file): what a run carries."""
-        hf = self.hf.model_copy(update={"path": resolve(self.hf.path)}) if self.hf and self.hf.path else self.hf
-        paths = [resolve(path) for path in self.paths] if self.paths else self.paths
-        return self.model_copy(update={"paths": paths, "hf": hf})
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
@@ -287,9 +280,13 @@ class RegenConfig(BaseModel):
 
     def resolve(self, path: str) -> str:
         """Dataset paths and a local storage root are relative to the config file; URIs pass through."""
+        return self.resolve_against(self.base_dir, path)
+
+    @staticmethod
+    def resolve_against(folder: Path, path: str) -> str:
         if "://" in path or Path(path).is_absolute():
             return path
-        return str((self.base_dir / path).resolve())
+        return str((folder / path).resolve())
 
 
 def config_path() -> Path:

@@ -32,7 +32,7 @@ VERSION_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 MANIFEST = "manifest.json"
 SPLITS = ("train", "truncated")
 REPORT_FILES = ("report.json", "report.html")
-REPORT_PLOTS = ("lengths.png", "verdicts.png")  # the plots report.html shows (regen.quality draws them)
+REPORT_PLOTS = ("lengths.png", "verdicts.png")  # the plots report.html shows (regen.dataset_report draws them)
 # What a version's page may be asked to serve to a signed-in user: the manifest and the dataset report, nothing else.
 VIEWABLE_FILES = (MANIFEST, *REPORT_FILES, *REPORT_PLOTS)
 

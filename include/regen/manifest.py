@@ -155,7 +155,8 @@ class PreparedDataset:
     token_roles: dict[str, Any]
     files: dict[str, str] = field(default_factory=dict)
     rows_read: int = 0  # source rows; stats count prompts, several per row with turns: every_assistant_turn
-    inputs: dict[str, Any] = field(default_factory=dict)  # regen.inputs.dataset_inputs: what the version is made from
+    # regen.version_inputs.dataset_inputs: what the version is made from
+    inputs: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {

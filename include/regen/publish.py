@@ -16,15 +16,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from regen.dataset_report import dataset_report, read_verdicts, write_dataset_report
 from regen.errors import FinalError
-from regen.inputs import record_published
 from regen.layout import DatasetLocation, dataset_prefix, is_report_file
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
-from regen.quality import dataset_report, read_verdicts, write_dataset_report
 from regen.reasons import OK
-from regen.report import generation_cost
+from regen.run_report import generation_cost
 from regen.storage import KeyExists, Storage
 from regen.verify import verify_manifest
+from regen.version_inputs import record_published
 
 log = logging.getLogger(__name__)
 

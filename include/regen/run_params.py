@@ -1,5 +1,5 @@
 """What a run may be given, declared once: `RunParams`. The DAG's trigger form is generated from its JSON schema with
-the deployment's defaults filled in (`form`); `RunSpec.plan` validates a run's params against it once (strictly:
+the deployment's defaults filled in (`form`); `RunSpec.from_params` validates a run's params against it once (strictly:
 `{"limit": true}` is not a number) and freezes what the run uses, the slice of the config included, so that no task
 reads the config file again and a config edited mid-run never changes a running run.
 
@@ -9,24 +9,42 @@ Adding a run setting is a field here and the code that uses it: the form, plan a
 from __future__ import annotations
 
 import copy
-from typing import Annotated, Any, Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from regen.config import ConfigError, CostConfig, DatasetConfig, ExportConfig, RegenConfig, Sampling, ValidationConfig
+from regen.config import (
+    ConfigError,
+    CostConfig,
+    DatasetConfig,
+    ExportConfig,
+    RegenConfig,
+    Sampling,
+    ValidationConfig,
+    load_config,
+)
 from regen.errors import did_you_mean
 from regen.governance import check_endpoints, check_storage_root
 from regen.layout import DatasetLocation, checked_name, version_from_run_id
 from regen.profiles import Profile
 
 Section = Literal["What to run", "Servers", "Sampling", "Advanced"]
-BaseUrl = Annotated[str, StringConstraints(pattern=r"^https?://[^\s?#]+$")]
 
 
-def _in(section: Section, title: str, description: str, unique: bool = False, **constraints: Any) -> Any:
+def _in(
+    section: Section,
+    title: str,
+    description: str,
+    unique: bool = False,
+    items: dict[str, Any] | None = None,
+    **constraints: Any,
+) -> Any:
     """A form field: its section, title and description, and pydantic's constraints on its values (ge, gt, le,
     min_length, max_length), which plan enforces and the form's JSON schema carries (minimum, minItems, ...)."""
     extra: dict[str, Any] = {"section": section, **({"uniqueItems": True} if unique else {})}
+    if items is not None:
+        extra["items"] = items
     return Field(None, title=title, description=description, json_schema_extra=extra, **constraints)
 
 
@@ -59,11 +77,13 @@ class RunParams(BaseModel):
         "A published version is never changed: publishing other data into it fails. On: replace it (readers of "
         "the old one lose it).",
     )
-    endpoints: list[BaseUrl] | None = _in(
+    # The pattern is the form's (refused at trigger); plan's governance check says what is wrong with a URL.
+    endpoints: list[str] | None = _in(
         "Servers",
         "SGLang endpoints",
         "Base URLs of SGLang servers, or one sglang-router URL; within the deployment's governance.allowed_endpoints.",
         min_length=1,
+        items={"type": "string", "pattern": r"^https?://[^\s?#]+$"},
     )
     storage_root: str | None = _in(
         "Servers",
@@ -117,11 +137,11 @@ class RunParams(BaseModel):
         return value
 
 
-def form(config: RegenConfig) -> dict[str, dict[str, Any]]:
+def form(config: RegenConfig, params: type[RunParams] | None = None) -> dict[str, dict[str, Any]]:
     """The trigger form, field by field, as keyword arguments of Airflow's `Param`: each field's JSON schema from
     RunParams, with the deployment's default as its value and the deployment's datasets and profiles as the choices.
     With a schedule every default must validate, so a field with a default is offered without null."""
-    schema = RunParams.model_json_schema()
+    schema = (params or RunParams).model_json_schema()
     defaults = _form_defaults(config)
     fields = {}
     for name, prop in schema["properties"].items():
@@ -191,33 +211,42 @@ class RunSpec(BaseModel):
     skip_unchanged: bool = True
     overwrite_version: bool = False  # publish over a version that exists with other data (never by default)
     run_id: str = ""  # the Airflow run: recorded beside what it writes, so people find the run from the data
-    # The config's slice, as it was at plan: each dataset (source paths resolved), the profile (its files resolved).
+    # The config's slice, as it was at plan: each dataset as declared (its paths relative to the config's folder, as
+    # the inputs digest has always seen them), the profile with its files resolved.
     dataset_configs: dict[str, DatasetConfig] = Field(default_factory=dict)
+    config_dir: str = "."
     profile_declaration: Profile | None = None
     tokenize_workers: int | None = None
     shard_task_limit: int = 256
     cost: dict[str, Any] = Field(default_factory=lambda: CostConfig().model_dump())
 
     @classmethod
-    def plan(cls, params: dict[str, Any], run_id: str, config: RegenConfig) -> RunSpec:
-        """Everything the trigger form cannot check, checked here; a bad value raises ConfigError saying what to fix."""
-        unknown = sorted(set(params) - set(RunParams.model_fields))
+    def from_params(
+        cls,
+        params: dict[str, Any],
+        run_id: str,
+        config: RegenConfig | None = None,
+        declared: type[RunParams] = RunParams,
+    ) -> RunSpec:
+        """Everything the trigger form cannot check, checked here; a bad value raises ConfigError saying what to fix.
+        `declared`: the params' declaration (RunParams; a test may extend it)."""
+        known = declared.model_fields
+        unknown = sorted(set(params) - set(known))
         if unknown:  # Airflow 3.3 takes any key at trigger (ParamsDict.deep_merge adds it): refused here
-            known = RunParams.model_fields
             hints = "".join(did_you_mean(name, known).replace("; did", f"; for {name!r} did") for name in unknown)
             raise ConfigError(f"unknown run parameters {unknown}{hints}; a run takes {sorted(known)}")
         try:
-            given = RunParams.model_validate(params)
+            given = declared.model_validate(params)
         except ValidationError as e:
             problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'params'}: {err['msg']}" for err in e.errors())
             raise ConfigError(f"invalid run parameters: {problems.replace('Value error, ', '')}") from None
-        return cls._over_defaults(given, run_id, config)
+        return cls._over_defaults(given, run_id, config or load_config())
 
     @classmethod
     def _over_defaults(cls, given: RunParams, run_id: str, config: RegenConfig) -> RunSpec:
         d = config.defaults
         datasets = list(given.datasets or config.datasets)
-        dataset_configs = {name: config.dataset(name).with_paths(config.resolve) for name in datasets}
+        dataset_configs = {name: config.dataset(name) for name in datasets}
         profile = given.profile or d.profile
         declaration = config.profile(profile)  # known, and its declaration is sound
         endpoints = [url.rstrip("/") for url in given.endpoints or d.endpoints]
@@ -255,6 +284,7 @@ class RunSpec(BaseModel):
             overwrite_version=bool(given.overwrite_version),
             run_id=run_id,
             dataset_configs=dataset_configs,
+            config_dir=str(config.base_dir.resolve()),
             profile_declaration=declaration,
             tokenize_workers=d.tokenize_workers,
             shard_task_limit=d.shard_task_limit,
@@ -269,6 +299,15 @@ class RunSpec(BaseModel):
 
     def dataset(self, name: str) -> DatasetConfig:
         return self.dataset_configs[name]
+
+    def resolve(self, path: str) -> str:
+        """A dataset's path as the config's `resolve` gives it: relative to the config's folder; URIs pass through."""
+        return RegenConfig.resolve_against(Path(self.config_dir), path)
+
+    @property
+    def declared_profile(self) -> Profile:
+        assert self.profile_declaration is not None, "a run spec is made by plan, which freezes its profile"
+        return self.profile_declaration
 
     @property
     def validation_settings(self) -> ValidationConfig:

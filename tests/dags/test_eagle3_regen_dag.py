@@ -40,7 +40,7 @@ def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
         "dataset_names": ["plan"],
         "prepare_dataset": ["check_server", "dataset_names", "plan"],
         "check_server": ["plan"],
-        "list_shards": ["check_server", "prepare_dataset"],
+        "list_shards": ["check_server", "plan", "prepare_dataset"],
         "process_shard.generate_shard": ["list_shards", "plan"],
         "process_shard.validate_shard": ["plan", "process_shard.generate_shard"],
         "process_shard.export_shard": ["plan", "process_shard.validate_shard"],
@@ -99,12 +99,38 @@ def test_params_make_a_valid_trigger_form(dag) -> None:  # type: ignore[no-untyp
 
 
 def test_the_form_offers_exactly_what_a_run_takes_in_sections(dag) -> None:  # type: ignore[no-untyped-def]
-    from regen.pipeline import RUN_PARAMS
+    from regen.run_params import RunParams
 
-    assert set(dag.params) == RUN_PARAMS
+    assert set(dag.params) == set(RunParams.model_fields)
     sections = {name: dag.params.get_param(name).schema.get("section") for name in dag.params}
     assert set(sections.values()) == {"What to run", "Servers", "Sampling", "Advanced"}
     assert all(dag.params.get_param(name).description for name in dag.params)
+
+
+def test_a_run_setting_is_declared_once_and_the_form_and_plan_follow_it() -> None:
+    """A field added to RunParams (here in a subclass) is in the form with its section, bounds and description, and
+    plan checks its bounds; no other declaration is needed for either."""
+    from pydantic import Field
+
+    from regen.config import ConfigError, load_config
+    from regen.run_params import RunParams, RunSpec, form
+
+    class WithPriority(RunParams):
+        priority: int | None = Field(
+            None, ge=0, le=9, title="Priority", description="0-9.", json_schema_extra={"section": "Advanced"}
+        )
+
+    [field] = [spec for name, spec in form(load_config(), WithPriority).items() if name == "priority"]
+    assert (field["type"], field["minimum"], field["maximum"], field["section"]) == (
+        ["null", "integer"],
+        0,
+        9,
+        "Advanced",
+    )
+    with pytest.raises(ConfigError, match="priority: Input should be less than or equal to 9"):
+        RunSpec.from_params({"priority": 12}, "manual__1", load_config(), WithPriority)
+    with pytest.raises(ConfigError, match="limit: Input should be a valid integer"):  # strict: true is not a number
+        RunSpec.from_params({"limit": True}, "manual__1", load_config())
 
 
 @pytest.mark.parametrize(

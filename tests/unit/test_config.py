@@ -76,7 +76,7 @@ def test_run_spec_merges_params_over_defaults() -> None:
     "params,message",
     [
         pytest.param({"datasets": ["nope"]}, "unknown dataset 'nope'", id="dataset"),
-        pytest.param({"limit": 0}, "limit must be a positive integer", id="limit"),
+        pytest.param({"limit": 0}, "limit: Input should be greater than or equal to 1", id="limit"),
         pytest.param({"endpoints": ["localhost:30000"]}, "http", id="endpoint"),
         pytest.param({"top_p": 2}, "top_p: Input should be less than or equal to 1", id="top-p"),
         pytest.param({"temperature": -0.5}, "temperature: Input should be greater than or equal to 0", id="temp"),
@@ -88,15 +88,17 @@ def test_run_spec_merges_params_over_defaults() -> None:
             r"unknown run parameters \['temprature'\]; for 'temprature' did you mean 'temperature'",
             id="typo",
         ),
-        pytest.param({"datasets": []}, "datasets is empty: choose at least one", id="no-datasets"),
+        pytest.param({"datasets": []}, "datasets: List should have at least 1 item", id="no-datasets"),
         pytest.param(
             {"datasets": ["B1_glaive", "B1_glaive"]}, r"\['B1_glaive'\] are listed more than once", id="twice"
         ),
         pytest.param({"profile": "kimi-k3"}, "unknown profile 'kimi-k3'", id="profile"),
         pytest.param({"version": "latest"}, "version 'latest' is a name the storage layout uses", id="version-latest"),
-        pytest.param({"in_flight": 0}, "in_flight must be a whole number of at least 1", id="in-flight"),
-        pytest.param({"shard_size": 0}, "shard_size must be a whole number of at least 1", id="shard-size"),
-        pytest.param({"skip_unchanged": "false"}, "skip_unchanged must be true or false", id="skip-unchanged"),
+        pytest.param({"in_flight": 0}, "in_flight: Input should be greater than or equal to 1", id="in-flight"),
+        pytest.param({"shard_size": 0}, "shard_size: Input should be greater than or equal to 1", id="shard-size"),
+        pytest.param(
+            {"skip_unchanged": "false"}, "skip_unchanged: Input should be a valid boolean", id="skip-unchanged"
+        ),
     ],
 )
 def test_bad_params_fail_fast_with_what_to_fix(params: dict, message: str) -> None:

@@ -7,8 +7,8 @@ import pytest
 from regen.config import ConfigError
 from regen.datasets.sources import CorruptSource, MissingSource
 from regen.errors import FinalError
-from regen.pipeline import IncompleteRun
 from regen.publish import IncompleteDataset
+from regen.run_report import IncompleteRun
 from regen.sglang.client import PermanentError, TransientError
 from regen.sglang.fleet import FleetUnavailable
 from regen.sglang.server_check import ServerMismatch

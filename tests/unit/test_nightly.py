@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from regen import pipeline
-from regen.inputs import dataset_inputs
 from regen.layout import latest_key
 from regen.verify import VerificationFailed, verify_published
+from regen.version_inputs import dataset_inputs
 from tests.conftest import ROOT, Simulator
 
 DATASET = "B1_glaive"

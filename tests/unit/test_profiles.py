@@ -189,7 +189,6 @@ def test_plan_fails_in_seconds_on_a_declared_profile_whose_tokenizer_is_missing(
 
     path = deployment(tmp_path, tokenizer="/nonexistent/tokenizer-dir")
     monkeypatch.setenv("REGEN_CONFIG", str(path))
-    pipeline.renderer_for.cache_clear()
     started = time.monotonic()
     with pytest.raises(ConfigError, match=r"profile 'my-model': tokenizer '/nonexistent/tokenizer-dir' does not load"):
         pipeline.plan({}, "manual__1")

@@ -3,7 +3,6 @@ another version, or does not say which, passes the check with a warning in the l
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
@@ -16,7 +15,7 @@ import yaml
 from regen import pipeline
 from regen.chat import ChatRenderer
 from regen.config import Sampling
-from regen.report import sglang_version_warnings
+from regen.run_report import sglang_version_warnings
 from regen.sglang.parity import PROVEN_SGLANG_VERSION
 from regen.sglang.server_check import check_fleet
 from tests.conftest import ROOT, Simulator, start_simulator
@@ -49,7 +48,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Simu
 def run_report(fleet: list[dict[str, object]], endpoint: str, root: Path) -> tuple[dict[str, object], Path]:
     """The run report of a run with no dataset left to publish (so it is green) behind this fleet check."""
     run = pipeline.RunSpec.from_params({"endpoints": [endpoint], "storage_root": str(root)}, "version-check")
-    run = dataclasses.replace(run, datasets=[])
+    run = run.model_copy(update={"datasets": []})
     summary = pipeline.report(run, [], fleet)
     return summary, root / run.profile / "runs" / f"{run.version}.json"
 

@@ -16,11 +16,11 @@ import pytest
 
 from regen.__main__ import main
 from regen.chat import ChatRenderer
-from regen.inputs import latest_published
 from regen.manifest import PreparedDataset
 from regen.publish import ChangedSinceVerified, VersionExists, run_publish, verify_contents
 from regen.storage import LocalStorage, S3Storage
 from regen.verify import VerificationFailed, read_training_data, verify_version
+from regen.version_inputs import latest_published
 from tests.conftest import Simulator, finish_shards, prepare_sample
 
 BUCKET = "regen-verify"

@@ -216,8 +216,8 @@ def run_prepare(
     run_id: str | None = None,
 ) -> PreparedDataset:
     """`s3_client` makes the boto3 client for `s3://` sources; `workers` tokenises in that many processes (None:
-    all cores, 1: in this process); `inputs` (regen.inputs.dataset_inputs) is recorded as what the version is made
-    from."""
+    all cores, 1: in this process); `inputs` (regen.version_inputs.dataset_inputs) is recorded as what the version
+    is made from."""
     existing = location.prepared
     if storage.exists(existing):
         log.info("%s already prepared; reusing %s", location.dataset, storage.uri(existing))

@@ -28,7 +28,7 @@ from regen.chat import ChatRenderer
 from regen.errors import FinalError
 from regen.reasons import Reason
 from regen.records import RawAnswer, text_digest
-from regen.report import sglang_version_warnings
+from regen.run_report import sglang_version_warnings
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
 from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens, redact_url

@@ -101,6 +101,24 @@ def latest_published(storage: Storage, profile: str, dataset: str) -> dict[str, 
     return dict(latest)
 
 
+def unchanged_since(storage: Storage, location: DatasetLocation, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """The nightly rule: the dataset's last published version when it was made from exactly these inputs (the
+    dataset is then skipped, nothing generated), else None. A source with no pinned identity never matches."""
+    if inputs["digest"] is None:
+        log.info("%s: a source without a pinned content identity: regenerated every run", location.dataset)
+        return None
+    latest = latest_published(storage, location.profile, location.dataset)
+    if latest is None or latest["inputs_digest"] != inputs["digest"]:
+        return None
+    log.info(
+        "%s: unchanged since version %s (same sources, profile, template and sampling): skipped, nothing generated; "
+        "trigger with skip_unchanged off to sample it again",
+        location.dataset,
+        latest["version"],
+    )
+    return latest
+
+
 def record_published(storage: Storage, profile: str, dataset: str, entry: dict[str, Any]) -> None:
     """Written after the manifest: `entry` holds version, manifest, manifest_sha256, inputs_digest, published_at,
     records."""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
+from regen.errors import FinalError
+from regen.layout import run_report_key
 from regen.manifest import GenerationReport
 from regen.sglang.parity import PROVEN_SGLANG_VERSION
+from regen.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +147,59 @@ def log_summary(published: list[dict[str, Any]], missing: list[str], fleet_usage
     log.info("fleet: %s", fleet_usage)
     if missing:
         log.error("not published: %s (see the failed tasks; clear them to resume)", ", ".join(missing))
+
+
+class IncompleteRun(FinalError):
+    """Some selected dataset was not published: the run failed, though complete datasets were published."""
+
+
+def write_run_report(
+    storage: Storage,
+    run: dict[str, Any],
+    datasets: list[str],
+    published: list[dict[str, Any]],
+    fleet: list[dict[str, Any]],
+    cost: dict[str, Any],
+) -> dict[str, Any]:
+    """The run's summary: one line per dataset in the log, and a JSON report beside the datasets
+    ({profile}/runs/{version}.json). Raises IncompleteRun, after writing it, when a dataset was not published."""
+    missing = sorted(set(datasets) - {p["dataset"] for p in published})
+    generations = [GenerationReport.from_dict(g) for p in published for g in p.get("generation", [])]
+    fleet_usage = fleet_utilisation(generations, fleet)
+    train_tokens = sum((p.get("cost") or {}).get("train_tokens", 0) for p in published if not p.get("unchanged"))
+    warnings = sglang_version_warnings(fleet)
+    summary: dict[str, Any] = {
+        "run": run,
+        "warnings": warnings,
+        "fleet": fleet,
+        "fleet_usage": fleet_usage,
+        "cost": generation_cost(generations, fleet, train_tokens, cost),
+        "datasets": [p for p in published if not p.get("unchanged")],
+        "unchanged": [p for p in published if p.get("unchanged")],
+        "unpublished": missing,
+    }
+    key = _report_key(storage, run["profile"], run["version"], run["run_id"])
+    storage.put_bytes(key, json.dumps(summary, indent=1).encode())
+    log_summary(published, missing, fleet_usage)
+    for warning in warnings:
+        log.warning("%s", warning)
+    log.info("run report: %s", storage.uri(key))
+    summary["report"] = storage.uri(key)
+    if missing:  # a run that did not deliver is red, whatever else it did
+        raise IncompleteRun(
+            f"not published: {', '.join(missing)}; see their failed tasks. Run report: {storage.uri(key)}"
+        )
+    return summary
+
+
+def _report_key(storage: Storage, profile: str, version: str, run_id: str) -> str:
+    """The version's run report, or, when another run of the version wrote that one (this is a Resume), this run's
+    own beside it: the earlier run's report is never written over."""
+    key = run_report_key(profile, version)
+    if not storage.exists(key):
+        return key
+    try:
+        earlier = json.loads(storage.get_bytes(key)).get("run", {}).get("run_id")
+    except (ValueError, AttributeError):  # not a run report this pipeline wrote: keep it too
+        earlier = None
+    return key if earlier == run_id else run_report_key(profile, version, run_id)
