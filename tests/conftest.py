@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import settings
 
 from regen.chat import ChatRenderer
 from regen.config import load_config
@@ -22,6 +23,11 @@ from regen.storage import LocalStorage, Storage, read_table
 from tools.devstack import Simulator, free_port, start_simulator
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Property tests draw the same cases on every run and machine: a red CI run is reproduced by running it again, and a
+# green one is not luck.
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.load_profile("deterministic")
 
 
 def raw_answers(storage: Storage, key: str | None) -> list[dict[str, Any]]:
