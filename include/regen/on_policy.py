@@ -34,11 +34,11 @@ import orjson
 from regen.chat import ChatRenderer, TokenRoles
 from regen.chat_request import standard_tools
 from regen.errors import FinalError
+from regen.judge import judge_output
 from regen.profiles import Profile, SectionCalls, TaggedCalls
 from regen.reasons import Reason
 from regen.records import RawAnswer
 from regen.tool_calls import BadCall, read_section_call_id, read_tagged, read_xml_calls
-from regen.validate import judge_output
 
 Message = dict[str, Any]
 Decode = Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text

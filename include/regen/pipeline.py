@@ -16,6 +16,7 @@ from regen.chat import ChatRenderer
 from regen.claims import held, release
 from regen.config import ConfigError, load_config
 from regen.datasets.prepare import run_prepare
+from regen.datasets.sources import source_digests
 from regen.errors import FinalError
 from regen.export import ExportSettings, run_export
 from regen.generate import GenerateSettings, run_generate
@@ -76,7 +77,8 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
     location, storage, renderer = run.location(dataset), _storage(run, s3_client), renderer_for(run)
     source, inputs = run.dataset(dataset), {}
     if not storage.exists(location.prepared):  # a new version, not a resumed one
-        inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, run.resolve, s3_client)
+        sources = source_digests(source, run.resolve, s3_client)
+        inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, sources)
         latest = unchanged_since(storage, location, inputs) if run.skip_unchanged else None
         if latest is not None:
             return {"location": asdict(location), "shards": [], "unchanged_since": latest}

@@ -1,4 +1,4 @@
-"""Stage 7: the run's summary, and how busy the run kept the fleet."""
+"""The run report: the run's summary, how busy it kept the fleet and what it cost, written beside its datasets."""
 
 from __future__ import annotations
 
@@ -9,38 +9,10 @@ from typing import Any
 from regen.errors import FinalError
 from regen.layout import run_report_key
 from regen.manifest import GenerationReport
-from regen.sglang.parity import PROVEN_SGLANG_VERSION
+from regen.sglang.parity import sglang_version_warnings
 from regen.storage import Storage
 
 log = logging.getLogger(__name__)
-
-
-def sglang_version_warnings(fleet: list[dict[str, Any]]) -> list[str]:
-    """One warning per SGLang version other than PROVEN_SGLANG_VERSION among the servers of the fleet check
-    (regen.sglang.server_check: every endpoint, or each worker behind a router), and one for the servers whose version
-    is unknown (a server, or a router's worker, whose server info does not say or cannot be reached from here). The
-    renderer and the answer reader are proven equal to that release's chat layer only. An empty fleet (no check
-    passed, nothing was served) warns of nothing."""
-    servers: dict[str | None, list[str]] = {}
-    for endpoint in fleet:
-        workers = endpoint.get("workers") or []
-        for url, version in (
-            [(f"{endpoint['url']} (worker {w['url']})", w.get("version")) for w in workers]
-            if workers
-            else [(endpoint["url"], endpoint.get("version"))]
-        ):
-            servers.setdefault(str(version) if version else None, []).append(url)
-    proven = f"prompts and answers are proven equal to SGLang {PROVEN_SGLANG_VERSION}'s chat layer only"
-    warnings = [
-        f"SGLang {version} serves this run ({', '.join(urls)}); {proven}"
-        for version, urls in sorted((v, u) for v, u in servers.items() if v is not None and v != PROVEN_SGLANG_VERSION)
-    ]
-    if None in servers:
-        warnings.append(
-            f"SGLang of unknown version serves this run ({', '.join(servers[None])}: no version in the server info "
-            f"read from here); {proven}"
-        )
-    return warnings
 
 
 def fleet_utilisation(reports: list[GenerationReport], fleet: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,14 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from regen.config import DatasetConfig
-from regen.datasets.sources import expand_files
 from regen.layout import DatasetLocation, latest_key
-from regen.storage import Locator, S3ClientFactory, Storage, sha256_file
+from regen.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -27,38 +24,16 @@ def canonical_digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def source_digests(
-    config: DatasetConfig, resolve_path: Callable[[str], str], s3_client: S3ClientFactory | None = None
-) -> dict[str, str] | None:
-    """Each source file's content identity: sha256 of a local file, the ETag of an S3 object (S3 computes it from the
-    content), every file of a `save_to_disk` folder. None when it cannot be known (a hub dataset at no pinned
-    revision): such a dataset is never taken as unchanged."""
-    if config.hf is not None:
-        if config.hf.path is not None:
-            folder = Path(resolve_path(config.hf.path))
-            if not folder.is_dir():
-                return None  # prepare says it is missing, with its own message
-            return {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
-        return {f"hf://{config.hf.id}": config.hf.revision} if config.hf.revision else None
-    locate = Locator(s3_client)
-    digests: dict[str, str] = {}
-    for file in expand_files([resolve_path(p) for p in config.paths or []], locate):
-        storage, key = locate(file.uri)
-        digests[file.uri] = storage.content_id(key)
-    return digests
-
-
 def dataset_inputs(
     config: DatasetConfig,
     profile: dict[str, Any],
     sampling: dict[str, Any],
     limit: int | None,
-    resolve_path: Callable[[str], str],
-    s3_client: S3ClientFactory | None = None,
+    sources: dict[str, str] | None,
 ) -> dict[str, Any]:
     """Everything that decides what a version holds, and its digest (None when a source cannot be pinned).
-    `profile`: the profile's record with its template and tokenizer-file hashes (ChatRenderer.fingerprint)."""
-    sources = source_digests(config, resolve_path, s3_client)
+    `profile`: the profile's record with its template and tokenizer-file hashes (ChatRenderer.fingerprint);
+    `sources`: each source's content identity (regen.datasets.sources.source_digests)."""
     # Library versions are recorded in manifests but are not inputs: an upgrade that renders the same ids is no change.
     pinned_profile = {k: v for k, v in profile.items() if not k.endswith("_version")}
     inputs = {

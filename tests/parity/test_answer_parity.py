@@ -19,9 +19,9 @@ import orjson
 from hypothesis import given
 
 from regen.chat import ChatRenderer
+from regen.judge import judge_output
 from regen.on_policy import assistant_message, read_message
 from regen.reasons import Reason
-from regen.validate import judge_output
 from tests.parity.answers import CALL, MARKERS, answer, qwen_answer
 from tests.parity.oracle import CASES, DIFFERENTIAL, Oracle
 

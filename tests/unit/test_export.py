@@ -19,11 +19,12 @@ from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.export import ExportSettings, run_export
 from regen.generate import GenerateSettings, run_generate
+from regen.judge import FLAG_NO_REASONING_END
 from regen.manifest import PreparedDataset
 from regen.publish import run_publish
 from regen.simulator.defects import BY_NAME
 from regen.storage import LocalStorage
-from regen.validate import FLAG_NO_REASONING_END, TemplateDrift, run_validate
+from regen.validate import TemplateDrift, run_validate
 from tests.conftest import Simulator, prepare_sample, raw_answers, shard_prompt_ids, start_simulator
 
 MAX_NEW_TOKENS = 120  # the simulator's answers run 34-194 tokens: some are cut

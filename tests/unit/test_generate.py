@@ -9,8 +9,9 @@ import pytest
 
 from regen import generate
 from regen.chat import ChatRenderer
+from regen.checkpoints import load_checkpoints
 from regen.config import Sampling
-from regen.generate import GenerateSettings, load_checkpoints, run_generate
+from regen.generate import GenerateSettings, run_generate
 from tests.conftest import Simulator, prepare_sample, raw_answers
 
 
@@ -71,7 +72,7 @@ def test_answers_are_flushed_within_the_interval_even_when_no_more_arrive(tmp_pa
     import asyncio
     import time
 
-    from regen.generate import MERGE_AFTER, _Checkpointer
+    from regen.checkpoints import MERGE_AFTER, Checkpointer
     from regen.layout import DatasetLocation
     from regen.manifest import GenerationReport, ShardManifest
     from regen.storage import LocalStorage
@@ -81,7 +82,7 @@ def test_answers_are_flushed_within_the_interval_even_when_no_more_arrive(tmp_pa
     counts = GenerationReport(time.time(), time.time(), requests=1, answered=1, request_seconds=0.1, output_tokens=5)
 
     async def scenario() -> tuple[list[str], list[str]]:
-        checkpointer = _Checkpointer(storage, shard, next_part=7, every=1000, seconds=0.02)
+        checkpointer = Checkpointer(storage, shard, next_part=7, every=1000, seconds=0.02)
         flusher = asyncio.create_task(checkpointer.run(lambda: counts))
         checkpointer.add(b'{"id": "a", "output_ids": [1]}')
         await asyncio.sleep(0.3)  # nothing else arrives

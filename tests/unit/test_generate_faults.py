@@ -13,8 +13,9 @@ import pytest
 import requests
 
 from regen.chat import ChatRenderer
+from regen.checkpoints import load_checkpoints
 from regen.config import Sampling
-from regen.generate import GenerateSettings, load_checkpoints, run_generate
+from regen.generate import GenerateSettings, run_generate
 from regen.manifest import ShardManifest
 from regen.sglang.fleet import FleetUnavailable
 from regen.storage import LocalStorage

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from regen import pipeline
+from regen.config import DatasetConfig
+from regen.datasets.sources import source_digests
 from regen.layout import latest_key
 from regen.verify import VerificationFailed, verify_published
 from regen.version_inputs import dataset_inputs
@@ -33,6 +35,10 @@ def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "regen.yaml").write_text(yaml.safe_dump(config))
     monkeypatch.setenv("REGEN_CONFIG", str(tmp_path / "regen.yaml"))
     return tmp_path
+
+
+def digests(dataset: DatasetConfig) -> dict[str, str] | None:
+    return source_digests(dataset, str)
 
 
 def run_stages(run_id: str, simulator: Simulator, **params: Any) -> dict[str, Any]:
@@ -97,17 +103,21 @@ def test_the_digest_covers_content_template_and_sampling(deployment: Path) -> No
 
     dataset = load_config().dataset(DATASET)
     profile = {"name": "kimi-k2.5-mini", "chat_template_sha256": "a" * 64, "transformers_version": "5.0"}
-    base = dataset_inputs(dataset, profile, {"temperature": 1.0}, None, str)
-    assert base["digest"] == dataset_inputs(dataset, profile, {"temperature": 1.0}, None, str)["digest"]
+    base = dataset_inputs(dataset, profile, {"temperature": 1.0}, None, digests(dataset))
+    assert base["digest"] == dataset_inputs(dataset, profile, {"temperature": 1.0}, None, digests(dataset))["digest"]
     assert (
         base["digest"]
-        == dataset_inputs(dataset, {**profile, "transformers_version": "5.1"}, {"temperature": 1.0}, None, str)[
-            "digest"
-        ]
+        == dataset_inputs(
+            dataset,
+            {**profile, "transformers_version": "5.1"},
+            {"temperature": 1.0},
+            None,
+            digests(dataset),
+        )["digest"]
     )  # a library upgrade alone is no change
     template = {**profile, "chat_template_sha256": "b" * 64}
-    assert dataset_inputs(dataset, template, {"temperature": 1.0}, None, str)["digest"] != base["digest"]
-    assert dataset_inputs(dataset, profile, {"temperature": 1.0}, 5, str)["digest"] != base["digest"]
+    assert dataset_inputs(dataset, template, {"temperature": 1.0}, None, digests(dataset))["digest"] != base["digest"]
+    assert dataset_inputs(dataset, profile, {"temperature": 1.0}, 5, digests(dataset))["digest"] != base["digest"]
 
 
 def test_a_hub_dataset_at_no_pinned_revision_is_never_taken_as_unchanged() -> None:
@@ -115,8 +125,8 @@ def test_a_hub_dataset_at_no_pinned_revision_is_never_taken_as_unchanged() -> No
 
     unpinned = DatasetConfig(hf={"id": "org/prompts"})
     pinned = DatasetConfig(hf={"id": "org/prompts", "revision": "abc123"})
-    assert dataset_inputs(unpinned, {}, {}, None, str)["digest"] is None
-    assert dataset_inputs(pinned, {}, {}, None, str)["sources"] == {"hf://org/prompts": "abc123"}
+    assert dataset_inputs(unpinned, {}, {}, None, digests(unpinned))["digest"] is None
+    assert dataset_inputs(pinned, {}, {}, None, digests(pinned))["sources"] == {"hf://org/prompts": "abc123"}
 
 
 def test_an_s3_source_is_identified_by_its_etag(s3_client: Any) -> None:
@@ -125,9 +135,9 @@ def test_an_s3_source_is_identified_by_its_etag(s3_client: Any) -> None:
     s3_client.create_bucket(Bucket="nightly-src")
     s3_client.put_object(Bucket="nightly-src", Key="p/a.jsonl", Body=b'{"prompt": "hi"}\n')
     dataset = DatasetConfig(paths=["s3://nightly-src/p/*.jsonl"])
-    before = dataset_inputs(dataset, {}, {}, None, str, lambda: s3_client)
+    before = dataset_inputs(dataset, {}, {}, None, source_digests(dataset, str, lambda: s3_client))
     s3_client.put_object(Bucket="nightly-src", Key="p/a.jsonl", Body=b'{"prompt": "hello"}\n')
-    after = dataset_inputs(dataset, {}, {}, None, str, lambda: s3_client)
+    after = dataset_inputs(dataset, {}, {}, None, source_digests(dataset, str, lambda: s3_client))
     assert list(before["sources"]) == ["s3://nightly-src/p/a.jsonl"]
     assert before["digest"] != after["digest"]
 
@@ -175,10 +185,10 @@ def test_fields_added_to_the_dataset_config_leave_earlier_digests_alone(deployme
 
     plain = DatasetConfig(paths=[str(deployment / "B1.jsonl")], format="openai_messages")
     sampled = plain.model_copy(update={"samples_per_prompt": 3})
-    digest = [dataset_inputs(c, {}, {}, None, str)["digest"] for c in (plain, sampled)]
+    digest = [dataset_inputs(c, {}, {}, None, digests(c))["digest"] for c in (plain, sampled)]
     later = {"samples_per_prompt", "temperatures", "tool_result_names"}
     before = plain.model_dump(mode="json", exclude={"description", *later})
-    assert dataset_inputs(plain, {}, {}, None, str)["dataset"] == before
+    assert dataset_inputs(plain, {}, {}, None, digests(plain))["dataset"] == before
     assert digest[0] != digest[1]
 
 

@@ -15,8 +15,7 @@ import yaml
 from regen import pipeline
 from regen.chat import ChatRenderer
 from regen.config import Sampling
-from regen.run_report import sglang_version_warnings
-from regen.sglang.parity import PROVEN_SGLANG_VERSION
+from regen.sglang.parity import PROVEN_SGLANG_VERSION, sglang_version_warnings
 from regen.sglang.server_check import check_fleet
 from tests.conftest import ROOT, Simulator, start_simulator
 

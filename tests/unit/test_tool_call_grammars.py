@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 from regen.chat import ChatRenderer
 from regen.config import load_config
+from regen.judge import FLAG_NO_REASONING_END, OK, judge
 from regen.profiles import TaggedCalls
 from regen.records import RawAnswer, text_digest
 from regen.simulator.defects import BY_NAME, DEFECTS, DefectModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel
 from regen.tool_calls import read_tagged, write_tagged
-from regen.validate import FLAG_NO_REASONING_END, OK, judge
 
 TOOLS = frozenset({"get_weather"})
 XML_CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"

@@ -14,9 +14,9 @@ import msgspec
 import pytest
 
 from regen.chat import ChatRenderer
+from regen.judge import FLAG_NO_REASONING_END, OK, judge
 from regen.reasons import Reason
 from regen.records import RawAnswer, text_digest
-from regen.validate import FLAG_NO_REASONING_END, OK, judge
 
 TOOLS = frozenset({"get_weather"})
 CALL = (

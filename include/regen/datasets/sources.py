@@ -22,7 +22,7 @@ from typing import IO, Any
 from regen.config import DatasetConfig, HubDataset
 from regen.errors import FinalError
 from regen.reasons import Reason
-from regen.storage import READ_BUFFER, LocalStorage, Locator, S3ClientFactory
+from regen.storage import READ_BUFFER, LocalStorage, Locator, S3ClientFactory, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -372,3 +372,24 @@ def iter_rows(
             yield BadRow(index, value[0], problem.reason, str(problem))
         else:
             yield SourceRow(index, *value)
+
+
+def source_digests(
+    config: DatasetConfig, resolve_path: Callable[[str], str], s3_client: S3ClientFactory | None = None
+) -> dict[str, str] | None:
+    """Each source file's content identity: sha256 of a local file, the ETag of an S3 object (S3 computes it from the
+    content), every file of a `save_to_disk` folder. None when it cannot be known (a hub dataset at no pinned
+    revision): such a dataset is never taken as unchanged."""
+    if config.hf is not None:
+        if config.hf.path is not None:
+            folder = Path(resolve_path(config.hf.path))
+            if not folder.is_dir():
+                return None  # prepare says it is missing, with its own message
+            return {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+        return {f"hf://{config.hf.id}": config.hf.revision} if config.hf.revision else None
+    locate = Locator(s3_client)
+    digests: dict[str, str] = {}
+    for file in expand_files([resolve_path(p) for p in config.paths or []], locate):
+        storage, key = locate(file.uri)
+        digests[file.uri] = storage.content_id(key)
+    return digests

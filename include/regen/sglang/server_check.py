@@ -26,13 +26,13 @@ import aiohttp
 
 from regen.chat import ChatRenderer
 from regen.errors import FinalError
+from regen.judge import judge
 from regen.reasons import Reason
 from regen.records import RawAnswer, text_digest
-from regen.run_report import sglang_version_warnings
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
 from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens, redact_url
-from regen.validate import judge
+from regen.sglang.parity import sglang_version_warnings
 
 log = logging.getLogger(__name__)
 PROBES = (

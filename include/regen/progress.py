@@ -1,0 +1,74 @@
+"""A generating shard's numbers: what its progress lines log, what the UI reads beside its checkpoints, and its
+GenerationReport."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from regen.manifest import GenerationReport, ShardManifest
+from regen.sglang.client import Generation, SGLangClient
+
+log = logging.getLogger(__name__)
+
+
+class Progress:
+    """The numbers behind the progress lines and the shard's GenerationReport."""
+
+    def __init__(self, shard: ShardManifest, total: int, already: int) -> None:
+        self.shard, self.total, self.done, self.already = shard, total, already, already
+        self.started_at, self.started = time.time(), time.monotonic()
+        self.answered = self.output_tokens = self.prompt_tokens = self.cached_tokens = 0
+        self.request_seconds = 0.0
+
+    def answer(self, generation: Generation) -> None:
+        self.done += 1
+        self.answered += 1
+        self.output_tokens += len(generation.output_ids)
+        self.prompt_tokens += int(generation.meta_info.get("prompt_tokens") or 0)
+        self.cached_tokens += int(generation.meta_info.get("cached_tokens") or 0)
+
+    def log_line(self, client: SGLangClient) -> None:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = self.answered / elapsed
+        eta = (self.total - self.done) / rate if rate else float("inf")
+        log.info(
+            "%s %s: %d/%d done, %d in flight, %.2f req/s, %.0f output tok/s, retries %s, ETA %.0fs",
+            self.shard.location.dataset,
+            self.shard.name,
+            self.done,
+            self.total,
+            client.pool.in_flight,
+            rate,
+            self.output_tokens / elapsed,
+            dict(client.stats.retries_by_cause),
+            eta,
+        )
+
+    def status(self, client: SGLangClient, concurrency: int, flushed: int) -> dict[str, Any]:
+        """The shard's numbers as the UI shows them; `done` counts only what is checkpointed."""
+        return {
+            "total": self.total,
+            "done": self.already + flushed,
+            "answered": self.answered,
+            "started_at": self.started_at,
+            "updated_at": time.time(),
+            "in_flight": client.pool.in_flight,
+            "concurrency": concurrency,
+            "requests": client.stats.requests,
+            "retries_by_cause": dict(client.stats.retries_by_cause),
+        }
+
+    def report(self, client: SGLangClient) -> GenerationReport:
+        return GenerationReport(
+            started_at=self.started_at,
+            finished_at=time.time(),
+            requests=client.stats.requests,
+            answered=self.answered,
+            request_seconds=round(client.stats.request_seconds, 3),
+            output_tokens=self.output_tokens,
+            retries_by_cause=dict(client.stats.retries_by_cause),
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+        )
