@@ -5,10 +5,10 @@ BIN := $(VENV)/bin
 
 .PHONY: demo demo-s3 ui test test-fast test-parity lint sglang-env bench clean
 
-$(BIN)/.installed: requirements.txt constraints.txt pyproject.toml
+$(BIN)/.installed: requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.txt -c constraints.txt -e .
+	$(BIN)/pip install --quiet -r requirements-dev.txt -c constraints.txt -e .
 	touch $@
 
 demo: $(BIN)/.installed  ## run eagle3_regen through Airflow on the sample datasets, results under var/storage
@@ -40,6 +40,7 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf var .pytest_cache .ruff_cache

@@ -24,7 +24,6 @@ from regen.storage import Storage, read_table
 
 PERCENTILES = (50, 90, 99)
 HISTOGRAM_BINS = 20
-LENGTHS = ("prompt", "reasoning", "answer", "output")
 
 
 def read_verdicts(storage: Storage, shards: list[ShardManifest]) -> pa.Table:

@@ -1,4 +1,4 @@
-"""Stage 5: validated raw answers -> training records, for the train/ split and the flagged truncated/ split.
+"""The export stage: validated raw answers -> training records, for the train/ split and the flagged truncated/ split.
 
 Only records that passed validation are read here (validate wrote the rest to rejected/). A training record is the
 prompt ids then the output ids, untouched, with a loss mask that is the generation boundary. Records are built as

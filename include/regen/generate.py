@@ -1,4 +1,4 @@
-"""Stage 3: one shard of prompts -> raw answers, kept exactly as /generate returned them.
+"""The generate stage: one shard of prompts -> raw answers, kept exactly as /generate returned them.
 
 Durable and exactly-once per sample id: finished answers (and permanent rejections) are flushed to small part files
 at least every `checkpoint_s` seconds; a retried or cleared task reads the parts and requests only what is missing,

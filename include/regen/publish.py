@@ -1,5 +1,5 @@
-"""Stage 6: a dataset version becomes visible. `manifest.json` is written last, only when every shard is finished
-and the verifier has read the version's files and records back whole.
+"""The publish stage: a dataset version becomes visible. `manifest.json` is written last, only when every shard is
+finished and the verifier has read the version's files and records back whole.
 
 Before it: the dataset's report (report.json, report.html and its plots) beside where the manifest goes. The manifest
 names every file of the version with its sha256 and size, the splits, the counts of every stage, and exactly which

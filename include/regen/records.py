@@ -89,11 +89,6 @@ def iter_raw_file(path: Path) -> Iterator[RawAnswer]:
             yield decode_answer(line)
 
 
-def build_training_record(prompt_ids: list[int], output_ids: list[int]) -> tuple[list[int], list[int]]:
-    """The one rule: the sequence is prompt_ids + output_ids untouched, the mask is the generation boundary."""
-    return [*prompt_ids, *output_ids], [0] * len(prompt_ids) + [1] * len(output_ids)
-
-
 class ShardPrompts:
     """A shard's prompts table, indexed by sample id; prompt ids are served as numpy views of one flat buffer.
 

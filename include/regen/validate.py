@@ -1,4 +1,4 @@
-"""Stage 4, validate: every raw answer of a shard judged on its ids (regen.judge), each verdict written with its
+"""The validate stage: every raw answer of a shard judged on its ids (regen.judge), each verdict written with its
 lengths and flags, rejections filed with their reasons; a sample of prompts rendered again to catch a template that
 moved since prepare, and a sample of answers re-tokenised to measure what a text pipeline would corrupt.
 """

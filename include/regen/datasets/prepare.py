@@ -1,4 +1,4 @@
-"""Stage 1: a dataset source -> normalised, deduplicated, tokenised prompt shards in storage.
+"""The prepare stage: a dataset source -> normalised, deduplicated, tokenised prompt shards in storage.
 
 Every row read is accounted for: it becomes prompts (one per regenerated turn) or a rejection with its reason in
 `rejected/prepare.jsonl`, and `total == kept + dropped` counts prompts (in the default `turns: final` mode, one per

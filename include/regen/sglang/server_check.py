@@ -1,4 +1,5 @@
-"""Stage 2: before any GPU time goes into shards, prove every endpoint serves the profile's model correctly.
+"""The check_server stage: before any GPU time goes into shards, prove every endpoint serves the profile's model
+correctly.
 
 An endpoint is an SGLang server or an sglang-router in front of several. Each must answer /health (within a
 deadline; at once when nothing listens there), report a model that the profile accepts in /get_model_info (a router

@@ -1,0 +1,109 @@
+"""The project's one I/O layer: a storage root, local directory or S3 prefix, addressed by relative keys. The
+pipeline's output and the datasets' sources are both read through it (`Locator` finds the storage of any URI), with
+one S3 client factory, so credentials, endpoint and retries are set in one place.
+
+Writes are all-or-nothing: a local file appears by atomic rename, an S3 object by a single PUT or a completed
+multipart upload. Every write returns the SHA-256 of what was written, which manifests record; S3 additionally checks
+the upload with its own SHA-256 checksum.
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from regen.storage.base import (
+    CHUNK,
+    READ_BUFFER,
+    KeyExists,
+    S3ClientFactory,
+    Storage,
+    StoredObject,
+    is_not_found,
+    read_table,
+    sha256_file,
+    write_table,
+)
+from regen.storage.local import LocalStorage
+from regen.storage.s3 import S3Config, S3Storage, default_s3_client, explain_s3_error, s3_client_config
+
+__all__ = [
+    "CHUNK",
+    "READ_BUFFER",
+    "KeyExists",
+    "LocalStorage",
+    "Locator",
+    "S3ClientFactory",
+    "S3Config",
+    "S3Storage",
+    "Storage",
+    "StoredObject",
+    "check_writable",
+    "default_s3_client",
+    "explain_s3_error",
+    "is_not_found",
+    "open_storage",
+    "read_table",
+    "s3_client_config",
+    "sha256_file",
+    "write_table",
+]
+
+
+def open_storage(root_uri: str, s3_client: Any = None) -> Storage:
+    """`s3://bucket/prefix` or a local directory. S3 needs a boto3 client (from an Airflow connection, say)."""
+    parsed = urlparse(root_uri)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ValueError(f"storage root {root_uri!r}: write s3://bucket/prefix")
+        return S3Storage(parsed.netloc, parsed.path, s3_client or default_s3_client())
+    if parsed.scheme not in ("", "file"):
+        raise ValueError(f"storage root {root_uri!r}: only s3:// URIs and local directories are supported")
+    return LocalStorage(Path(parsed.path if parsed.scheme == "file" else root_uri))
+
+
+class Locator:
+    """The storage that holds any URI (a local path, file:// or s3://bucket/key) and the URI's key there. Every
+    s3:// URI is read with one client, made on first use by the caller's factory (an Airflow connection's, say) or
+    from boto3's defaults."""
+
+    def __init__(self, s3_client: S3ClientFactory | None = None) -> None:
+        self._factory = s3_client
+        self._client: Any = None
+
+    def __call__(self, uri: str) -> tuple[Storage, str]:
+        # Split by hand: urlparse would read a glob's `?` as the start of a query.
+        scheme, _, rest = uri.partition("://") if "://" in uri else ("", "", uri)
+        if scheme == "s3":
+            bucket, _, key = rest.partition("/")
+            if not bucket:
+                raise ValueError(f"{uri!r}: write s3://bucket/key")
+            if self._client is None:
+                self._client = self._factory() if self._factory is not None else default_s3_client()
+            return S3Storage(bucket, "", self._client), key.lstrip("/")
+        if scheme not in ("", "file"):
+            raise ValueError(f"{uri!r}: only local paths and s3:// URIs are supported")
+        path = Path(rest).absolute()
+        return LocalStorage(Path(path.anchor)), path.relative_to(path.anchor).as_posix()
+
+    def expand(self, pattern: str) -> list[str]:
+        """The URIs of the files a glob matches, sorted (`**` spans folders); a pattern without wildcards names one
+        file, listed when it exists."""
+        storage, key = self(pattern)
+        if not glob.has_magic(key):
+            return [storage.uri(key)] if storage.exists(key) else []
+        return [storage.uri(k) for k in storage.glob(key)]
+
+
+def check_writable(storage: Storage, key: str) -> None:
+    """Write and delete a small object: a storage root that cannot take the run's output fails now, not after the
+    GPUs did the work."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        storage.put_bytes(key, b"write check\n")
+        storage.delete(key)
+    except (OSError, ValueError, BotoCoreError, ClientError) as e:
+        raise PermissionError(explain_s3_error(storage.root_uri, e)) from e

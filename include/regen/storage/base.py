@@ -1,0 +1,97 @@
+"""What every storage backend is (the `Storage` protocol) and what works on any of them."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, NamedTuple, Protocol
+
+CHUNK = 8 * 1024 * 1024
+READ_BUFFER = 1024 * 1024  # what a stream opened for reading fetches at a time
+S3ClientFactory = Callable[[], Any]  # makes the boto3 client: from an Airflow connection, or boto3's defaults
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class StoredObject(NamedTuple):
+    """One file of a listing: its key, size in bytes and when it was last written (seconds since the epoch)."""
+
+    key: str
+    size: int
+    mtime: float
+
+
+class Storage(Protocol):
+    root_uri: str
+
+    def uri(self, key: str) -> str: ...
+    def exists(self, key: str) -> bool: ...
+    def put_bytes(self, key: str, data: bytes) -> str: ...
+    def create(self, key: str, data: bytes) -> str: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def read_start(self, key: str, size: int) -> bytes: ...
+    def put_file(self, key: str, path: Path) -> str: ...
+    def get_file(self, key: str, path: Path) -> None: ...
+    def list_keys(self, prefix: str) -> list[str]: ...
+    def list_objects(self, prefix: str) -> list[StoredObject]: ...
+    def delete(self, key: str) -> None: ...
+    def size(self, key: str) -> int: ...
+    def iter_chunks(self, key: str) -> Iterator[bytes]: ...
+    def open(self, key: str) -> IO[bytes]: ...
+    def content_id(self, key: str) -> str: ...
+    def glob(self, pattern: str) -> list[str]: ...
+    def folders(self, prefix: str) -> list[str]: ...
+
+
+class KeyExists(Exception):
+    """`create` found the key written already: another writer got there first."""
+
+
+def is_not_found(error: Exception) -> bool:
+    """A key that is not there, on either backend: a missing local file, or S3's 404 (HEAD) and NoSuchKey (GET)."""
+    if isinstance(error, FileNotFoundError):
+        return True
+    response = getattr(error, "response", None) or {}
+    return response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
+
+
+def segments_match(pattern: list[str], key: list[str]) -> bool:
+    """Glob semantics on `/`-separated keys: `*` stays within a segment, `**` spans any number of them."""
+    if not pattern:
+        return not key
+    if pattern[0] == "**":
+        return any(segments_match(pattern[1:], key[i:]) for i in range(len(key) + 1))
+    return bool(key) and fnmatch.fnmatchcase(key[0], pattern[0]) and segments_match(pattern[1:], key[1:])
+
+
+def read_table(storage: Storage, key: str, columns: list[str] | None = None, optional: tuple[str, ...] = ()) -> Any:
+    """A stored Parquet file as an Arrow table, through a local copy (Parquet needs random access). `optional`:
+    columns read too where the file has them (files written before they existed do not)."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(prefix="regen-read-") as tmp:
+        path = Path(tmp) / "table.parquet"
+        storage.get_file(key, path)
+        if columns is not None and optional:
+            present = pq.read_schema(path).names
+            columns = [*columns, *(c for c in optional if c in present and c not in columns)]
+        return pq.read_table(path, columns=columns)
+
+
+def write_table(storage: Storage, key: str, table: Any, **options: Any) -> str:
+    """An Arrow table stored as zstd Parquet (`options` go to pyarrow's writer); returns its sha256."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(prefix="regen-write-") as tmp:
+        path = Path(tmp) / "table.parquet"
+        pq.write_table(table, path, compression="zstd", **options)
+        return storage.put_file(key, path)

@@ -1,0 +1,187 @@
+"""A storage root on a local (or mounted) file system. A file appears whole by an atomic rename of a synced
+temporary file beside it; `create` links it into place, which fails if a file of that name exists."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from regen.storage.base import CHUNK, KeyExists, StoredObject, sha256_file
+
+
+def _staged(target: Path, chunks: Iterable[bytes]) -> tuple[str, str]:
+    """The chunks in a synced temporary file beside the target, with the mode a new file gets: its path, sha256."""
+    fd, tmp = _temporary_beside(target)
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                digest.update(chunk)
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp, digest.hexdigest()
+
+
+def _temporary_beside(target: Path) -> tuple[int, str]:
+    """A temporary file in the target's folder, made if needed (again, if a delete beside it just removed it empty)."""
+    for attempt in range(3):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _file_mode() -> int:
+    """What a new file gets under the process's umask, as open() gives it (mkstemp would give 0600: only its owner
+    could read a published version)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+FILE_MODE = _file_mode()
+
+
+class LocalStorage:
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.root_uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if not path.is_relative_to(self.root):
+            raise ValueError(f"key {key!r} escapes the storage root")
+        return path
+
+    def uri(self, key: str) -> str:
+        return str(self._path(key))
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def _write_atomically(self, key: str, chunks: Iterable[bytes]) -> str:
+        """Written to a temporary file beside the target, synced, then renamed: readers see all or nothing."""
+        target = self._path(key)
+        tmp, digest = _staged(target, chunks)
+        try:
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return digest
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        return self._write_atomically(key, [data])
+
+    def create(self, key: str, data: bytes) -> str:
+        """Written only if the key is not there: the whole file linked into place in one step, which fails when a
+        file of that name exists (two writers of one key: exactly one succeeds, the other gets KeyExists)."""
+        target = self._path(key)
+        tmp, digest = _staged(target, [data])
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            raise KeyExists(f"{target} exists already") from None
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return digest
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def read_start(self, key: str, size: int) -> bytes:
+        """The file's first `size` bytes (all of it when it is shorter): a reader that caps what it takes asks
+        for one byte more than its cap, and never holds more."""
+        with self._path(key).open("rb") as f:
+            return f.read(max(size, 0))
+
+    def put_file(self, key: str, path: Path) -> str:
+        with path.open("rb") as src:
+            return self._write_atomically(key, iter(lambda: src.read(CHUNK), b""))
+
+    def get_file(self, key: str, path: Path) -> None:
+        shutil.copyfile(self._path(key), path)  # streamed: a shard's file need not fit in memory
+
+    def list_keys(self, prefix: str) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        if base.is_file():
+            return [prefix]
+        if not base.is_dir():
+            return []
+        return sorted(
+            str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".tmp-")
+        )
+
+    def list_objects(self, prefix: str) -> list[StoredObject]:
+        """Every file under `prefix` with its size and modification time, sorted by key: one walk of the folder,
+        a stat per file from the directory scan (what an S3 listing gives with each key)."""
+        base = self._path(prefix) if prefix else self.root
+        found: list[StoredObject] = []
+        folders = [base] if base.is_dir() else []
+        while folders:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(Path(entry.path))
+                    elif entry.is_file() and not entry.name.startswith(".tmp-"):
+                        stat = entry.stat()
+                        key = Path(entry.path).relative_to(self.root).as_posix()
+                        found.append(StoredObject(key, stat.st_size, stat.st_mtime))
+        if base.is_file():
+            stat = base.stat()
+            found.append(StoredObject(prefix, stat.st_size, stat.st_mtime))
+        return sorted(found)
+
+    def delete(self, key: str) -> None:
+        """The file, and the folders it leaves empty (a shard's checkpoints, once merged), up to the root."""
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        for folder in path.parents:
+            if folder == self.root or not folder.is_relative_to(self.root):
+                break
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (or gone already): the folders above it are not empty either
+                break
+
+    def size(self, key: str) -> int:
+        return self._path(key).stat().st_size
+
+    def iter_chunks(self, key: str) -> Iterator[bytes]:
+        with self._path(key).open("rb") as f:
+            while chunk := f.read(CHUNK):
+                yield chunk
+
+    def open(self, key: str) -> IO[bytes]:
+        return self._path(key).open("rb")
+
+    def content_id(self, key: str) -> str:
+        """The file's sha256."""
+        return sha256_file(self._path(key))
+
+    def folders(self, prefix: str) -> list[str]:
+        """The names of the folders directly under `prefix` (a key ending in `/`), sorted."""
+        base = self._path(prefix) if prefix else self.root
+        if not base.is_dir():
+            return []
+        with os.scandir(base) as entries:  # the entry's type from the directory itself: no stat per folder
+            return sorted(entry.name for entry in entries if entry.is_dir())
+
+    def glob(self, pattern: str) -> list[str]:
+        """Keys of the files matching a glob (`**` spans folders), sorted; walks only the folders it must."""
+        matches = glob.glob(str(self.root / pattern), recursive=True)
+        return sorted(str(Path(m).relative_to(self.root)) for m in matches if Path(m).is_file())
