@@ -20,9 +20,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from regen.chat import ChatRenderer, TokenRoles
 from regen.profiles import lookup
 from regen.simulator.__main__ import defect_model, main, parse_args
+from regen.simulator.app import build_app
 from regen.simulator.defects import BY_NAME, DEFECT_KINDS, DEFECTS, OUT_OF_VOCAB_ID, DefectModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel, typescript_functions
-from regen.simulator.server import LatencyModel, SimulatorState, build_app
+from regen.simulator.server import LatencyModel, SimulatorState
 from regen.tool_calls import ToolCallIds
 from tests.conftest import Simulator, start_simulator
 

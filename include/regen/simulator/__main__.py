@@ -11,10 +11,11 @@ from aiohttp import web
 from regen.chat import ChatRenderer, TokenRoles
 from regen.config import find_profile
 from regen.sglang.parity import PROVEN_SGLANG_VERSION
+from regen.simulator.app import build_app
 from regen.simulator.defects import DEFECTS, DefectModel
 from regen.simulator.faults import FaultModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel
-from regen.simulator.server import LatencyModel, SimulatorState, build_app
+from regen.simulator.server import LatencyModel, SimulatorState
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
