@@ -22,6 +22,8 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -148,16 +150,25 @@ def best_of(runs: int, fn: Any) -> tuple[float, Any]:
     return min(t for t, _ in results), results[-1][1]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def records_wanted(argv: list[str] | None, doc: str | None) -> int:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=3000)
-    args = parser.parse_args(argv)
+    return int(parser.parse_args(argv).records)
+
+
+@contextmanager
+def built_shard(records: int, prefix: str) -> Iterator[tuple[Path, ChatRenderer, LocalStorage, ShardManifest]]:
+    """A folder, the mini profile's renderer, and one shard of `records` records (build_shard) in a root there."""
     renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
-    with tempfile.TemporaryDirectory(prefix="bench-validate-") as tmp:
-        root = Path(tmp) / "root"
-        print(f"building {args.records} records ...", flush=True)
-        storage, shard = build_shard(root, renderer, args.records)
-        old_raw_bytes = int((Path(tmp) / "old_raw_bytes").read_text())
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        print(f"building {records} records ...", flush=True)
+        storage, shard = build_shard(Path(tmp) / "root", renderer, records)
+        yield Path(tmp), renderer, storage, shard
+
+
+def main(argv: list[str] | None = None) -> None:
+    with built_shard(records_wanted(argv, __doc__), "bench-validate-") as (tmp, renderer, storage, shard):
+        old_raw_bytes = int((tmp / "old_raw_bytes").read_text())
         core = ValidateSettings(
             render_check_fraction=1e-9, render_check_minimum=0, retokenize_fraction=0.0, retokenize_minimum=0
         )
@@ -189,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         drift_cost = t_with_drift - t_validate
         share = drift_cost / pair
         print(f"re-tokenisation drift sample (5%, >=16): +{drift_cost:.2f} s CPU ({share:.2f}x of validate+export)")
-        version = root / shard.location.prefix
+        version = tmp / "root" / shard.location.prefix
         sizes = {
             folder: sum(f.stat().st_size for f in (version / folder).rglob("*") if f.is_file())
             for folder in ("prompts", "raw", "train", "reports")

@@ -13,11 +13,9 @@ Each prints MB/s of the version's bytes and its ratio to sha256sum's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,11 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_validate import build_shard  # noqa: E402
+from bench_validate import built_shard, records_wanted  # noqa: E402
 
-from regen.chat import ChatRenderer  # noqa: E402
 from regen.export import run_export  # noqa: E402
-from regen.profiles import lookup  # noqa: E402
 from regen.publish import shard_entries  # noqa: E402
 from regen.storage import sha256_file  # noqa: E402
 from regen.validate import ValidateSettings, run_validate  # noqa: E402
@@ -47,13 +43,8 @@ def best_of(runs: int, fn: object) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=3000)
-    args = parser.parse_args(argv)
-    renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
-    with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:
-        root = Path(tmp) / "root"
-        storage, shard = build_shard(root, renderer, args.records)
+    records = records_wanted(argv, __doc__)
+    with built_shard(records, "bench-verify-") as (_, renderer, storage, shard):
         shard = run_export(run_validate(shard, storage, renderer, ValidateSettings(retokenize_fraction=0)), storage)
         location = shard.location
         written = [shard.prompts_key, str(shard.raw_key)]  # prepare's and generate's, written by build_shard
@@ -62,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
             "dataset": location.dataset,
             "version": location.version,
             "root": storage.root_uri,
+            "profile": {"name": location.profile},
             "token_roles": renderer.roles.as_record(),
             "records": shard.stats["export"].kept,
             "shards": shard_entries([shard]),
@@ -72,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         manifest_path.write_text(json.dumps(manifest))
         paths = [storage.uri(key) for key in files]
         megabytes = sum(manifest["sizes"].values()) / 1e6
-        print(f"$ python bench/bench_verify.py --records {args.records}")
+        print(f"$ python bench/bench_verify.py --records {records}")
         print(f"version: {len(files)} files, {megabytes:.1f} MB, {manifest['records']} records")
 
         floor = best_of(3, lambda: subprocess.run(["sha256sum", *paths], check=True, capture_output=True))

@@ -78,6 +78,12 @@ class Simulator:
         self.process.kill()
         self.process.wait(10)
 
+    def __enter__(self) -> Simulator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 def start_simulator(folder: Path, *args: str, port: int | None = None) -> Simulator:
     port = port or free_port()

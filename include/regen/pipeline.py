@@ -118,17 +118,9 @@ def check_server(run: RunSpec, api_keys: ApiKeys = NO_KEYS) -> list[dict[str, An
 def generate_shard(
     run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None, api_keys: ApiKeys = NO_KEYS
 ) -> dict[str, Any]:
-    settings = GenerateSettings(
-        api_keys=api_keys,
-        endpoints=run.endpoints,
-        sampling_params=run.sampling,
-        concurrency=run.concurrency,
-        request_timeout_s=run.request_timeout_s,
-        max_attempts=run.max_attempts,
-        fleet_wait_s=run.fleet_wait_s,
-        checkpoint_every=run.checkpoint_every,
-        checkpoint_s=run.checkpoint_s,
-    )
+    from_run = {"endpoints", "concurrency", "request_timeout_s", "max_attempts", "fleet_wait_s", "checkpoint_every"}
+    from_run |= {"checkpoint_s"}
+    settings = GenerateSettings(api_keys=api_keys, sampling_params=run.sampling, **run.model_dump(include=from_run))
     manifest = ShardManifest.from_dict(shard)
     # Only an on-policy shard (prepare counted its turns) renders prompts as it goes: other shards never load the
     # tokenizer here.

@@ -100,15 +100,18 @@ async def runs(profile: str | None = None, page: int = PAGE) -> list[dict[str, A
 
 
 async def _version(profile: str | None, dataset: str, version: str) -> dict[str, Any]:
+    return await _of_dataset(profile, dataset, ("version", version), lambda c: c.version(dataset, version))
+
+
+async def _of_dataset(
+    profile: str | None, dataset: str, what: tuple[str, ...], read: Callable[[Any], Any]
+) -> dict[str, Any]:
+    """`read(catalog)` of a configured dataset, cached; a dataset or version that is not there is a 404."""
     config, chosen, names = _where(profile)
     if dataset not in names:
         raise HTTPException(404, f"unknown dataset {dataset!r}")
     try:
-        return dict(
-            await _cached(
-                ("version", chosen, dataset, version), lambda: _catalog(config, chosen).version(dataset, version)
-            )
-        )
+        return dict(await _cached((*what, chosen, dataset), lambda: read(_catalog(config, chosen))))
     except (LookupError, ValueError) as e:
         raise HTTPException(404, str(e)) from e
 
@@ -120,18 +123,7 @@ async def version(dataset: str, version: str, profile: str | None = None) -> dic
 
 
 async def _compare(profile: str | None, dataset: str, before: str, after: str) -> dict[str, Any]:
-    config, chosen, names = _where(profile)
-    if dataset not in names:
-        raise HTTPException(404, f"unknown dataset {dataset!r}")
-    try:
-        return dict(
-            await _cached(
-                ("compare", chosen, dataset, before, after),
-                lambda: _catalog(config, chosen).compare(dataset, before, after),
-            )
-        )
-    except (LookupError, ValueError) as e:
-        raise HTTPException(404, str(e)) from e
+    return await _of_dataset(profile, dataset, ("compare", before, after), lambda c: c.compare(dataset, before, after))
 
 
 @app.get("/api/compare")

@@ -25,9 +25,8 @@ KEY = "sk-fleet-7f3a9c"
 
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
-    sim = start_simulator(tmp_path_factory.mktemp("locked"), "--api-key", KEY)
-    yield sim
-    sim.stop()
+    with start_simulator(tmp_path_factory.mktemp("locked"), "--api-key", KEY) as sim:
+        yield sim
 
 
 def test_the_simulator_checks_keys_as_sglang_does(locked: Simulator) -> None:

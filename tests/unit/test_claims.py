@@ -125,9 +125,8 @@ except Exception as e:
 
 @pytest.fixture(scope="module")
 def slow_simulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
-    sim = start_simulator(tmp_path_factory.mktemp("slow"), "--decode-ms-per-token", "2")
-    yield sim
-    sim.stop()
+    with start_simulator(tmp_path_factory.mktemp("slow"), "--decode-ms-per-token", "2") as sim:
+        yield sim
 
 
 def test_two_processes_writing_one_version_at_once_publish_it_exactly_once(

@@ -160,9 +160,8 @@ def test_an_on_policy_conversation_is_one_prompt_carrying_the_rest() -> None:
 @pytest.fixture(scope="module")
 def quirky_simulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
     """A simulator that sometimes calls without closing its reasoning (Kimi's quirk), as the real model does."""
-    sim = start_simulator(tmp_path_factory.mktemp("sim"), "--omit-think-end-rate", "0.3")
-    yield sim
-    sim.stop()
+    with start_simulator(tmp_path_factory.mktemp("sim"), "--omit-think-end-rate", "0.3") as sim:
+        yield sim
 
 
 def test_on_policy_run_renders_each_turn_from_the_regenerated_answers(

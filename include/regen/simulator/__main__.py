@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -105,16 +106,7 @@ def build_state(args: argparse.Namespace) -> SimulatorState:
         max_running=args.max_running,
         warmup_s=args.warmup_s,
     )
-    fault_model = FaultModel(
-        http_500_rate=args.http_500_rate,
-        http_503_rate=args.http_503_rate,
-        reset_rate=args.reset_rate,
-        hang_rate=args.hang_rate,
-        abort_rate=args.abort_rate,
-        slow_rate=args.slow_rate,
-        slow_s=args.slow_s,
-        hang_s=args.hang_s,
-    )
+    fault_model = FaultModel(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FaultModel)})  # same names
     model = SimulatedModel(profile, behaviour)
     return SimulatorState(
         model, profile, latency, args.context_length, args.record, fault_model, args.fault_seed, args.sglang_version
