@@ -74,6 +74,7 @@ class GenerationReport:
     tries: int = 1  # task tries that sent requests
     prompt_tokens: int = 0  # of the answers received, as the server counted them (meta_info)
     cached_tokens: int = 0  # of those, what the server's prefix cache held (meta_info.cached_tokens): not prefilled
+    ejections: int = 0  # endpoints ejected by the outlier detection (regen.sglang.fleet)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GenerationReport:
@@ -97,6 +98,7 @@ class GenerationReport:
             tries=sum(t.tries for t in tries),
             prompt_tokens=sum(t.prompt_tokens for t in tries),
             cached_tokens=sum(t.cached_tokens for t in tries),
+            ejections=sum(t.ejections for t in tries),
         )
 
 

@@ -34,7 +34,7 @@ class Progress:
         rate = self.answered / elapsed
         eta = (self.total - self.done) / rate if rate else float("inf")
         log.info(
-            "%s %s: %d/%d done, %d in flight, %.2f req/s, %.0f output tok/s, retries %s, ETA %.0fs",
+            "%s %s: %d/%d done, %d in flight, %.2f req/s, %.0f output tok/s, retries %s, ejections %d, ETA %.0fs",
             self.shard.location.dataset,
             self.shard.name,
             self.done,
@@ -43,6 +43,7 @@ class Progress:
             rate,
             self.output_tokens / elapsed,
             dict(client.stats.retries_by_cause),
+            client.pool.ejections,
             eta,
         )
 
@@ -71,4 +72,5 @@ class Progress:
             retries_by_cause=dict(client.stats.retries_by_cause),
             prompt_tokens=self.prompt_tokens,
             cached_tokens=self.cached_tokens,
+            ejections=client.pool.ejections,
         )

@@ -1,8 +1,9 @@
-"""Endpoint routing, eviction after repeated failures, and re-admission when /health answers again."""
+"""Endpoint routing, outlier ejection (flaky kept, dead out), backpressure, and re-admission when /health answers."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 import socket
 from pathlib import Path
@@ -11,28 +12,43 @@ import aiohttp
 import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens, health_problem, readiness
+from regen.sglang.fleet import (
+    EndpointPool,
+    FleetUnavailable,
+    NothingListens,
+    OutlierPolicy,
+    health_problem,
+    readiness,
+)
 from tests.conftest import free_port, start_simulator
+
+FAST = OutlierPolicy(base_ejection_s=0.05)
+
+
+async def answer(pool: EndpointPool, url: str, cause: str | None) -> None:
+    """One request to `url` and its outcome, as the client reports it."""
+    endpoint = next(e for e in pool.endpoints if e.url == url)
+    endpoint.outstanding += 1  # as acquire() would
+    pool.release(endpoint, cause)
 
 
 async def _pool_scenario(tmp_path: Path, port: int) -> list[str]:
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as session:
-        pool = EndpointPool([url, "http://127.0.0.1:1"], session, evict_after=2, probe_interval_s=0.1, fleet_wait_s=30)
+        pool = EndpointPool([url, "http://127.0.0.1:1"], session, FAST, probe_interval_s=0.1, fleet_wait_s=30)
         events = []
         a = await pool.acquire()
         b = await pool.acquire()
         events.append(f"spread:{a.url != b.url}")  # least outstanding: one request each
-        pool.release(a, ok=True)
-        pool.release(b, ok=True)
+        pool.release(a, None)
+        pool.release(b, None)
         avoided = await pool.acquire(avoid=url)
         events.append(f"avoided:{avoided.url != url}")
-        pool.release(avoided, ok=True)
-        for endpoint in pool.endpoints:
-            for _ in range(2):
-                endpoint.outstanding += 1  # as acquire() would
-                pool.release(endpoint, ok=False)
-        events.append(f"evicted:{[e.evicted for e in pool.endpoints]}")
+        pool.release(avoided, None)
+        for endpoint in pool.endpoints:  # nothing answers anywhere: dead endpoints are out whatever the cap
+            for _ in range(FAST.dead_after):
+                await answer(pool, endpoint.url, "connection")
+        events.append(f"ejected:{[e.ejected for e in pool.endpoints]}")
         sim = await asyncio.to_thread(start_simulator, tmp_path, port=port)  # the endpoint comes back
         try:
             back = await asyncio.wait_for(pool.acquire(), timeout=30)
@@ -43,18 +59,19 @@ async def _pool_scenario(tmp_path: Path, port: int) -> list[str]:
         return events
 
 
-def test_eviction_and_readmission(tmp_path: Path) -> None:
+def test_dead_endpoints_are_ejected_and_readmitted_when_health_answers(tmp_path: Path) -> None:
     events = asyncio.run(_pool_scenario(tmp_path, free_port()))
-    assert events == ["spread:True", "avoided:True", "evicted:[True, True]", "readmitted:True"]
+    assert events == ["spread:True", "avoided:True", "ejected:[True, True]", "readmitted:True"]
 
 
 async def _dead_fleet() -> None:
     async with aiohttp.ClientSession() as session:
+        policy = OutlierPolicy(dead_after=1, base_ejection_s=0.01)
         pool = EndpointPool(
-            [f"http://127.0.0.1:{free_port()}"], session, evict_after=1, probe_interval_s=0.1, fleet_wait_s=0.5
+            [f"http://127.0.0.1:{free_port()}"], session, policy, probe_interval_s=0.1, fleet_wait_s=0.5
         )
         endpoint = await pool.acquire()
-        pool.release(endpoint, ok=False)
+        pool.release(endpoint, "connection")
         try:
             await pool.acquire()
         finally:
@@ -66,15 +83,110 @@ def test_a_dead_fleet_fails_with_a_clear_message() -> None:
         asyncio.run(_dead_fleet())
 
 
-def test_load_signals_do_not_evict() -> None:
-    async def scenario() -> bool:
-        async with aiohttp.ClientSession() as session:
-            pool = EndpointPool(["http://127.0.0.1:1"], session, evict_after=1)
-            endpoint = await pool.acquire()
-            pool.release(endpoint, ok=False, counts_against_endpoint=False)  # e.g. 503 queue full
-            return endpoint.evicted
+def flaky_outcomes(rng: random.Random, rate: float) -> str | None:
+    return rng.choice(["connection", "http_500", "timeout"]) if rng.random() < rate else None
 
-    assert asyncio.run(scenario()) is False
+
+def test_a_fleet_that_is_flaky_everywhere_is_kept_whole() -> None:
+    """21% of answers failing on every server, 20,000 answers: runs of several failures in a row happen, and
+    nobody is ejected, because nobody is worse than the rest."""
+
+    async def scenario() -> tuple[int, int]:
+        rng = random.Random(7)
+        async with aiohttp.ClientSession() as session:
+            pool = EndpointPool([f"http://127.0.0.1:{p}" for p in (1, 2, 3, 4)], session, FAST)
+            longest = 0
+            for _ in range(20_000):
+                endpoint = await pool.acquire()
+                pool.release(endpoint, flaky_outcomes(rng, 0.21))
+                longest = max(longest, endpoint.consecutive_failures)
+            await pool.close()
+            return pool.ejections, longest
+
+    ejections, longest_run = asyncio.run(scenario())
+    assert ejections == 0
+    assert longest_run >= 4  # what the old rule (3 in a row) ejected on
+
+
+def test_an_outlier_is_ejected_and_the_ejected_share_is_capped() -> None:
+    """Of 20 endpoints, 5 fail 70% of the time against 5% elsewhere: 2 at a time are out (10%, at least one), and a
+    repeat ejection lasts longer than the first."""
+
+    async def scenario() -> tuple[list[int], int, int]:
+        rng = random.Random(3)
+        urls = [f"http://127.0.0.1:{p}" for p in range(1, 21)]
+        async with aiohttp.ClientSession() as session:
+            pool = EndpointPool(urls, session, OutlierPolicy(base_ejection_s=30))
+            for _ in range(200):
+                for url in urls:
+                    await answer(pool, url, flaky_outcomes(rng, 0.7 if url in urls[:5] else 0.05))
+            ejected = [i for i, e in enumerate(pool.endpoints) if e.ejected]
+            healthy_ejections = sum(e.ejections for e in pool.endpoints[5:])
+            await pool.close()
+            return ejected, healthy_ejections, pool._ejected_now()
+
+    ejected, healthy_ejections, now = asyncio.run(scenario())
+    assert len(ejected) == 2 and set(ejected) <= {0, 1, 2, 3, 4}
+    assert healthy_ejections == 0 and now == 2
+
+
+def test_repeat_ejections_last_longer(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            pool = EndpointPool(["http://127.0.0.1:1"], session, OutlierPolicy(dead_after=2, base_ejection_s=10))
+            for _ in range(2):
+                endpoint = pool.endpoints[0]
+                endpoint.ejected, endpoint.consecutive_failures = False, 0  # as a re-admission would
+                for _ in range(2):
+                    await answer(pool, endpoint.url, "connection")
+            await pool.close()
+
+    with caplog.at_level("WARNING", logger="regen.sglang.fleet"):
+        asyncio.run(scenario())
+    assert [re.search(r"for (\d+)s", r.getMessage()).group(1) for r in caplog.records] == ["10", "20"]  # type: ignore[union-attr]
+
+
+def test_backpressure_slows_the_sender_and_never_ejects() -> None:
+    """A 503 or 429 halves the endpoint's in-flight limit (once a second at most): requests go elsewhere while it is
+    at its limit, a lone endpoint's requests wait for a release, and each answer grows the limit back by one."""
+
+    async def scenario() -> list[str]:
+        async with aiohttp.ClientSession() as session:
+            pool = EndpointPool(["http://127.0.0.1:1", "http://127.0.0.1:2"], session, FAST)
+            a, b = pool.endpoints
+            held = [await pool.acquire() for _ in range(8)]
+            events = [f"spread:{held.count(a)},{held.count(b)}"]
+            for _ in range(2):
+                pool.release(a, "http_503")  # the second within the same second: no second halving
+            events.append(f"limit:{a.limit:g} ejected:{a.ejected} outstanding:{a.outstanding}")
+            picks = [await pool.acquire() for _ in range(3)]
+            events.append(f"to_b:{picks.count(b)}")
+            pool.release(a, None)
+            events.append(f"limit:{a.limit:g} next_to_a:{(await pool.acquire()) is a}")
+            await pool.close()
+
+            lone = EndpointPool(["http://127.0.0.1:3"], session, FAST)
+            (c,) = lone.endpoints
+            for _ in range(3):
+                await lone.acquire()
+            lone.release(c, "http_429")  # 2 outstanding, the limit is 1.5
+            waiting = asyncio.create_task(lone.acquire())
+            await asyncio.sleep(0.05)
+            events.append(f"waits:{not waiting.done()}")
+            lone.release(c, None)  # 1 outstanding, the limit 2.5
+            await asyncio.wait_for(waiting, 1)
+            events.append(f"served:{c.outstanding}")
+            await lone.close()
+            return events
+
+    assert asyncio.run(scenario()) == [
+        "spread:4,4",
+        "limit:2 ejected:False outstanding:2",
+        "to_b:3",
+        "limit:3 next_to_a:True",
+        "waits:True",
+        "served:2",
+    ]
 
 
 class NoSuchHost(AbstractResolver):

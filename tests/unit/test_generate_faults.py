@@ -178,3 +178,23 @@ def test_whole_fleet_dead_fails_clearly_then_resumes(tmp_path: Path, shard: tupl
         stop(revived)
     assert resumed == SAMPLES - len(checkpointed)
     assert len({r["id"] for r in raw_records(storage, manifest)}) == SAMPLES
+
+
+def test_a_fleet_flaky_everywhere_is_kept_whole_and_answers_every_sample(
+    tmp_path: Path, shard: tuple[LocalStorage, ShardManifest]
+) -> None:
+    """21% of first answers fail on both servers (queue full, abort, reset, 500): every sample is answered once, by
+    both servers, and the report says no endpoint was ejected."""
+    storage, prompts = shard
+    rates = ["--http-503-rate", "0.05", "--abort-rate", "0.05", "--reset-rate", "0.06", "--http-500-rate", "0.05"]
+    sims = [start_simulator(tmp_path, *rates, "--fault-seed", str(seed)) for seed in (1, 2)]
+    try:
+        manifest = run_generate(prompts, storage, settings(*(s.url for s in sims), concurrency=16))
+    finally:
+        for sim in sims:
+            stop(sim)
+    records = raw_records(storage, manifest)
+    assert len(records) == len({r["id"] for r in records}) == SAMPLES
+    assert {r["endpoint"] for r in records} == {s.url for s in sims}
+    assert manifest.generation is not None
+    assert sum(manifest.generation.retries_by_cause.values()) > 0 and manifest.generation.ejections == 0

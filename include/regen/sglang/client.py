@@ -116,12 +116,6 @@ class ClientStats:
     retries_by_cause: Counter[str] = field(default_factory=Counter)
 
 
-# Faults that say something about the endpoint itself; load signals (429, 503, abort) do not evict it.
-ENDPOINT_FAULTS = frozenset(
-    {"connection", "timeout", "http_500", "http_502", "http_504", "bad_response", "count_mismatch"}
-)
-
-
 class SGLangClient:
     def __init__(
         self,
@@ -141,14 +135,15 @@ class SGLangClient:
     async def _attempt(self, payload: bytes, rid: str, avoid: str | None) -> Generation:
         endpoint = await self.pool.acquire(avoid)
         self.stats.requests += 1
-        ok, cause, sent = False, "", time.monotonic()
+        cause: str | None = "other"  # None once the endpoint has answered (a refusal of the request included)
+        sent = time.monotonic()
         try:
             async with self.session.post(
                 f"{endpoint.url}/generate", data=payload, headers=JSON_HEADERS, timeout=self.timeout
             ) as resp:
                 body = await resp.read()
             if resp.status == 400:
-                ok = True  # the endpoint works; the request is wrong
+                cause = None  # the endpoint works; the request is wrong
                 raise PermanentError(error_message(body.decode("utf-8", "replace")))
             if resp.status in RETRYABLE_STATUS:
                 message = error_message(body.decode("utf-8", "replace"))
@@ -157,7 +152,7 @@ class SGLangClient:
                 message = error_message(body.decode("utf-8", "replace"))
                 raise PermanentError(f"HTTP {resp.status} from {endpoint.url}: {message}")
             data = check_response(body)
-            ok = True
+            cause = None
         except (aiohttp.ClientError, TimeoutError) as e:
             cause = "timeout" if isinstance(e, TimeoutError) else "connection"
             raise TransientError(cause, f"{endpoint.url}: {e!r}", endpoint.url) from e
@@ -166,7 +161,7 @@ class SGLangClient:
             raise
         finally:
             self.stats.request_seconds += time.monotonic() - sent
-            self.pool.release(endpoint, ok, counts_against_endpoint=cause in ENDPOINT_FAULTS)
+            self.pool.release(endpoint, cause)
         assert data.output_ids is not None
         return Generation(data.output_ids, data.meta_info, data.text, endpoint.url, rid, 0)
 

@@ -1,9 +1,17 @@
-"""The fleet of SGLang endpoints as the client sees it: load, failures, eviction and re-admission.
+"""The fleet of SGLang endpoints as the client sees it: load, outliers, ejection and re-admission.
 
 Requests go to the admitted endpoint with the fewest outstanding requests, preferring one other than the endpoint a
-retried request just failed on. An endpoint that fails `evict_after` times in a row is evicted; a background probe
-re-admits it as soon as its /health answers 200. If every endpoint is evicted, requests wait up to `fleet_wait_s`
-for one to come back, then the fleet is declared unavailable (the task fails and Airflow's retry resumes it).
+retried request just failed on. Health follows Envoy's outlier detection, because at fleet scale a flaky server is
+the normal case and must be kept busy, while a dead one must be out within seconds:
+- an endpoint is ejected when its failure rate over its recent answers is well above the rest of the fleet's (a
+  fleet-wide fault rate singles nobody out), never more than a capped share of the fleet at once;
+- an endpoint that answers nothing (a long run of failures in a row: refused, reset, timed out) is ejected whatever
+  the cap, since every request sent there is an attempt burnt;
+- each repeat ejection lasts longer; after it, /health must answer 200 before the endpoint is admitted again;
+- a 503 or 429 is backpressure, not a fault: the endpoint's in-flight limit is halved (at most once a second) and
+  grows back by one with each answer, as TCP's congestion window does.
+If every endpoint is ejected, requests wait up to `fleet_wait_s` for one to come back, then the fleet is declared
+unavailable (the task fails and Airflow's retry resumes it).
 """
 
 from __future__ import annotations
@@ -11,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-from dataclasses import dataclass
+import time
+from collections import deque
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -72,13 +82,43 @@ async def health_problem(session: aiohttp.ClientSession, url: str) -> str | None
         return str(e)
 
 
+# Faults that say something about the endpoint itself. A 503 or 429 is the server asking for less (LOAD_SIGNALS);
+# an abort or a 400 says nothing about the endpoint's health.
+ENDPOINT_FAULTS = frozenset(
+    {"connection", "timeout", "http_500", "http_502", "http_504", "bad_response", "count_mismatch"}
+)
+LOAD_SIGNALS = frozenset({"http_429", "http_503"})
+
+
+@dataclass(frozen=True)
+class OutlierPolicy:
+    """When an endpoint is ejected and for how long; the defaults follow Envoy's where they carry over."""
+
+    window: int = 100  # an endpoint's most recent outcomes (answers and endpoint faults) that its failure rate counts
+    min_outcomes: int = 50  # fewer outcomes than this in the window: no failure-rate verdict yet
+    rate_margin: float = 0.3  # ejected when its failure rate exceeds the rest of the fleet's by more than this
+    max_ejected_share: float = 0.1  # of the fleet, at once, for the failure rate (at least one endpoint)
+    dead_after: int = 16  # failures in a row that mean nothing answers there (a 21%-flaky server: 1 in 10^11)
+    base_ejection_s: float = 2.0  # the n-th ejection of an endpoint lasts n times this, at most max_ejection_s
+    max_ejection_s: float = 60.0
+    slowdown_every_s: float = 1.0  # a 503 or 429 halves the endpoint's in-flight limit at most this often
+
+
 @dataclass
 class Endpoint:
     url: str
     outstanding: int = 0
     consecutive_failures: int = 0
-    evicted: bool = False
-    evictions: int = 0
+    ejected: bool = False
+    ejections: int = 0
+    limit: float = float("inf")  # in-flight cap from backpressure (503, 429); inf until the server first pushes back
+    outcomes: deque[bool] = field(default_factory=deque)  # True: a failure; the last OutlierPolicy.window outcomes
+    failures: int = 0  # of those outcomes
+    slowed_at: float = float("-inf")
+
+    @property
+    def failure_rate(self) -> float:
+        return self.failures / len(self.outcomes) if self.outcomes else 0.0
 
 
 class EndpointPool:
@@ -86,7 +126,7 @@ class EndpointPool:
         self,
         urls: list[str],
         session: aiohttp.ClientSession,
-        evict_after: int = 3,
+        policy: OutlierPolicy = OutlierPolicy(),
         probe_interval_s: float = 2.0,
         fleet_wait_s: float = 120.0,
     ) -> None:
@@ -94,62 +134,119 @@ class EndpointPool:
             raise ValueError("at least one SGLang endpoint is needed")
         self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
         self.session = session
-        self.evict_after = evict_after
+        self.policy = policy
         self.probe_interval_s = probe_interval_s
         self.fleet_wait_s = fleet_wait_s
         self._readmitted = asyncio.Event()
+        self._released = asyncio.Event()
         self._probes: set[asyncio.Task[None]] = set()
 
     @property
     def in_flight(self) -> int:
         return sum(e.outstanding for e in self.endpoints)
 
+    @property
+    def ejections(self) -> int:
+        return sum(e.ejections for e in self.endpoints)
+
     async def acquire(self, avoid: str | None = None) -> Endpoint:
-        """The least-loaded admitted endpoint (not `avoid` if another is admitted), its outstanding count taken."""
-        admitted = [e for e in self.endpoints if not e.evicted]
-        if not admitted:
-            await self._wait_for_readmission()
-            admitted = [e for e in self.endpoints if not e.evicted]
-        endpoint = min(admitted, key=lambda e: (e.url == avoid and len(admitted) > 1, e.outstanding))
+        """The least-loaded admitted endpoint under its in-flight limit (not `avoid` if another will do), its
+        outstanding count taken. Waits for a release while every admitted endpoint is at its limit."""
+        while True:
+            admitted = [e for e in self.endpoints if not e.ejected]
+            if not admitted:
+                await self._wait_for_readmission()
+                continue
+            open_ = [e for e in admitted if e.outstanding < e.limit]
+            if open_:
+                break
+            await self._released.wait()  # at its limit an endpoint has requests outstanding, so a release comes
+        endpoint = min(open_, key=lambda e: (e.url == avoid and len(open_) > 1, e.outstanding))
         endpoint.outstanding += 1
         return endpoint
 
-    def release(self, endpoint: Endpoint, ok: bool, counts_against_endpoint: bool = True) -> None:
+    def release(self, endpoint: Endpoint, cause: str | None) -> None:
+        """`cause`: None for an answer (or a refusal of the request itself), else the fault's cause."""
         endpoint.outstanding -= 1
-        if ok:
+        self._released.set()
+        self._released = asyncio.Event()
+        if cause is None:
             endpoint.consecutive_failures = 0
-        elif counts_against_endpoint:
+            endpoint.limit += 1
+            self._record(endpoint, failed=False)
+        elif cause in LOAD_SIGNALS:
+            self._slow_down(endpoint)
+        elif cause in ENDPOINT_FAULTS:
             endpoint.consecutive_failures += 1
-            if endpoint.consecutive_failures >= self.evict_after and not endpoint.evicted:
-                self._evict(endpoint)
+            self._record(endpoint, failed=True)
+            if not endpoint.ejected:
+                self._judge(endpoint, cause)
 
-    def _evict(self, endpoint: Endpoint) -> None:
-        endpoint.evicted = True
-        endpoint.evictions += 1
-        log.warning(
-            "evicted %s after %d failures in a row; probing /health",
-            redact_url(endpoint.url),
-            endpoint.consecutive_failures,
-        )
-        probe = asyncio.create_task(self._probe(endpoint))
+    def _record(self, endpoint: Endpoint, failed: bool) -> None:
+        endpoint.outcomes.append(failed)
+        endpoint.failures += failed
+        if len(endpoint.outcomes) > self.policy.window:
+            endpoint.failures -= endpoint.outcomes.popleft()
+
+    def _slow_down(self, endpoint: Endpoint) -> None:
+        now = time.monotonic()
+        if now - endpoint.slowed_at >= self.policy.slowdown_every_s:
+            endpoint.slowed_at = now
+            endpoint.limit = max(1.0, min(endpoint.limit, endpoint.outstanding + 1) / 2)
+            log.info(
+                "%s asks for less (503/429): at most %d requests in flight there for now",
+                redact_url(endpoint.url),
+                endpoint.limit,
+            )
+
+    def _judge(self, endpoint: Endpoint, cause: str) -> None:
+        policy = self.policy
+        if endpoint.consecutive_failures >= policy.dead_after:
+            self._eject(endpoint, f"{endpoint.consecutive_failures} failures in a row, the last {cause}")
+            return
+        if len(endpoint.outcomes) < policy.min_outcomes:
+            return
+        rest = [e for e in self.endpoints if e is not endpoint and not e.ejected and e.outcomes]
+        if not rest:
+            return  # nothing to compare with: a lone endpoint is judged by failures in a row only
+        rest_rate = sum(e.failures for e in rest) / sum(len(e.outcomes) for e in rest)
+        cap = max(1, int(policy.max_ejected_share * len(self.endpoints)))
+        if endpoint.failure_rate > rest_rate + policy.rate_margin and self._ejected_now() < cap:
+            self._eject(
+                endpoint,
+                f"{endpoint.failure_rate:.0%} of its last {len(endpoint.outcomes)} answers failed, "
+                f"against {rest_rate:.0%} on the rest of the fleet",
+            )
+
+    def _ejected_now(self) -> int:
+        return sum(e.ejected for e in self.endpoints)
+
+    def _eject(self, endpoint: Endpoint, why: str) -> None:
+        endpoint.ejected = True
+        endpoint.ejections += 1
+        seconds = min(self.policy.base_ejection_s * endpoint.ejections, self.policy.max_ejection_s)
+        log.warning("ejected %s for %.0fs: %s; then probing /health", redact_url(endpoint.url), seconds, why)
+        probe = asyncio.create_task(self._probe(endpoint, seconds))
         self._probes.add(probe)
         probe.add_done_callback(self._probes.discard)
 
-    async def _probe(self, endpoint: Endpoint) -> None:
-        while endpoint.evicted:
+    async def _probe(self, endpoint: Endpoint, ejected_for_s: float) -> None:
+        await asyncio.sleep(ejected_for_s)
+        while await health_problem(self.session, endpoint.url) is not None:
             await asyncio.sleep(self.probe_interval_s)
-            if await health_problem(self.session, endpoint.url) is None:
-                endpoint.evicted, endpoint.consecutive_failures = False, 0
-                log.info("re-admitted %s: /health answers again", redact_url(endpoint.url))
-                self._readmitted.set()
-                self._readmitted = asyncio.Event()
+        endpoint.ejected, endpoint.consecutive_failures = False, 0
+        endpoint.outcomes.clear()
+        endpoint.failures = 0
+        log.info("re-admitted %s: /health answers again", redact_url(endpoint.url))
+        self._readmitted.set()
+        self._readmitted = asyncio.Event()
 
     async def _wait_for_readmission(self) -> None:
         event = self._readmitted
         try:
             await asyncio.wait_for(event.wait(), timeout=self.fleet_wait_s)
         except TimeoutError:
-            urls = ", ".join(e.url for e in self.endpoints)
+            urls = ", ".join(redact_url(e.url) for e in self.endpoints)
             raise FleetUnavailable(
                 f"every SGLang endpoint is failing ({urls}) and none answered /health within {self.fleet_wait_s:.0f}s"
             ) from None
