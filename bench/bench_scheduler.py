@@ -71,7 +71,7 @@ def one_run(stack: Stack, shards: int, limit: int) -> dict[str, Any]:
             flush=True,
         )
     wall, cpu = time.monotonic() - started, scheduler_cpu_s(stack) - cpu
-    tasks = len(shard_groups([{"shards": [{}] * shards}], limit))
+    tasks = len(shard_groups([{"dataset": "bench", "shard_count": shards}], limit))
     mapped = tasks * SHARD_STAGES
     result = {
         "shards": shards,
@@ -111,7 +111,7 @@ def main() -> int:
         f"{wide_run['scheduler_cpu_s_per_mapped_ti']} s ({ratio:.2f}x the {args.baseline_shards}-shard baseline); "
         f"wall per mapped task instance {wide_run['wall_s_per_mapped_ti']} s"
     )
-    tasks = len(shard_groups([{"shards": [{}] * (10_000_000 // 2000)}], args.shard_task_limit))
+    tasks = len(shard_groups([{"dataset": "bench", "shard_count": 10_000_000 // 2000}], args.shard_task_limit))
     print(
         f"10M prompts at shard_size 2000 = 5000 shards in {tasks} shard tasks = {tasks * SHARD_STAGES} mapped task "
         f"instances: ~{tasks * SHARD_STAGES * wide_run['scheduler_cpu_s_per_mapped_ti'] / 60:.0f} scheduler CPU minutes"

@@ -1,6 +1,7 @@
 """eagle3_regen: regenerate EAGLE-3 drafter training data with the target model's own token ids.
 
-Wiring only: every task calls one function of `regen.pipeline`, and tasks pass small manifests, never records.
+Wiring only: every task calls one function of `regen.pipeline`, and tasks pass small manifests, never records: no
+XCom grows with the number of prompts (a prepared dataset is its shard count, a group of shards a range).
 plan -> check_server -> prepare (per dataset) -> [generate -> validate -> export] (per shard, pool-limited) ->
 [verify -> publish] (per dataset: every file and record read back, then manifest.json last and one asset event)
 -> report. The run is red unless every selected
@@ -81,7 +82,7 @@ def eagle3_regen() -> None:
     @task(trigger_rule=TriggerRule.ALL_DONE)
     def list_shards(
         run: dict[str, Any], prepared: list[dict[str, Any]], fleet: list[dict[str, Any]] | None
-    ) -> list[list[dict[str, Any]]]:
+    ) -> list[dict[str, Any]]:
         from airflow.sdk.exceptions import AirflowFailException
 
         from regen import pipeline
@@ -94,25 +95,31 @@ def eagle3_regen() -> None:
         return pipeline.shard_groups([p for p in prepared if p], run["shard_task_limit"])
 
     # Each mapped task handles one shard, or a group of consecutive shards in turn when a run has more shards than
-    # the config's shard_task_limit.
-    def _label(shards: list[dict[str, Any]]) -> None:
-        label = f"{shards[0]['location']['dataset']}/shard-{shards[0]['shard']:05d}"
-        get_current_context()["label"] = label + (f" +{len(shards) - 1}" if len(shards) > 1 else "")  # type: ignore[typeddict-unknown-key]
+    # the config's shard_task_limit. The group arrives as a range; generate reads its shards' manifests from prepare's
+    # record and passes them on, so each task's XCom holds its own shards' manifests only.
+    def _label(dataset: str, first: int, count: int) -> None:
+        label = f"{dataset}/shard-{first:05d}" + (f" +{count - 1}" if count > 1 else "")
+        get_current_context()["label"] = label  # type: ignore[typeddict-unknown-key]
+
+    def _label_shards(shards: list[dict[str, Any]]) -> None:
+        _label(shards[0]["location"]["dataset"], shards[0]["shard"], len(shards))
 
     @task(pool=FLEET_POOL, map_index_template="{{ label }}")
-    def generate_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def generate_shard(run: dict[str, Any], group: dict[str, Any]) -> list[dict[str, Any]]:
         from regen import pipeline
 
-        _label(shards)
+        _label(group["dataset"], group["first"], group["count"])
         keys = sglang_api_keys()
+        spec = _run(run)
         with final_errors_fail_now():  # a refused API key, a template changed mid-conversation
-            return [pipeline.generate_shard(_run(run), shard, s3_client, keys) for shard in shards]
+            shards = pipeline.group_shards(spec, group, s3_client)
+            return [pipeline.generate_shard(spec, shard, s3_client, keys) for shard in shards]
 
     @task(map_index_template="{{ label }}")
     def validate_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
         from regen import pipeline
 
-        _label(shards)
+        _label_shards(shards)
         with final_errors_fail_now():  # a changed template renders the same way on a retry
             return [pipeline.validate_shard(_run(run), shard, s3_client) for shard in shards]
 
@@ -120,19 +127,19 @@ def eagle3_regen() -> None:
     def export_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
         from regen import pipeline
 
-        _label(shards)
+        _label_shards(shards)
         return [pipeline.export_shard(_run(run), shard, s3_client) for shard in shards]
 
     @task_group
-    def process_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> Any:
-        return export_shard(run, validate_shard(run, generate_shard(run, shards)))
+    def process_shard(run: dict[str, Any], group: dict[str, Any]) -> Any:
+        return export_shard(run, validate_shard(run, generate_shard(run, group)))
 
     # Verify, publish and report run even when some shards failed: complete datasets are published, the rest say why.
     @task(trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
     def verify_dataset(run: dict[str, Any], prepared: dict[str, Any]) -> dict[str, Any]:
         from regen import pipeline
 
-        get_current_context()["label"] = prepared["location"]["dataset"]  # type: ignore[typeddict-unknown-key]
+        get_current_context()["label"] = prepared["dataset"]  # type: ignore[typeddict-unknown-key]
         with final_errors_fail_now():  # unfinished shards, or data that does not read back as written
             return pipeline.verify_dataset(_run(run), prepared, s3_client)
 
@@ -144,7 +151,7 @@ def eagle3_regen() -> None:
         from regen import pipeline
 
         context = get_current_context()
-        context["label"] = prepared["location"]["dataset"]  # type: ignore[typeddict-unknown-key]
+        context["label"] = prepared["dataset"]  # type: ignore[typeddict-unknown-key]
         with final_errors_fail_now():  # not verified, or a version published with other data
             published = pipeline.publish_dataset(_run(run), prepared, fleet or [], verified, s3_client)
         if not published.get("unchanged"):  # an unchanged dataset has no new version: its asset is not updated
@@ -179,7 +186,7 @@ def eagle3_regen() -> None:
     prepared = prepare_dataset.partial(run=run).expand(dataset=dataset_names(run))
     fleet >> prepared  # nothing is written for a fleet that cannot serve the run
     shards = list_shards(run, prepared, fleet)
-    processed = process_shard.partial(run=run).expand(shards=shards)
+    processed = process_shard.partial(run=run).expand(group=shards)
     published = deliver_dataset.partial(run=run, fleet=fleet).expand(prepared=prepared)
     report(run, published, fleet)
 

@@ -216,3 +216,12 @@ def drafter_root(tmp_path_factory: pytest.TempPathFactory, renderer: ChatRendere
         slow.process.wait(10)
     prepare_sample(path, renderer, "B2_opencodeinstruct", 10, 10, version="night-3")
     return path
+
+
+def each_shard(run: Any, prepared: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every shard manifest of the prepared datasets, as the DAG's generate tasks get them: groups, then each group's
+    shards from prepare's record. `run`: a regen.run_params.RunSpec."""
+    from regen import pipeline
+
+    for group in pipeline.shard_groups(prepared, 256):
+        yield from pipeline.group_shards(run, group)

@@ -1,14 +1,16 @@
 """The pipeline's stages as plain functions of (run spec, manifest dict) -> manifest dict.
 
 This is the seam between the orchestrator and the library: DAG tasks call exactly one of these each, and pass only
-what they return (small JSON dicts) to each other. Anything here runs the same without Airflow.
+what they return (small JSON dicts) to each other. No value passed grows with the number of prompts: a prepared
+dataset travels as its name and shard count, a group of shards as a range (the manifests are in the version's
+prompts/prepare.json), a shard as its own manifest. Anything here runs the same without Airflow.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
-from dataclasses import asdict
 from functools import cache
 from typing import Any
 
@@ -72,8 +74,9 @@ def _storage(run: RunSpec, s3_client: S3ClientFactory | None) -> Storage:
 
 
 def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
-    """The dataset's prompt shards; or, when its inputs are those of its last published version (and the run skips
-    unchanged datasets), no shards and `unchanged_since` naming that version."""
+    """The dataset prepared into prompt shards: its name, shard and prompt counts (the shards themselves are in
+    prompts/prepare.json, see `prepared_version`). Or, when its inputs are those of its last published version (and
+    the run skips unchanged datasets), `unchanged_since` naming that version."""
     location, storage, renderer = run.location(dataset), _storage(run, s3_client), renderer_for(run)
     source, inputs = run.dataset(dataset), {}
     if not storage.exists(location.prepared):  # a new version, not a resumed one
@@ -81,7 +84,7 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
         inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, sources)
         latest = unchanged_since(storage, location, inputs) if run.skip_unchanged else None
         if latest is not None:
-            return {"location": asdict(location), "shards": [], "unchanged_since": latest}
+            return {"dataset": dataset, "unchanged_since": latest}
     with held(storage, location, run.run_id):
         prepared = run_prepare(
             source,
@@ -96,19 +99,36 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
             inputs=inputs,
             run_id=run.run_id,
         )
-    return prepared.to_dict()
+    return {"dataset": dataset, "shard_count": len(prepared.shards), "prompts": prepared.stats.kept}
 
 
-def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[list[dict[str, Any]]]:
-    """Every shard of the prepared datasets, in at most `limit` groups of consecutive shards of one dataset: one
-    mapped task per group, which handles its shards in turn (a group never spans datasets, so one dataset's failed
-    shard holds back no other's). Up to `limit` shards, every group is one shard."""
-    per_dataset = [dataset["shards"] for dataset in prepared if dataset["shards"]]
-    size = max(1, -(-sum(map(len, per_dataset)) // limit))
-    largest = max(map(len, per_dataset), default=1)
-    while size < largest and sum(-(-len(shards) // size) for shards in per_dataset) > limit:
+def prepared_version(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> PreparedDataset:
+    """What prepare recorded of this run's version of `dataset` (its prompts/prepare.json)."""
+    storage = _storage(run, s3_client)
+    return PreparedDataset.from_dict(json.loads(storage.get_bytes(run.location(dataset).prepared)))
+
+
+def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """Every shard of the prepared datasets (`prepare_dataset`'s summaries), in at most `limit` groups of
+    consecutive shards of one dataset, each `{"dataset", "first", "count"}`: one mapped task per group, which handles
+    its shards in turn (a group never spans datasets, so one dataset's failed shard holds back no other's). Up to
+    `limit` shards, every group is one shard."""
+    counts = {p["dataset"]: p["shard_count"] for p in prepared if p.get("shard_count")}
+    size = max(1, -(-sum(counts.values()) // limit))
+    largest = max(counts.values(), default=1)
+    while size < largest and sum(-(-count // size) for count in counts.values()) > limit:
         size += 1  # (a limit below the number of datasets still gives one group per dataset)
-    return [shards[i : i + size] for shards in per_dataset for i in range(0, len(shards), size)]
+    return [
+        {"dataset": dataset, "first": first, "count": min(size, count - first)}
+        for dataset, count in counts.items()
+        for first in range(0, count, size)
+    ]
+
+
+def group_shards(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> list[dict[str, Any]]:
+    """The manifests of a group's shards (`shard_groups`), as prepare recorded them."""
+    shards = prepared_version(run, group["dataset"], s3_client).shards
+    return [shard.to_dict() for shard in shards[group["first"] : group["first"] + group["count"]]]
 
 
 def check_server(run: RunSpec, api_keys: ApiKeys = NO_KEYS) -> list[dict[str, Any]]:
@@ -151,8 +171,8 @@ def verify_dataset(run: RunSpec, prepared: dict[str, Any], s3_client: S3ClientFa
     every record's invariants. Raises VerificationFailed naming every problem, IncompleteDataset when shards did not
     finish. An unchanged dataset has nothing new to verify."""
     if "unchanged_since" in prepared:
-        return {"dataset": prepared["location"]["dataset"], "unchanged": True}
-    dataset, storage = PreparedDataset.from_dict(prepared), _storage(run, s3_client)
+        return {"dataset": prepared["dataset"], "unchanged": True}
+    dataset, storage = prepared_version(run, prepared["dataset"], s3_client), _storage(run, s3_client)
     with held(storage, dataset.location, run.run_id):  # its verdict holds only while no other run writes
         return verify_contents(dataset, storage)
 
@@ -170,14 +190,13 @@ def publish_dataset(
 ) -> dict[str, Any]:
     """The published version's summary, for the version `verify_dataset` passed (`verified`: what it returned; None
     when it failed). For an unchanged dataset, its last version's, marked `unchanged`."""
+    dataset = prepared["dataset"]
     if "unchanged_since" in prepared:
-        latest = prepared["unchanged_since"]
-        return {"dataset": prepared["location"]["dataset"], "unchanged": True, **latest}
-    dataset = prepared["location"]["dataset"]
+        return {"dataset": dataset, "unchanged": True, **prepared["unchanged_since"]}
     if not verified or "contents" not in verified:
         raise NotVerified(f"{dataset}: verify_dataset did not pass, so nothing is published; its log says why")
     storage = _storage(run, s3_client)
-    prepared_dataset = PreparedDataset.from_dict(prepared)
+    prepared_dataset = prepared_version(run, dataset, s3_client)
     cost = run.cost
     with held(storage, prepared_dataset.location, run.run_id):  # the manifest is written by the version's writer
         published = run_publish(

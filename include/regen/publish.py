@@ -19,7 +19,7 @@ from typing import Any
 from regen.dataset_report import dataset_report, read_verdicts, write_dataset_report
 from regen.errors import FinalError
 from regen.layout import DatasetLocation, dataset_prefix, is_report_file
-from regen.manifest import PreparedDataset, ShardManifest, StageStats
+from regen.manifest import GenerationReport, PreparedDataset, ShardManifest, StageStats
 from regen.reasons import OK
 from regen.run_report import generation_cost
 from regen.storage import KeyExists, Storage
@@ -289,6 +289,7 @@ def run_publish(
         drift.get("sampled"),
         storage.uri(location.report_file("report.html")),
     )
+    generations = [s.generation for s in shards if s.generation]
     return {
         "dataset": location.dataset,
         "version": location.version,
@@ -304,5 +305,8 @@ def run_publish(
         "stages": manifest["stages"],
         "prepare": manifest["prepare"],
         "verified": {k: v for k, v in verified.items() if k != "contents"},
-        "generation": [dataclasses.asdict(s.generation) for s in shards if s.generation],
+        # The version's shards' generation in one report (sums and the window), so this value stays the same size
+        # however many shards there are: what the run report's utilisation and cost are computed from.
+        "generation": [dataclasses.asdict(g) for g in [GenerationReport.combined(generations)] if g],
+        "generated_shards": len(generations),
     }

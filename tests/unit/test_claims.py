@@ -114,7 +114,7 @@ run = pipeline.RunSpec(**pipeline.plan({"endpoints": [sys.argv[1]], "version": "
                                        sys.argv[3]))
 try:
     [prepared] = [pipeline.prepare_dataset(run, name) for name in run.datasets]
-    for shard in prepared["shards"]:
+    for shard in [s.to_dict() for s in pipeline.prepared_version(run, prepared["dataset"]).shards]:
         pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
     published = pipeline.publish_dataset(run, prepared, [], pipeline.verify_dataset(run, prepared))
     print(json.dumps({"published": published["manifest"]}))

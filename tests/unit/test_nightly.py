@@ -17,7 +17,7 @@ from regen.datasets.sources import source_digests
 from regen.layout import latest_key
 from regen.verify import VerificationFailed, verify_published
 from regen.version_inputs import dataset_inputs
-from tests.conftest import ROOT, Simulator
+from tests.conftest import ROOT, Simulator, each_shard
 
 DATASET = "B1_glaive"
 
@@ -45,7 +45,7 @@ def run_stages(run_id: str, simulator: Simulator, **params: Any) -> dict[str, An
     """plan -> prepare -> every shard through generate, validate, export -> publish -> report, as the DAG does."""
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], **params}, run_id))
     prepared = [pipeline.prepare_dataset(run, name) for name in run.datasets]
-    for shard in [s for group in pipeline.shard_groups(prepared, 256) for s in group]:
+    for shard in each_shard(run, prepared):
         generated = pipeline.generate_shard(run, shard)
         pipeline.export_shard(run, pipeline.validate_shard(run, generated))
     verified = [pipeline.verify_dataset(run, p) for p in prepared]
@@ -159,14 +159,31 @@ def test_a_published_version_verifies_and_tampering_is_named(deployment: Path, s
 
 
 def test_more_shards_than_the_task_limit_are_grouped_in_order_within_a_dataset() -> None:
-    prepared = [{"shards": [{"shard": i} for i in range(30)]}, {"shards": [{"shard": 100 + i} for i in range(5)]}]
-    assert pipeline.shard_groups(prepared, 35) == [[shard] for p in prepared for shard in p["shards"]]
+    prepared = [{"dataset": "a", "shard_count": 30}, {"dataset": "b", "shard_count": 5}]
+
+    def shards(groups: list[dict[str, Any]]) -> list[tuple[str, int]]:
+        return [(g["dataset"], g["first"] + i) for g in groups for i in range(g["count"])]
+
+    every = [("a", i) for i in range(30)] + [("b", i) for i in range(5)]
+    assert pipeline.shard_groups(prepared, 35) == [{"dataset": d, "first": i, "count": 1} for d, i in every]
     groups = pipeline.shard_groups(prepared, 20)
-    assert len(groups) == 18 and [len(g) for g in groups] == [2] * 15 + [2, 2, 1]
-    assert [s for g in groups for s in g] == [shard for p in prepared for shard in p["shards"]]
-    assert all(len({s["shard"] >= 100 for s in g}) == 1 for g in groups)  # no group spans two datasets
+    assert len(groups) == 18 and [g["count"] for g in groups] == [2] * 15 + [2, 2, 1]
+    assert shards(groups) == every  # in order, each once, no group spanning two datasets
     assert len(pipeline.shard_groups(prepared, 2)) == len(pipeline.shard_groups(prepared, 1)) == 2  # one per dataset
-    assert pipeline.shard_groups([{"shards": []}], 20) == []
+    unchanged = {"dataset": "c", "unchanged_since": {"version": "v1"}}
+    assert pipeline.shard_groups([{"dataset": "a", "shard_count": 0}, unchanged], 20) == []
+
+
+def test_what_travels_between_tasks_does_not_grow_with_the_dataset(deployment: Path, simulator: Simulator) -> None:
+    """prepare's XCom is a count whatever the number of shards; a group's shards come from prepare's record."""
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "shard_size": 4}, "bounded"))
+    [prepared] = [pipeline.prepare_dataset(run, run.datasets[0])]
+    record = pipeline.prepared_version(run, run.datasets[0])
+    assert prepared == {"dataset": run.datasets[0], "shard_count": len(record.shards), "prompts": record.stats.kept}
+    assert len(record.shards) > 3
+    [group] = pipeline.shard_groups([prepared], 1)
+    assert pipeline.group_shards(run, group) == [s.to_dict() for s in record.shards]
+    assert pipeline.group_shards(run, {**group, "first": 2, "count": 1}) == [record.shards[2].to_dict()]
 
 
 def test_publish_refuses_a_dataset_whose_verification_did_not_pass(deployment: Path, simulator: Simulator) -> None:

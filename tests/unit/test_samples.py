@@ -17,7 +17,7 @@ from regen import pipeline
 from regen.config import DatasetConfig
 from regen.samples import samples_of, seed_of
 from regen.storage import LocalStorage
-from tests.conftest import Simulator, raw_answers
+from tests.conftest import Simulator, each_shard, raw_answers
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASET = "B1_glaive"
@@ -73,21 +73,25 @@ def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return deploy(tmp_path, monkeypatch, 3, [0.6, 1.0])
 
 
-def run_through(run: pipeline.RunSpec) -> tuple[dict[str, Any], dict[str, Any]]:
-    """prepare -> generate, validate, export every shard -> verify -> publish, as the DAG does."""
+def shards(run: pipeline.RunSpec) -> list[dict[str, Any]]:
+    return [s.to_dict() for s in pipeline.prepared_version(run, DATASET).shards]
+
+
+def run_through(run: pipeline.RunSpec) -> dict[str, Any]:
+    """prepare -> generate, validate, export every shard -> verify -> publish, as the DAG does: what was published."""
     prepared = pipeline.prepare_dataset(run, DATASET)
-    for shard in [s for group in pipeline.shard_groups([prepared], 256) for s in group]:
+    for shard in each_shard(run, [prepared]):
         pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
-    return prepared, pipeline.publish_dataset(run, prepared, [], pipeline.verify_dataset(run, prepared))
+    return pipeline.publish_dataset(run, prepared, [], pipeline.verify_dataset(run, prepared))
 
 
 def test_six_samples_per_prompt_each_answered_once_with_what_was_sent(deployment: Path, simulator: Simulator) -> None:
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "limit": PROMPTS}, "samples"))
     sent_before = len(simulator.records())
-    prepared, published = run_through(run)
+    published = run_through(run)
 
     storage = deployment / "storage"
-    prompts = [row for s in prepared["shards"] for row in pq.read_table(storage / s["prompts_key"]).to_pylist()]
+    prompts = [row for s in shards(run) for row in pq.read_table(storage / s["prompts_key"]).to_pylist()]
     assert len(prompts) == 6 * PROMPTS and len({p["id"] for p in prompts}) == 6 * PROMPTS
     per_prompt = Counter(p["id"].split("@")[0] for p in prompts)
     assert set(per_prompt.values()) == {6} and len(per_prompt) == PROMPTS
@@ -97,7 +101,7 @@ def test_six_samples_per_prompt_each_answered_once_with_what_was_sent(deployment
     # Each sample was requested exactly once, with its own temperature and seed.
     sent = {r["rid"]: r for r in simulator.records()[sent_before:]}
     local = LocalStorage(storage)
-    raw = [run.location(DATASET).shard(s["shard"]).raw for s in prepared["shards"]]
+    raw = [run.location(DATASET).shard(s["shard"]).raw for s in shards(run)]
     answered = {a["id"]: a for key in raw for a in raw_answers(local, key)}
     assert len(sent) == len(answered) == 6 * PROMPTS
     by_id = {p["id"]: p for p in prompts}
@@ -125,11 +129,11 @@ def test_a_training_record_keeps_the_temperature_its_request_sent_exactly(
     deployment = deploy(tmp_path, monkeypatch, 1, temperatures)
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "limit": 2}, "exact-temperatures"))
     sent_before = len(simulator.records())
-    prepared, published = run_through(run)
+    published = run_through(run)
 
     sent = {r["rid"]: r["sampling"]["temperature"] for r in simulator.records()[sent_before:]}
     local = LocalStorage(deployment / "storage")
-    raw = [run.location(DATASET).shard(s["shard"]).raw for s in prepared["shards"]]
+    raw = [run.location(DATASET).shard(s["shard"]).raw for s in shards(run)]
     rid_of = {a["id"]: a["rid"] for key in raw for a in raw_answers(local, key)}
     train_files = sorted((Path(published["manifest"]).parent / "train").glob("*.parquet"))
     records = [r for path in train_files for r in pq.read_table(path).to_pylist()]
