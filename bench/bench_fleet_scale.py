@@ -184,9 +184,9 @@ def in_flight_reported(progress: Path) -> int:
 
 
 def steady_utilisation(samples: list[Sample], slots: int, in_flight: int, total: int) -> float | None:
-    """Busy slot-seconds over slot-seconds from when the servers first hold 98% of the budget until the last
-    prompt is sent (after that the fleet drains); None when the run had no such window."""
-    ramped = [i for i, s in enumerate(samples) if s.at_servers >= 0.98 * in_flight]
+    """Busy slot-seconds over slot-seconds from when the servers have received the first `in_flight` requests (the
+    ramp is over) until the last prompt is sent (after that the fleet drains); None when there was no such window."""
+    ramped = [i for i, s in enumerate(samples) if s.sent >= in_flight]
     feeding = [i for i, s in enumerate(samples) if s.sent < total]
     if not ramped or not feeding or feeding[-1] <= ramped[0]:
         return None
@@ -234,6 +234,10 @@ def one_run(folder: Path, endpoints: int, args: argparse.Namespace, requests_: i
         "utilisation_whole_run": round(sum(s["busy_slot_seconds"] for s in stats) / (slots * window), 4),
         "client_cpu_ms_per_request": round(result["cpu_s"] * 1000 / answered, 3),
         "client_cpu_s": round(result["cpu_s"], 1),
+        # what one core given to the client alone would carry, and so the shortest answers (seconds) at which it
+        # keeps this run's in-flight budget busy: in_flight / rate
+        "client_one_core_requests_per_s": round(answered / result["cpu_s"], 1),
+        "shortest_answer_s_one_core": round(in_flight * result["cpu_s"] / answered, 1),
         "requests_per_s": round(answered / result["wall_s"], 1),
         "ideal_requests_per_s": round(slots / mean_service_s(args.decode_ms_per_token), 1),
         "peak_in_flight_client": peak_in_flight,
@@ -241,6 +245,7 @@ def one_run(folder: Path, endpoints: int, args: argparse.Namespace, requests_: i
         "peak_client_fds": peak_fds,
         "servers_cpu_s": round(servers_cpu, 1),
         "wall_s": round(wall, 1),
+        "cores_the_bench_got": round((result["cpu_s"] + servers_cpu) / wall, 2),  # client + servers, of 2
         "machine_load_1min": round(os.getloadavg()[0], 2),
     }
 
@@ -260,6 +265,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--hosts", type=int, default=8, help="simulator host processes (endpoints spread over them)")
     parser.add_argument("--baseline-endpoints", type=int, default=4)
+    parser.add_argument("--baseline-requests", type=int, default=None, help="default: 3 x its in-flight budget")
     parser.add_argument("--sample-s", type=float, default=1.0)
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--quick", action="store_true", help="8 endpoints x 128 slots, 2 host processes")
@@ -283,7 +289,8 @@ def main() -> None:
         if args.skip_baseline:
             return
         small = args.baseline_endpoints * args.slots
-        baseline = one_run(Path(tmp), args.baseline_endpoints, args, round(3 * small * args.margin))
+        baseline_requests = args.baseline_requests or round(3 * small * args.margin)
+        baseline = one_run(Path(tmp), args.baseline_endpoints, args, baseline_requests)
         print("baseline (small fleet)", json.dumps(baseline), flush=True)
     print(
         f"{full['endpoints']}x{args.slots}: utilisation {full['utilisation_steady']} steady "
