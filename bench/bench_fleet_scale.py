@@ -92,9 +92,9 @@ class Fleet:
     slots: int
     http: requests.Session = field(default_factory=requests.Session)
 
-    def stats(self) -> list[dict[str, Any]]:
+    def stats(self, timeout_s: float = 600) -> list[dict[str, Any]]:
         with ThreadPoolExecutor(16) as pool:
-            return list(pool.map(lambda url: self.http.get(f"{url}/sim/stats", timeout=60).json(), self.urls))
+            return list(pool.map(lambda url: self.http.get(f"{url}/sim/stats", timeout=timeout_s).json(), self.urls))
 
     def cpu_s(self) -> float:
         return sum(sum(psutil.Process(h.pid).cpu_times()[:2]) for h in self.hosts)
@@ -158,8 +158,12 @@ class Sample:
     at_servers: int  # running + waiting, summed over the fleet
 
 
-def sample(fleet_: Fleet) -> Sample:
-    stats = fleet_.stats()
+def sample(fleet_: Fleet) -> Sample | None:
+    """None when a simulator's loop is too busy to answer within 10 s (the machine's CPU is the limit then)."""
+    try:
+        stats = fleet_.stats(timeout_s=10)
+    except requests.RequestException:
+        return None
     return Sample(
         at=sum(s["now"] for s in stats) / len(stats),
         busy=sum(s["busy_slot_seconds"] for s in stats),
@@ -203,10 +207,13 @@ def one_run(folder: Path, endpoints: int, args: argparse.Namespace, requests_: i
         client = subprocess.Popen(
             [sys.executable, __file__, "client", str(root), str(in_flight), *fleet_.urls], stdout=subprocess.PIPE
         )
-        samples, peak_fds, peak_in_flight = [], 0, 0
+        samples, missed, peak_fds, peak_in_flight = [], 0, 0, 0
         try:
             while client.poll() is None:
-                samples.append(sample(fleet_))
+                if (read := sample(fleet_)) is None:
+                    missed += 1
+                else:
+                    samples.append(read)
                 peak_fds = max(peak_fds, open_fds(client.pid))
                 peak_in_flight = max(peak_in_flight, in_flight_reported(progress))
                 time.sleep(args.sample_s)
@@ -245,6 +252,7 @@ def one_run(folder: Path, endpoints: int, args: argparse.Namespace, requests_: i
         "peak_client_fds": peak_fds,
         "servers_cpu_s": round(servers_cpu, 1),
         "wall_s": round(wall, 1),
+        "stats_reads_missed": missed,  # /sim/stats not answered within 10 s: a simulator's loop was starved
         "cores_the_bench_got": round((result["cpu_s"] + servers_cpu) / wall, 2),  # client + servers, of 2
         "machine_load_1min": round(os.getloadavg()[0], 2),
     }
