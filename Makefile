@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-s3 ui test test-fast test-parity lint sglang-env bench clean
+.PHONY: demo demo-s3 ui test test-fast test-parity lint sglang-env bench bench-fleet-scale clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+bench-fleet-scale: $(BIN)/.installed  ## one worker's generate path holding 64 endpoints x 256 slots in flight (issue 28)
+	$(BIN)/python bench/bench_fleet_scale.py $(ARGS)
 
 clean:
 	rm -rf var .pytest_cache .ruff_cache
