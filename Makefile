@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-s3 ui test test-fast test-parity lint sglang-env bench clean
+.PHONY: demo demo-s3 ui test test-fast test-parity lint sglang-env bench bench-scale clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+PROMPTS ?= 1000000
+SHAPE ?= production
+BENCH_ARGS ?=
+bench-scale: $(BIN)/.installed  ## the DAG end to end on PROMPTS generated rows (SHAPE production|short); BENCH_ARGS: --celery, --kill-at 0.5, ...
+	bash tools/prerequisites.sh postgres redis
+	$(BIN)/python bench/bench_scale.py --prompts $(PROMPTS) --shape $(SHAPE) --report /tmp/bench-reports/scale-$(PROMPTS)-$(SHAPE).json $(BENCH_ARGS)
 
 clean:
 	rm -rf var .pytest_cache .ruff_cache
