@@ -29,6 +29,7 @@ import signal
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -107,12 +108,13 @@ def kill_and_restart(stack: Stack, lost: dict[str, float]) -> dict[str, Any]:
         raise SystemExit("--kill-at: no generating task process found")
     title = " ".join(victim.cmdline())[:160]
     victim.send_signal(signal.SIGKILL)
+    killed_at = datetime.now(UTC)
     before = measure.tree_cpu(stack.processes["scheduler"].pid)
     lost["scheduler_own"] += before["own"]
     lost["scheduler_tree"] += before["tree"]
     stack.restart_scheduler()
     print(f"  killed {victim.pid} ({title}) and restarted the scheduler", flush=True)
-    return {"killed_pid": victim.pid, "killed": title, "at_answers": answered(stack)}
+    return {"killed_pid": victim.pid, "killed": title, "at_answers": answered(stack), "at": killed_at}
 
 
 def run(stack: Stack, args: argparse.Namespace, datasets: list[str], expected: int) -> dict[str, Any]:
@@ -122,7 +124,7 @@ def run(stack: Stack, args: argparse.Namespace, datasets: list[str], expected: i
     conf = {
         "datasets": datasets,
         "endpoints": [s.url for s in stack.fleet],
-        "version": "scale",
+        "version": "bench-scale",
         "skip_unchanged": False,
     }
     run_id = stack.trigger(conf)
@@ -134,7 +136,10 @@ def run(stack: Stack, args: argparse.Namespace, datasets: list[str], expected: i
         print(f"  {time.monotonic() - started:.0f}s: {done} answers of ~{expected}", flush=True)
         time.sleep(5 if args.kill_at is not None and kill is None else 15)
     wall = time.monotonic() - started
-    cpu_after = measure.processes_cpu(stack)
+    cpu_after, tries = measure.processes_cpu(stack), measure.task_tries(stack.database, run_id)
+    if kill is not None:  # how long until a task started again after the kill and restart
+        restarted = [t["start"] for t in tries if t["start"] is not None and t["start"] > kill["at"]]
+        kill["first_task_start_after_s"] = round((min(restarted) - kill.pop("at")).total_seconds(), 1)
     cpu = {
         name: {k: round(v - cpu_before.get(name, {}).get(k, 0.0), 2) for k, v in after.items()}
         for name, after in cpu_after.items()
@@ -150,7 +155,8 @@ def run(stack: Stack, args: argparse.Namespace, datasets: list[str], expected: i
         "process_cpu_s": cpu,
         "db_growth": measure.db_growth(tables_before, measure.db_tables(stack.database)),
         "xcom": measure.xcom_bytes(stack.database, run_id),
-        "tries": measure.task_tries(stack.database, run_id),
+        "tries": tries,
+        "simulator_answers": answered(stack),  # probes and answers redone after a kill included
         "usage": measure.usage_lines(stack.home / "logs", run_id),
         "failures": stack.failures(run_id) if state != "success" else [],
     }
@@ -226,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--celery", action="store_true", help="CeleryExecutor, two workers on Redis")
     parser.add_argument("--kill-at", type=float, default=None, metavar="FRACTION")
     parser.add_argument("--no-floor", action="store_true")
+    parser.add_argument(
+        "--stack-name", default="bench_scale", help="names the stack's database: two benches at once need two names"
+    )
     parser.add_argument("--report", type=Path, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it (default: a temp one)")
     args = parser.parse_args(argv)
@@ -254,7 +263,7 @@ def bench(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     simulator_args = ["--max-running", "1024", "--min-tokens", str(part), "--max-tokens", str(3 * part)]
     stack = Stack(
         folder / "airflow",
-        purpose="bench_scale",
+        purpose=args.stack_name,
         simulators=args.endpoints,
         simulator_args=simulator_args,
         pool_slots=args.shard_tasks,
@@ -275,7 +284,7 @@ def bench(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
         "endpoints": args.endpoints,
         "executor": stack.executor,
         "kill_at": args.kill_at,
-        **{k: result[k] for k in ("run_id", "state", "wall_s", "kill", "failures")},
+        **{k: result[k] for k in ("run_id", "state", "wall_s", "kill", "failures", "simulator_answers")},
         "prompts_per_s": round(args.prompts / result["wall_s"], 1),
         **table,
         "processes": processes(result, table["stages"]),

@@ -24,7 +24,7 @@ def print_report(r: dict[str, Any]) -> None:
     print(
         f"\n== {r['prompts']} prompts ({r['rows']}), shape {r['shape']}, {r['endpoints']} simulators, {r['executor']}"
         f"{', kill at ' + str(r['kill_at']) if r['kill_at'] is not None else ''}: run {r['state']} in {r['wall_s']} s "
-        f"({r['prompts_per_s']} prompts/s)"
+        f"({r['prompts_per_s']} prompts/s); the simulators gave {r['simulator_answers']} answers"
     )
     for failure in r["failures"]:
         print(f"  failed: {failure}")
