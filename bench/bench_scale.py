@@ -165,7 +165,9 @@ def run(stack: Stack, args: argparse.Namespace, datasets: list[str], expected: i
 def stage_table(result: dict[str, Any], prompts: int, floor: dict[str, Any] | None) -> dict[str, Any]:
     times = measure.stage_times(result.pop("tries"), prompts)
     usage = measure.usage_by_stage(result["usage"])
-    stages = {s: {**times.get(s, {}), **usage.get(s, {})} for s in sorted(set(times) | set(usage))}
+    order = ["plan", "dataset_names", "check_server", "prepare", "list_shards", *measure.STAGES[1:], "report"]
+    names = sorted(set(times) | set(usage), key=lambda s: (order.index(s) if s in order else len(order), s))
+    stages = {s: {**times.get(s, {}), **usage.get(s, {})} for s in names}
     for s in stages.values():
         s["pipeline_cpu_s"] = round(s.get("cpu_s", 0.0) + s.get("children_cpu_s", 0.0), 2)
     ratios: dict[str, Any] = {}
@@ -292,6 +294,7 @@ def bench(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
         "xcom": result["xcom"],
         **published(folder, datasets, args.prompts),
         "floor": floor,
+        "task_usage": result["usage"],  # every task try's usage line
     }
 
 

@@ -23,8 +23,10 @@ STAGES = ("prepare", "generate", "validate", "export", "verify", "publish")
 
 
 def stage_of(task_id: str) -> str:
+    """The stage a task works in (prepare_dataset: prepare), or, for the run's own tasks (plan, check_server,
+    report, ...), the task's name."""
     name = task_id.rsplit(".", 1)[-1]
-    return next((s for s in STAGES if name.startswith(s)), "other")
+    return next((s for s in STAGES if name.startswith(s)), name)
 
 
 def db(database: str) -> Any:
@@ -116,7 +118,7 @@ def stage_times(tries: list[dict[str, Any]], prompts: int) -> dict[str, dict[str
             "tries": len(items),
             "window_s": round(window, 1),
             "task_s": round(sum((t["end"] - t["start"]).total_seconds() for t in items), 1),
-            "prompts_per_s": round(prompts / window, 1) if window > 0 and stage != "other" else None,
+            "prompts_per_s": round(prompts / window, 1) if window > 0 and stage in STAGES else None,
         }
     return stages
 
