@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-s3 ui test test-fast test-parity lint sglang-env bench bench-fleet-scale clean
+.PHONY: demo demo-s3 ui test test-fast test-parity lint sglang-env bench bench-scale bench-fleet-scale clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +42,14 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-bench-fleet-scale: $(BIN)/.installed  ## one worker's generate path holding 64 endpoints x 256 slots in flight (issue 28)
+PROMPTS ?= 1000000
+SHAPE ?= production
+ARGS ?=
+bench-scale: $(BIN)/.installed  ## the DAG end to end on PROMPTS generated rows (SHAPE production|short); ARGS: --celery, --kill-at 0.5, ...
+	bash tools/prerequisites.sh postgres redis
+	$(BIN)/python bench/bench_scale.py --prompts $(PROMPTS) --shape $(SHAPE) --report var/bench/scale-$(PROMPTS)-$(SHAPE).json $(ARGS)
+
+bench-fleet-scale: $(BIN)/.installed  ## one worker's generate path holding 64 endpoints x 256 slots in flight
 	$(BIN)/python bench/bench_fleet_scale.py $(ARGS)
 
 clean:

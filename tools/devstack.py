@@ -242,6 +242,13 @@ class Stack:
         self.executor = executor
         self._start_executor()
 
+    def restart_scheduler(self) -> None:
+        """Stop the scheduler and start it again, as a crashed one is restarted: with LocalExecutor its workers and
+        the tasks they run go with it (their retries come after the heartbeat timeout); the metadata DB, the API, the
+        DAG processor and Celery workers stay."""
+        self._stop([self.processes.pop("scheduler")])
+        self._spawn("scheduler", [str(BIN / "airflow"), "scheduler"])
+
     def _airflow(self, *args: str) -> None:
         subprocess.run([str(BIN / "airflow"), *args], env=self.env(), check=True, capture_output=True)
 

@@ -20,6 +20,7 @@ import zstandard
 
 from regen.chat import ChatRenderer
 from regen.simulator.defects import BY_NAME
+from regen_airflow.usage import parse_usage_line
 from tools.devstack import DAG_ID, Simulator, Stack, start_simulator, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -122,6 +123,15 @@ def test_every_stage_ran_per_shard(finished_run: dict[str, Any]) -> None:
     assert all(state == "success" for _, _, state in states)
     assert len([s for s in states if s[0] == "process_shard.generate_shard"]) == 2  # one 2000-prompt shard each
     assert len([s for s in states if s[0] == "deliver_dataset.verify_dataset"]) == 2  # each dataset read back whole
+
+
+def test_every_task_logs_what_it_cost_the_machine(stack: Stack, finished_run: dict[str, Any]) -> None:
+    """Each task's log has its usage line (regen_airflow.usage, from the task process), naming the task."""
+    for task_id, map_index, _ in finished_run["states"]:
+        usage = parse_usage_line(stack.task_log(finished_run["run_id"], task_id, map_index))
+        assert usage is not None, f"{task_id}[{map_index}]: no usage line"
+        assert (usage["task"], usage["map_index"]) == (task_id, map_index)
+        assert usage["cpu_s"] > 0 and usage["peak_rss_mb"] > 50  # a Python process with Airflow loaded
 
 
 def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, finished_run: dict[str, Any]) -> None:

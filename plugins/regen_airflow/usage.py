@@ -1,0 +1,87 @@
+"""What each task cost the machine, in its own log: one line when it ends (success or failure), from the task
+process itself (the listener runs in the task runner).
+
+    eagle3-regen task usage: task=process_shard.generate_shard map_index=3 try=1 state=success cpu_s=12.345
+        peak_rss_mb=412.5 children_cpu_s=0.000 children_peak_rss_mb=0.0
+
+`cpu_s` and `peak_rss_mb` are the task runner's (`getrusage(RUSAGE_SELF)`: user + system seconds since it was
+forked, and its high-water resident set, which on Linux starts at what the forking supervisor held); `children_*` are
+the processes it started and waited for (prepare's tokeniser workers): their CPU summed, the largest one's peak.
+bench/bench_scale.py reads these lines back per task kind; `parse_usage_line` is the one reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import resource
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from airflow.listeners import hookimpl
+
+log = logging.getLogger(__name__)
+
+PREFIX = "eagle3-regen task usage: "
+DAG_IDS = frozenset({"eagle3_regen", "eagle3_training_handoff"})
+# ru_maxrss is KiB on Linux, bytes on macOS.
+RSS_UNIT = 1 if sys.platform == "darwin" else 1024
+
+
+@dataclass(frozen=True)
+class Usage:
+    cpu_s: float
+    peak_rss_mb: float
+
+    @classmethod
+    def of(cls, who: int) -> Usage:
+        usage = resource.getrusage(who)
+        return cls(usage.ru_utime + usage.ru_stime, usage.ru_maxrss * RSS_UNIT / 2**20)
+
+
+def usage_line(task_id: str, map_index: int, try_number: int, state: str, own: Usage, children: Usage) -> str:
+    return (
+        f"{PREFIX}task={task_id} map_index={map_index} try={try_number} state={state} "
+        f"cpu_s={own.cpu_s:.3f} peak_rss_mb={own.peak_rss_mb:.1f} "
+        f"children_cpu_s={children.cpu_s:.3f} children_peak_rss_mb={children.peak_rss_mb:.1f}"
+    )
+
+
+LINE = re.compile(
+    re.escape(PREFIX) + r"task=(?P<task>\S+) map_index=(?P<map_index>-?\d+) try=(?P<try>\d+) state=(?P<state>\w+) "
+    r"cpu_s=(?P<cpu_s>[\d.]+) peak_rss_mb=(?P<peak_rss_mb>[\d.]+) "
+    r"children_cpu_s=(?P<children_cpu_s>[\d.]+) children_peak_rss_mb=(?P<children_peak_rss_mb>[\d.]+)"
+)
+
+
+def parse_usage_line(text: str) -> dict[str, Any] | None:
+    """The first usage line in `text` (a log line, or a whole log), its numbers as numbers; None when there is none."""
+    found = LINE.search(text)
+    if found is None:
+        return None
+    fields: dict[str, Any] = found.groupdict()
+    for name in ("map_index", "try"):
+        fields[name] = int(fields[name])
+    for name in ("cpu_s", "peak_rss_mb", "children_cpu_s", "children_peak_rss_mb"):
+        fields[name] = float(fields[name])
+    return fields
+
+
+def log_usage(task_instance: Any, state: str) -> None:
+    if task_instance.dag_id not in DAG_IDS:
+        return
+    own, children = Usage.of(resource.RUSAGE_SELF), Usage.of(resource.RUSAGE_CHILDREN)
+    map_index = getattr(task_instance, "map_index", -1)
+    try_number = getattr(task_instance, "try_number", 0) or 0
+    log.info("%s", usage_line(task_instance.task_id, map_index, try_number, state, own, children))
+
+
+@hookimpl
+def on_task_instance_success(previous_state: Any, task_instance: Any) -> None:
+    log_usage(task_instance, "success")
+
+
+@hookimpl
+def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any) -> None:
+    log_usage(task_instance, "failed")
