@@ -187,16 +187,13 @@ class ChatRenderer:
         entry's UTF-8 length is at least the text it decodes to (SentencePiece's `▁`, byte fallback's `<0x41>`).
         A Unicode-composing normaliser (NFC, NFKC) shrinks text at most threefold (three Hangul jamo, one syllable).
         None, so no cheap bound, when another normaliser could shrink text without limit (whitespace stripping)."""
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
-
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         normalizer = getattr(backend, "normalizer", None)
         shrink = 1 if normalizer is None else 3 if type(normalizer).__name__ in ("NFC", "NFKC") else None
         if shrink is None:
             return None
-        byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
         added = set(self.tokenizer.get_added_vocab())
-        longest = max(len(entry_bytes(token, byte_of, token in added)) for token in self.tokenizer.get_vocab())
+        longest = max(len(entry_bytes(token, token in added)) for token in self.tokenizer.get_vocab())
         return longest * shrink
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
