@@ -38,10 +38,15 @@ class ByteTableDecoder:
         if getattr(tokenizer, "clean_up_tokenization_spaces", False):
             return None
         added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
-        table = []
-        for token_id in range(len(tokenizer)):
-            token = added.get(token_id) or backend.id_to_token(token_id) or ""
-            table.append(entry_bytes(token, token_id in added))
+        size = len(tokenizer)
+        tokens = [""] * size  # one get_vocab call, not one id_to_token call per id (160k for Kimi)
+        for token, token_id in backend.get_vocab(with_added_tokens=False).items():
+            if 0 <= token_id < size:
+                tokens[token_id] = token
+        table = [
+            entry_bytes(added[token_id], True) if token_id in added else entry_bytes(token)
+            for token_id, token in enumerate(tokens)
+        ]
         decoder = cls(table, backend)
         return decoder if decoder._agrees_with(backend, len(table)) else None
 
