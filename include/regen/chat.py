@@ -166,6 +166,26 @@ class ChatRenderer:
             return [int(i) for i in ids]
         return [int(i) for i in self.tokenizer.encode(self.render_text(messages, tools), **self._encode_kwargs)]
 
+    @property
+    def encodes_rendered_text(self) -> bool:
+        """Whether `encode_texts([render_text(...)])` gives exactly `render_ids(...)`: whether the template's text is
+        what SGLang encodes for this tokenizer (see `_encoding_path`), so prompts may be rendered to text one by one
+        and encoded in batches."""
+        return self._encode_via_text
+
+    def encode_texts(self, texts: list[str], add_special_tokens: bool | None = None) -> list[list[int]]:
+        """`tokenizer.encode(text)` of each text, with `render_ids`' arguments unless `add_special_tokens` is given.
+        A fast tokenizer encodes them in one batch call, whose per-text path is its encode's (`_encode_plus`): its
+        per-call cost (argument checks, converting the result) is paid once per batch instead of once per text. A
+        slow one, whose encode may be its own (Kimi's remote code overrides it), encodes them one by one."""
+        kwargs = self._encode_kwargs if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+        if not texts:  # the batch call refuses an empty list
+            return []
+        if not getattr(self.tokenizer, "is_fast", False):
+            return [[int(i) for i in self.tokenizer.encode(text, **kwargs)] for text in texts]
+        encoded = self.tokenizer(texts, return_attention_mask=False, return_token_type_ids=False, **kwargs)
+        return list(encoded["input_ids"])
+
     def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         messages, served = self.served(messages, tools)
         return str(
@@ -187,16 +207,13 @@ class ChatRenderer:
         entry's UTF-8 length is at least the text it decodes to (SentencePiece's `▁`, byte fallback's `<0x41>`).
         A Unicode-composing normaliser (NFC, NFKC) shrinks text at most threefold (three Hangul jamo, one syllable).
         None, so no cheap bound, when another normaliser could shrink text without limit (whitespace stripping)."""
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
-
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         normalizer = getattr(backend, "normalizer", None)
         shrink = 1 if normalizer is None else 3 if type(normalizer).__name__ in ("NFC", "NFKC") else None
         if shrink is None:
             return None
-        byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
         added = set(self.tokenizer.get_added_vocab())
-        longest = max(len(entry_bytes(token, byte_of, token in added)) for token in self.tokenizer.get_vocab())
+        longest = max(len(entry_bytes(token, token in added)) for token in self.tokenizer.get_vocab())
         return longest * shrink
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:

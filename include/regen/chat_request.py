@@ -26,6 +26,7 @@ A `Refused` is what the server answers with HTTP 400 for the same request.
 from __future__ import annotations
 
 import copy
+import json
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -124,9 +125,39 @@ def standardise_types(schema: Any) -> None:
 
 
 def served_parameters(parameters: Any, index: int) -> Any:
-    """A tool's parameters as the template sees them, checked as SGLang checks them (on a copy: data stays as given)."""
+    """A tool's parameters as the template sees them, checked as SGLang checks them (on a copy: data stays as given).
+
+    Memoised by the parameters' JSON text: a dataset repeats the same few tool lists on thousands of rows, and
+    jsonschema's meta-schema check costs about a millisecond each time (and the deep copy more than reading JSON
+    back). Parameters are JSON data (read from rows or stored columns), so their JSON text is all of what they are."""
     if parameters is None:
         return None
+    try:
+        given = json.dumps(parameters, ensure_ascii=False)  # key order kept: the template prints keys in this order
+    except (TypeError, ValueError, RecursionError):  # not JSON data (built in code): checked as it is, uncached
+        standard, problem = _standard_and_problem(parameters)
+    else:
+        served, problem = _served_json(given)
+        standard = json.loads(served) if problem is None else None
+    if problem == TOO_DEEP:
+        raise Refused(f"Tool {index} function 'parameters' schema is too deeply nested or contains a cycle.")
+    if problem is not None:
+        raise Refused(f"Tool {index} function has invalid 'parameters' schema: {problem}")
+    return standard
+
+
+TOO_DEEP = "too deep"
+
+
+@lru_cache(maxsize=1024)
+def _served_json(given: str) -> tuple[str, str | None]:
+    standard, problem = _standard_and_problem(json.loads(given))
+    return json.dumps(standard, ensure_ascii=False), problem
+
+
+def _standard_and_problem(parameters: Any) -> tuple[Any, str | None]:
+    """The parameters with SGLang's type names, and why SGLang refuses them as a JSON Schema (jsonschema's message,
+    or TOO_DEEP), None when it does not."""
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
@@ -134,10 +165,10 @@ def served_parameters(parameters: Any, index: int) -> Any:
         parameters = standard_parameters(parameters)
         Draft202012Validator.check_schema(parameters)
     except SchemaError as e:
-        raise Refused(f"Tool {index} function has invalid 'parameters' schema: {e.message}") from None
+        return parameters, str(e.message)
     except RecursionError:
-        raise Refused(f"Tool {index} function 'parameters' schema is too deeply nested or contains a cycle.") from None
-    return parameters
+        return None, TOO_DEEP
+    return parameters, None
 
 
 def standard_parameters(parameters: Any) -> Any:

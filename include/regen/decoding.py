@@ -31,19 +31,22 @@ class ByteTableDecoder:
     @classmethod
     def build(cls, tokenizer: Any) -> ByteTableDecoder | None:
         from tokenizers import decoders
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
 
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None or not isinstance(backend.decoder, decoders.ByteLevel):
             return None
         if getattr(tokenizer, "clean_up_tokenization_spaces", False):
             return None
-        byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
         added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
-        table = []
-        for token_id in range(len(tokenizer)):
-            token = added.get(token_id) or backend.id_to_token(token_id) or ""
-            table.append(entry_bytes(token, byte_of, token_id in added))
+        size = len(tokenizer)
+        tokens = [""] * size  # one get_vocab call, not one id_to_token call per id (160k for Kimi)
+        for token, token_id in backend.get_vocab(with_added_tokens=False).items():
+            if 0 <= token_id < size:
+                tokens[token_id] = token
+        table = [
+            entry_bytes(added[token_id], True) if token_id in added else entry_bytes(token)
+            for token_id, token in enumerate(tokens)
+        ]
         decoder = cls(table, backend)
         return decoder if decoder._agrees_with(backend, len(table)) else None
 

@@ -74,6 +74,9 @@ def check_render_drift(prompts: pa.Table, renderer: ChatRenderer, fraction: floa
     return count
 
 
+DRIFT_BATCH = 256  # decoded answers re-encoded per tokenizer call (a few MB of text at most)
+
+
 @dataclass(frozen=True)
 class ValidateSettings:
     render_check_fraction: float = 0.01  # of each shard's prompts re-rendered and compared with the stored ids
@@ -118,10 +121,10 @@ def run_validate(
                     rejections.add(answer.id, Reason.of(verdict.verdict), verdict.detail, finish=answer.finish_reason)
                 else:
                     stats.keep()
-                drift = None
+                columns.append(answer, verdict, len(prompt_ids))
                 if verdict.decoded is not None and settings.retokenize(answer.id, columns.measured):
-                    drift = renderer.tokenizer.encode(verdict.decoded, add_special_tokens=False) != answer.output_ids
-                columns.append(answer, verdict, len(prompt_ids), drift)
+                    columns.measure_drift(verdict.decoded, answer.output_ids, renderer)
+            columns.flush_drift(renderer)
         files = rejections.upload()
     key = shard.keys.verdicts
     files[key] = write_table(storage, key, columns.table())
@@ -130,13 +133,15 @@ def run_validate(
 
 
 class _Columns:
-    """The verdicts file's columns, filled a record at a time."""
+    """The verdicts file's columns, filled a record at a time; the re-tokenisation drift of the sampled records is
+    measured in batches (`DRIFT_BATCH` texts per encode call), filled in where each record's row is."""
 
     def __init__(self) -> None:
         self.data: dict[str, list[Any]] = {name: [] for name in VERDICTS_SCHEMA.names}
-        self.measured = 0  # records whose re-tokenisation drift was measured
+        self.measured = 0  # records whose re-tokenisation drift was measured (or is waiting in the batch)
+        self._waiting: list[tuple[int, str, list[int]]] = []  # (row, decoded text, output ids)
 
-    def append(self, answer: RawAnswer, verdict: Judgement, prompt_len: int, drift: bool | None) -> None:
+    def append(self, answer: RawAnswer, verdict: Judgement, prompt_len: int) -> None:
         row = {
             "id": answer.id,
             "verdict": verdict.verdict,
@@ -146,11 +151,25 @@ class _Columns:
             "output_len": len(answer.output_ids),
             "reasoning_len": verdict.reasoning_len,
             "tool_calls": verdict.tool_calls,
-            "retokenize_drift": drift,
+            "retokenize_drift": None,  # null where not sampled; set by flush_drift where sampled
         }
-        self.measured += drift is not None
         for name, value in row.items():
             self.data[name].append(value)
 
+    def measure_drift(self, decoded: str, output_ids: list[int], renderer: ChatRenderer) -> None:
+        """encode(decode(output_ids)) != output_ids for the last appended row, measured with its batch."""
+        self._waiting.append((len(self.data["id"]) - 1, decoded, output_ids))
+        self.measured += 1
+        if len(self._waiting) >= DRIFT_BATCH:
+            self.flush_drift(renderer)
+
+    def flush_drift(self, renderer: ChatRenderer) -> None:
+        encoded = renderer.encode_texts([decoded for _, decoded, _ in self._waiting], add_special_tokens=False)
+        for (row, _, output_ids), ids in zip(self._waiting, encoded, strict=True):
+            self.data["retokenize_drift"][row] = ids != output_ids
+        self._waiting.clear()
+
     def table(self) -> pa.Table:
+        if self._waiting:
+            raise RuntimeError("verdicts written before the sampled drift was measured (flush_drift)")
         return pa.Table.from_pydict(self.data, schema=VERDICTS_SCHEMA)

@@ -44,6 +44,25 @@ def test_generation_keeps_raw_ids_and_meta(simulator: Simulator, renderer: ChatR
     assert result.attempts == 1 and stats.requests == 1 and result.rid.startswith("sample-1-")
 
 
+def test_a_rid_never_repeats_for_one_sample_asked_again(simulator: Simulator, renderer: ChatRenderer) -> None:
+    """The same sample asked twice by one client, and by a second client (a retried task), gets three rids."""
+    prompt = renderer.render_ids([{"role": "user", "content": "hello"}], None)
+
+    async def ask() -> list[str]:
+        async with aiohttp.ClientSession() as session:
+            pool = EndpointPool([simulator.url], session, fleet_wait_s=1)
+            first, second = SGLangClient(pool, session), SGLangClient(pool, session)
+            try:
+                answers = [await client.generate(prompt, SAMPLING, "sample-9") for client in (first, first, second)]
+            finally:
+                await pool.close()
+            return [answer.rid for answer in answers]
+
+    rids = asyncio.run(ask())
+    assert len(set(rids)) == 3 and all(rid.startswith("sample-9-") and rid.endswith("-1") for rid in rids)
+    assert {r["rid"] for r in simulator.records()} >= set(rids)
+
+
 def test_400_is_permanent_with_the_servers_message(simulator: Simulator) -> None:
     with pytest.raises(PermanentError, match=r"top_p must be in \(0, 1\]"):
         asyncio.run(_generate([simulator.url], [1, 2, 3], {**SAMPLING, "top_p": 0.0}))

@@ -60,15 +60,46 @@ def render(
     renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
 ) -> list[int] | Rejection:
     """Prompt ids, or a rejection when the template refuses the conversation or it exceeds the profile's limit."""
-    limit = renderer.profile.max_prompt_tokens
     try:
         if too_long := _certainly_too_long(renderer, messages, tools):
             return too_long
         ids = renderer.render_ids(messages, tools)
-    except TemplateError as e:
-        return Rejection(Reason.TEMPLATE_ERROR, str(e)[:300])
-    except Refused as e:  # normalise refuses these first; a conversation built elsewhere may still hold one
+    except (TemplateError, Refused) as e:
+        return _refused(e)
+    return _within_limit(renderer, ids)
+
+
+def render_many(renderer: ChatRenderer, jobs: list[Job]) -> list[Result]:
+    """`render` of each job (None stays None), the same ids and rejections; where the renderer's batch encode is
+    its per-prompt one (`encodes_rendered_text`), the texts are rendered one by one and encoded in one batch."""
+    if not renderer.encodes_rendered_text:
+        return [None if job is None else render(renderer, *job) for job in jobs]
+    results: list[Result] = [None] * len(jobs)
+    texts, positions = [], []
+    for position, job in enumerate(jobs):
+        if job is None:
+            continue
+        try:
+            if too_long := _certainly_too_long(renderer, *job):
+                results[position] = too_long
+                continue
+            texts.append(renderer.render_text(*job))
+            positions.append(position)
+        except (TemplateError, Refused) as e:
+            results[position] = _refused(e)
+    for position, ids in zip(positions, renderer.encode_texts(texts), strict=True):
+        results[position] = _within_limit(renderer, ids)
+    return results
+
+
+def _refused(e: TemplateError | Refused) -> Rejection:
+    if isinstance(e, Refused):  # normalise refuses these first; a conversation built elsewhere may still hold one
         return Rejection(Reason.TEMPLATE_ERROR, f"SGLang's chat layer refuses it: {e}"[:300])
+    return Rejection(Reason.TEMPLATE_ERROR, str(e)[:300])
+
+
+def _within_limit(renderer: ChatRenderer, ids: list[int]) -> list[int] | Rejection:
+    limit = renderer.profile.max_prompt_tokens
     if len(ids) > limit:
         return Rejection(Reason.PROMPT_TOO_LONG, f"{len(ids)} tokens > {limit}")
     return ids
@@ -101,7 +132,7 @@ def _start_worker(profile: Profile) -> None:
 def _render_chunk(jobs: list[Job]) -> list[Result]:
     if _worker_renderer is None:
         raise RuntimeError("tokeniser worker used before its renderer was built")
-    return [None if job is None else render(_worker_renderer, *job) for job in jobs]
+    return render_many(_worker_renderer, jobs)
 
 
 def _job(outcome: Conversation | Rejection) -> Job:
@@ -141,11 +172,10 @@ def render_ordered(
     if workers > 1:
         yield from _render_in_pool(chain(head, iterator), renderer.profile, workers)
         return
-    for payload, outcome in chain(head, iterator):
-        if isinstance(outcome, Rejection):
-            yield payload, outcome
-        else:
-            yield payload, _settle(outcome, render(renderer, outcome.messages, outcome.tools))
+    for chunk in _chunks(chain(head, iterator), CHUNK_SIZE):
+        results = render_many(renderer, [_job(outcome) for _, outcome in chunk])
+        for (payload, outcome), result in zip(chunk, results, strict=True):
+            yield payload, _settle(outcome, result)
 
 
 class _WorkerProcess(multiprocessing.context.SpawnProcess):

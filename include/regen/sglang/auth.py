@@ -41,6 +41,8 @@ class ApiKeys:
         return f"ApiKeys(fleet_key={'set' if self._fleet_key else 'none'}, endpoints={len(self._by_origin)})"
 
     def key_for(self, url: URL) -> str | None:
+        if not self._by_origin:  # no per-endpoint keys: no URL origin to build on every request
+            return self._fleet_key
         return self._by_origin.get(url.origin(), self._fleet_key)
 
     async def __call__(self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
 import time
@@ -131,6 +132,9 @@ class SGLangClient:
         self.max_attempts = max_attempts
         self.backoff_max_s = backoff_max_s
         self.stats = ClientStats()
+        # A rid never repeats, even across task retries: a random prefix per client (a retried task builds a new
+        # one), then a count per sample (one urandom read per client, not per request).
+        self._nonce_prefix, self._samples = uuid.uuid4().hex[:8], itertools.count()
 
     async def _attempt(self, payload: bytes, rid: str, avoid: str | None) -> Generation:
         endpoint = await self.pool.acquire(avoid)
@@ -169,7 +173,7 @@ class SGLangClient:
         """One sample: transient faults retried with exponential backoff and jitter, on another endpoint if any.
 
         The request body is encoded once per sample; only the rid changes between attempts."""
-        nonce = uuid.uuid4().hex[:8]  # a rid never repeats, even across task retries
+        nonce = f"{self._nonce_prefix}{next(self._samples):x}"
         body = _encoder.encode({"input_ids": prompt_ids, "sampling_params": sampling_params, "rid": ""})
         head, tail = body[: -len(b'""}')], b'"}'  # the body ends with the empty rid
         retrying = AsyncRetrying(

@@ -221,15 +221,12 @@ def write_tiktoken_directory(target: Path) -> None:
     tokenizer_config.json (auto_map, the special tokens), chat_template.jinja, and the two Python modules."""
     import base64
 
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
     from regen.tokenizers.vocab import entry_bytes
 
     fast = json.loads((ensure_mini_tokenizer() / "tokenizer.json").read_text(encoding="utf-8"))
-    byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
     lines = []
     for token, rank in sorted(fast["model"]["vocab"].items(), key=lambda item: item[1]):
-        lines.append(f"{base64.b64encode(entry_bytes(token, byte_of)).decode()} {rank}\n")
+        lines.append(f"{base64.b64encode(entry_bytes(token)).decode()} {rank}\n")
     (target / "tiktoken.model").write_text("".join(lines), encoding="ascii")
     flags = {"lstrip": False, "rstrip": False, "normalized": False, "single_word": False}
     added = {

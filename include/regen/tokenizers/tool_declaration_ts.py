@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -77,11 +78,28 @@ def kimi_template_inputs(tools: Any) -> tuple[Any, dict[str, str]]:
     tools = sort_keys_deep(tools)
     if not tools:
         return tools, {}
+    try:  # keys already sorted at every depth: this is the canonical JSON
+        canonical = json.dumps(tools, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):  # not JSON data (tools built in code): encoded as they are
+        declaration = _declaration(tools)
+    else:
+        declaration = _cached_declaration(canonical)
+    return tools, {} if declaration is None else {"tools_ts_str": declaration}
+
+
+@lru_cache(maxsize=256)
+def _cached_declaration(canonical: str) -> str | None:
+    """The declaration of one canonical tools list, once per process: a dataset repeats the same few tool lists on
+    thousands of rows, and every row's prompt declares them."""
+    return _declaration(json.loads(canonical))
+
+
+def _declaration(tools: Any) -> str | None:
     try:
-        return tools, {"tools_ts_str": tools_to_typescript(tools)}
+        return tools_to_typescript(tools)
     except Exception as e:  # any failure means "declare as JSON", exactly as in the real tokenizer
         log.warning("tools declared as JSON: the TypeScript encoder refused them (%r)", e)
-        return tools, {}
+        return None
 
 
 def tools_to_typescript(tools: Any) -> str:
