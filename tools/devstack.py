@@ -203,6 +203,7 @@ class Stack:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(self.heartbeat_timeout_s),
             "AIRFLOW__SCHEDULER__LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "60",  # as docker-compose.yaml: a restart adopts soon
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(s3_conn),
             "REGEN_CONFIG": str(os.environ.get("REGEN_CONFIG", ROOT / "config" / "regen.yaml")),
             "PYTHONUNBUFFERED": "1",

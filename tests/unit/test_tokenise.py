@@ -1,16 +1,15 @@
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
-
-import pytest
+from typing import Any
 
 from regen.chat import ChatRenderer
-from regen.datasets import tokenise
 from regen.datasets.normalise import Conversation, Rejection
 from regen.datasets.tokenise import Rendered, render_ordered
+from regen.profiles import lookup
 from regen.reasons import Reason
 from regen.tokenizers.slow_kimi import ensure_slow_tokenizer
 
@@ -68,12 +67,33 @@ def test_the_slow_python_tokenizer_gives_the_mini_tokenizers_ids(renderer: ChatR
         assert slow.decode(ids) == renderer.decode(ids)
 
 
-def test_a_daemonic_process_tokenises_in_process(renderer: ChatRenderer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Daemonic processes may not have children (a worker of some executors): prepare still runs, in-process."""
-    monkeypatch.setattr(tokenise.multiprocessing, "current_process", lambda: SimpleNamespace(daemon=True))
-    items = [(0, CONVERSATIONS[0])]
-    in_workers = list(render_ordered(items, renderer, workers=4, in_process_below=0))
-    assert in_workers == list(render_ordered(items, renderer, workers=1))
+def _tokenise_in_a_daemon(results: Any) -> None:
+    """A daemonic process's work, as a Celery pool process runs a task: prepare's workers, and what they said."""
+    import logging
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("regen.datasets.tokenise").addHandler(handler)
+    logging.getLogger("regen.datasets.tokenise").setLevel(logging.INFO)
+    renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
+    items = [(i, c) for i, c in enumerate(CONVERSATIONS)]
+    rendered = list(render_ordered(items, renderer, workers=2, in_process_below=0))
+    results.put((multiprocessing.current_process().daemon, said, [r for _, r in rendered]))
+
+
+def test_a_daemonic_process_tokenises_in_worker_processes(renderer: ChatRenderer) -> None:
+    """Celery runs tasks in daemonic processes, which multiprocessing forbids children: prepare still starts its
+    tokeniser workers there, and their ids are those of rendering in-process."""
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    daemon = context.Process(target=_tokenise_in_a_daemon, args=(results,), daemon=True)
+    daemon.start()
+    was_daemonic, said, rendered = results.get(timeout=120)
+    daemon.join(30)
+    assert was_daemonic is True and daemon.exitcode == 0
+    assert "tokenising with 2 worker processes (spawn, profile kimi-k2.5-mini)" in said
+    assert rendered == [r for _, r in render_ordered(enumerate(CONVERSATIONS), renderer, workers=1)]
 
 
 MAIN_THAT_BREAKS_WHEN_IMPORTED = """

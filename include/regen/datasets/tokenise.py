@@ -160,14 +160,11 @@ def render_ordered(
     in_process_below: int = IN_PROCESS_BELOW,
 ) -> Generator[tuple[T, Rendered | Rejection], None, None]:
     """Each item's conversation rendered (rejections pass through untouched), in input order. Rendering runs in this
-    process with one worker, for fewer than `in_process_below` items (starting a worker costs about a second, more
-    than rendering a small dataset), and inside a daemonic process, which may not have children."""
+    process with one worker, and for fewer than `in_process_below` items (starting a worker costs about a second,
+    more than rendering a small dataset)."""
     iterator = iter(items)
     head = list(islice(iterator, in_process_below))
     if workers > 1 and len(head) < in_process_below:
-        workers = 1
-    elif workers > 1 and multiprocessing.current_process().daemon:
-        log.warning("this process is daemonic and may not start tokeniser workers; tokenising in-process")
         workers = 1
     if workers > 1:
         yield from _render_in_pool(chain(head, iterator), renderer.profile, workers)
@@ -179,18 +176,26 @@ def render_ordered(
 
 
 class _WorkerProcess(multiprocessing.context.SpawnProcess):
-    """A spawned process that does not import the parent's `__main__` again. Spawn normally re-imports it in every
-    child; in an Airflow task that is the `airflow` command, whose import initialises Airflow and fails there (task
-    processes have no database), so every worker would die at start. The workers need nothing from `__main__`, so
-    for the instant of the launch it is a blank module, and nothing of it is sent to the child."""
+    """A spawned process that does not import the parent's `__main__` again, and starts from a daemonic process too.
+    Spawn normally re-imports `__main__` in every child; in an Airflow task that is the `airflow` command, whose
+    import initialises Airflow and fails there (task processes have no database), so every worker would die at
+    start. The workers need nothing from `__main__`, so for the instant of the launch it is a blank module, and
+    nothing of it is sent to the child."""
 
     def start(self) -> None:
         main = sys.modules["__main__"]
         sys.modules["__main__"] = types.ModuleType("__main__")
+        # A Celery worker runs tasks in daemonic pool processes, and multiprocessing refuses children there, lest
+        # they outlive a parent that is terminated. These cannot: a worker exits when its call queue breaks, which
+        # the parent's death does. So the rule is lifted for the launch, and prepare keeps its workers on Celery.
+        config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+        daemonic = config.get("daemon")
+        config["daemon"] = False
         try:
             super().start()
         finally:
             sys.modules["__main__"] = main
+            config["daemon"] = daemonic
 
 
 class _WorkerContext(multiprocessing.context.SpawnContext):
