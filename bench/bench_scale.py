@@ -2,7 +2,7 @@
 CPU, memory, metadata DB and storage go, and how far the pipeline's CPU is from the floor (bench_floor.py).
 
     .venv/bin/python bench/bench_scale.py [--prompts 1000000] [--shape production|short] [--endpoints 2]
-        [--celery] [--kill-at 0.5] [--report var/bench/scale.json]
+        [--celery] [--kill-at 0.5] [--fault-rate 0.21] [--report var/bench/scale.json]
 
 Airflow (scheduler, dag-processor, api-server; LocalExecutor on PostgreSQL, or CeleryExecutor with two workers on
 Redis with --celery) runs the DAG on N generated rows (scale_rows.py; `--on-policy-share` of them C1-style
@@ -205,6 +205,22 @@ def processes(result: dict[str, Any], stages: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def fleet_health(folder: Path) -> dict[str, Any]:
+    """Requests, retries by cause and ejections over the run's generate tasks, from the run report."""
+    reports = sorted((folder / "storage" / PROFILE / "runs").glob("*.json"))
+    datasets = json.loads(reports[-1].read_text())["datasets"] if reports else []  # none: the run never reported
+    generations = [g for d in datasets for g in d.get("generation", [])]
+    retries: dict[str, int] = {}
+    for g in generations:
+        for cause, n in g["retries_by_cause"].items():
+            retries[cause] = retries.get(cause, 0) + n
+    return {
+        "requests": sum(g["requests"] for g in generations),
+        "retries_by_cause": retries,
+        "ejections": sum(g.get("ejections", 0) for g in generations),
+    }
+
+
 def published(folder: Path, datasets: list[str], prompts: int) -> dict[str, Any]:
     root = folder / "storage"
     versions, checks, verify = [], {}, {}
@@ -233,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=256)
     parser.add_argument("--celery", action="store_true", help="CeleryExecutor, two workers on Redis")
     parser.add_argument("--kill-at", type=float, default=None, metavar="FRACTION")
+    parser.add_argument(
+        "--fault-rate",
+        type=float,
+        default=0.0,
+        help="share of /generate calls each simulator fails, in four equal parts: 503 queue full, abort, connection "
+        "reset, 500 (fleet health: flaky servers are kept)",
+    )
     parser.add_argument("--no-floor", action="store_true")
     parser.add_argument(
         "--stack-name", default="bench_scale", help="names the stack's database: two benches at once need two names"
@@ -263,6 +286,9 @@ def bench(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     datasets = ["scale", *(["scale_on_policy"] if on_policy else [])]
     part = max(4, args.answer_tokens // 4)  # reasoning and answer, each uniform in [part, 3 part]
     simulator_args = ["--max-running", "1024", "--min-tokens", str(part), "--max-tokens", str(3 * part)]
+    if args.fault_rate:
+        for fault in ("http-503", "abort", "reset", "http-500"):
+            simulator_args += [f"--{fault}-rate", str(args.fault_rate / 4)]
     stack = Stack(
         folder / "airflow",
         purpose=args.stack_name,
@@ -286,6 +312,7 @@ def bench(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
         "endpoints": args.endpoints,
         "executor": stack.executor,
         "kill_at": args.kill_at,
+        "fault_rate": args.fault_rate,
         **{k: result[k] for k in ("run_id", "state", "wall_s", "kill", "failures", "simulator_answers")},
         "prompts_per_s": round(args.prompts / result["wall_s"], 1),
         **table,
@@ -293,6 +320,7 @@ def bench(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
         "db_growth": result["db_growth"],
         "xcom": result["xcom"],
         **published(folder, datasets, args.prompts),
+        "fleet_health": fleet_health(folder),
         "floor": floor,
         "task_usage": result["usage"],  # every task try's usage line
     }

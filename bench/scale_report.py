@@ -73,5 +73,10 @@ def print_report(r: dict[str, Any]) -> None:
     table(f"storage: {s['objects']} objects, {s['mb']} MB", ["folder", "objects", "mb", "obj/1k", "kb/1k"], rows)
     for dataset, v in r["verify"].items():
         print(f"regen verify {dataset}: exit {v['exit']}, {v['wall_s']} s wall, {v['cpu_s']} s CPU {v['problems']}")
+    health = r["fleet_health"]
+    print(
+        f"fleet health (fault rate {r['fault_rate']}): {health['requests']} requests, retries "
+        f"{health['retries_by_cause']}, {health['ejections']} ejections"
+    )
     for dataset, c in r["exactly_once"].items():
         print(f"exactly once, {dataset}: {c}")
