@@ -72,7 +72,7 @@ def response_bodies(rng: np.random.Generator, prompt_lens: list[int], answer_tok
         ids = rng.integers(0, vocab, size=length).tolist()
         meta = {
             "id": f"{n:032x}",
-            "finish_reason": {"type": "stop", "matched": 163586},
+            "finish_reason": {"type": "stop", "matched": ids[-1]},  # the stop token ends the ids
             "prompt_tokens": prompt_len,
             "weight_version": "default",
             "completion_tokens": length,

@@ -233,7 +233,26 @@ def published(folder: Path, datasets: list[str], prompts: int) -> dict[str, Any]
         versions.append(version)
         checks[dataset] = measure.exactly_once(version, manifest, 1, on_policy=dataset.endswith("on_policy"))
         verify[dataset] = measure.time_verify(dataset, root)
-    return {"storage": measure.storage_usage(versions, prompts), "exactly_once": checks, "verify": verify}
+    return {
+        "storage": measure.storage_usage(versions, prompts),
+        "exactly_once": checks,
+        "verify": verify,
+        "page": page_cold_load(root, datasets),
+    }
+
+
+def page_cold_load(root: Path, datasets: list[str]) -> dict[str, Any]:
+    """The Drafter data page on the result, as its first visitor gets it: the catalog read with no cache, then the
+    HTML rendered."""
+    from regen.storage import LocalStorage
+    from regen.ui.catalog import Catalog
+    from regen.ui.page import page
+
+    storage = LocalStorage(root)
+    started = time.perf_counter()
+    overview = Catalog(storage, PROFILE).overview(datasets)
+    html = page(storage.root_uri, PROFILE, overview)
+    return {"cold_load_s": round(time.perf_counter() - started, 3), "html_bytes": len(html.encode())}
 
 
 def main(argv: list[str] | None = None) -> int:

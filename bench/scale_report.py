@@ -73,6 +73,7 @@ def print_report(r: dict[str, Any]) -> None:
     table(f"storage: {s['objects']} objects, {s['mb']} MB", ["folder", "objects", "mb", "obj/1k", "kb/1k"], rows)
     for dataset, v in r["verify"].items():
         print(f"regen verify {dataset}: exit {v['exit']}, {v['wall_s']} s wall, {v['cpu_s']} s CPU {v['problems']}")
+    print(f"Drafter data page, cold load on the result: {r['page']['cold_load_s']} s, {r['page']['html_bytes']} bytes")
     health = r["fleet_health"]
     print(
         f"fleet health (fault rate {r['fault_rate']}): {health['requests']} requests, retries "
