@@ -110,8 +110,8 @@ def eagle3_regen() -> None:
 
         _label(group["dataset"], group["first"], group["count"])
         keys = sglang_api_keys()
-        spec = _run(run)
         with final_errors_fail_now():  # a refused API key, a template changed mid-conversation
+            spec = _run(run)
             shards = pipeline.group_shards(spec, group, s3_client)
             return [pipeline.generate_shard(spec, shard, s3_client, keys) for shard in shards]
 

@@ -104,7 +104,10 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
 
 def prepared_version(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> PreparedDataset:
     """What prepare recorded of this run's version of `dataset` (its prompts/prepare.json)."""
-    storage = _storage(run, s3_client)
+    return _prepared_in(_storage(run, s3_client), run, dataset)
+
+
+def _prepared_in(storage: Storage, run: RunSpec, dataset: str) -> PreparedDataset:
     return PreparedDataset.from_dict(json.loads(storage.get_bytes(run.location(dataset).prepared)))
 
 
@@ -172,7 +175,8 @@ def verify_dataset(run: RunSpec, prepared: dict[str, Any], s3_client: S3ClientFa
     finish. An unchanged dataset has nothing new to verify."""
     if "unchanged_since" in prepared:
         return {"dataset": prepared["dataset"], "unchanged": True}
-    dataset, storage = prepared_version(run, prepared["dataset"], s3_client), _storage(run, s3_client)
+    storage = _storage(run, s3_client)
+    dataset = _prepared_in(storage, run, prepared["dataset"])
     with held(storage, dataset.location, run.run_id):  # its verdict holds only while no other run writes
         return verify_contents(dataset, storage)
 
@@ -196,7 +200,7 @@ def publish_dataset(
     if not verified or "contents" not in verified:
         raise NotVerified(f"{dataset}: verify_dataset did not pass, so nothing is published; its log says why")
     storage = _storage(run, s3_client)
-    prepared_dataset = prepared_version(run, dataset, s3_client)
+    prepared_dataset = _prepared_in(storage, run, dataset)
     cost = run.cost
     with held(storage, prepared_dataset.location, run.run_id):  # the manifest is written by the version's writer
         published = run_publish(

@@ -189,13 +189,13 @@ class _WorkerProcess(multiprocessing.context.SpawnProcess):
         # they outlive a parent that is terminated. These cannot: a worker exits when its call queue breaks, which
         # the parent's death does. So the rule is lifted for the launch, and prepare keeps its workers on Celery.
         config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
-        daemonic = config.get("daemon")
-        config["daemon"] = False
+        daemonic = config.pop("daemon", None)
         try:
             super().start()
         finally:
             sys.modules["__main__"] = main
-            config["daemon"] = daemonic
+            if daemonic is not None:
+                config["daemon"] = daemonic
 
 
 class _WorkerContext(multiprocessing.context.SpawnContext):
