@@ -75,11 +75,12 @@ def preload() -> None:
     try:
         config = load_config()
         renderer = _renderer(config.profile(config.defaults.profile).model_dump_json())
-    except Exception as e:  # noqa: BLE001 (a hint for the log: plan says what to fix)
+    except Exception as e:  # a hint for the log: plan says what to fix
         log.warning("preload skipped (plan will report it): %s", e)
         return
     renderer.decode_in_vocab([0])  # the decode table is built on first use
     import pyarrow.dataset  # noqa: F401 (pyarrow.parquet imports it at the first read, a third of a second)
+
     log.info("preloaded profile %s", renderer.profile.name)
 
 
