@@ -308,17 +308,21 @@ def _against_sources(
         return []  # already named as missing or altered: there is nothing sound to compare with
     prompts = ShardPrompts(read_table(storage, shard["prompts"], ["id", "prompt_ids"]))
     wanted = set(sample_ids)
+    sent: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # answer id -> (prompt ids, output ids)
     with tempfile.TemporaryDirectory(prefix="regen-verify-raw-") as tmp:
-        answers = {a.id: a for a in read_raw(storage, shard["raw"], Path(tmp)) if a.id in wanted}
+        for answer in read_raw(storage, shard["raw"], Path(tmp)):
+            if answer.id in wanted and answer.id in prompts:
+                # Arrays at once, the ints let go answer by answer: a shard's outputs held as Python ints (some 70 MB)
+                # were memory the allocator kept, and the task's RSS grew with every shard verified.
+                sent[answer.id] = (prompts.prompt_of(answer), np.asarray(answer.output_ids, dtype=np.int64))
     differ = []
     for row, sample_id in enumerate(sample_ids):
         start, cut, end = starts[row], starts[row] + prompt_len[row], starts[row] + lengths[row]
-        answer = answers.get(sample_id)
+        prompt, output = sent.get(sample_id, (None, None))
         if (
-            answer is None
-            or sample_id not in prompts
-            or not np.array_equal(values[start:cut], prompts.prompt_of(answer))
-            or not np.array_equal(values[cut:end], answer.output_ids)
+            prompt is None
+            or not np.array_equal(values[start:cut], prompt)
+            or not np.array_equal(values[cut:end], output)
         ):
             differ.append(sample_id)
     if not differ:

@@ -83,14 +83,15 @@ def test_records_that_break_an_invariant_are_found_even_when_their_checksums_mat
     [problem] = verify_version(str(path)).problems  # a file that breaks the structure is not compared further
     vocab = manifest["token_roles"]["vocab_size"]
     assert problem == f"{key}: 1 records with ids outside the vocabulary of {vocab} ({rows[2]['id']})"
-    rows[2]["input_ids"][3] = 7  # inside the vocabulary again: the other two are found
+    rows[2]["input_ids"][3] = 7  # inside the vocabulary again, and so a prompt altered: the others are found
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), root / key)
     manifest["files"][key] = hashlib.sha256((root / key).read_bytes()).hexdigest()
     manifest["sizes"][key] = (root / key).stat().st_size
     path.write_text(json.dumps(manifest))
     problems = verify_version(str(path)).problems
     assert any(f"whose loss mask is not the prompt boundary ({rows[1]['id']})" in p for p in problems), problems
-    assert any("not the prompt sent + the server's output" in p and rows[0]["id"] in p for p in problems), problems
+    [sent] = [p for p in problems if "not the prompt sent + the server's output" in p]
+    assert "2 records whose" in sent and rows[0]["id"] in sent and rows[2]["id"] in sent, sent  # output, prompt
 
 
 def to_s3(
