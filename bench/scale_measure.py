@@ -138,12 +138,23 @@ def usage_by_stage(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for u in lines:
         s = stages.setdefault(
             stage_of(u["task"]),
-            {"tasks": 0, "cpu_s": 0.0, "children_cpu_s": 0.0, "peak_rss_mb": 0.0, "children_peak_rss_mb": 0.0},
+            {
+                "tasks": 0,
+                "cpu_s": 0.0,
+                "children_cpu_s": 0.0,
+                "peak_rss_mb": 0.0,
+                "start_rss_mb": 0.0,
+                "own_rss_mb": 0.0,
+                "children_peak_rss_mb": 0.0,
+            },
         )
         s["tasks"] += 1
         s["cpu_s"] += u["cpu_s"]
         s["children_cpu_s"] += u["children_cpu_s"]
         s["peak_rss_mb"] = max(s["peak_rss_mb"], u["peak_rss_mb"])
+        # What the task began with is its supervisor's; what it grew by, its own (regen_airflow.usage).
+        s["start_rss_mb"] = max(s["start_rss_mb"], u["start_rss_mb"])
+        s["own_rss_mb"] = round(max(s["own_rss_mb"], u["peak_rss_mb"] - u["start_rss_mb"], 0.0), 1)
         s["children_peak_rss_mb"] = max(s["children_peak_rss_mb"], u["children_peak_rss_mb"])
     for s in stages.values():
         s["cpu_s"], s["children_cpu_s"] = round(s["cpu_s"], 2), round(s["children_cpu_s"], 2)

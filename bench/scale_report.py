@@ -40,6 +40,8 @@ def print_report(r: dict[str, Any]) -> None:
             s.get("cpu_s"),
             s.get("children_cpu_s"),
             s.get("peak_rss_mb"),
+            s.get("start_rss_mb"),
+            s.get("own_rss_mb"),
             s.get("children_peak_rss_mb"),
         ]
         for name, s in r["stages"].items()
@@ -53,9 +55,16 @@ def print_report(r: dict[str, Any]) -> None:
         "cpu_s",
         "child_cpu_s",
         "peak_rss_mb",
+        "start_rss_mb",
+        "own_rss_mb",
         "child_rss_mb",
     ]
-    table("stages (every try; cpu and rss from the tasks' usage lines):", header, stage_rows)
+    table(
+        "stages (every try; cpu and rss from the tasks' usage lines; start: the largest a task began with, its "
+        "supervisor's; own: the most a task grew by):",
+        header,
+        stage_rows,
+    )
     if r["floor_ratio"]:
         rows = [[g, v["pipeline_cpu_s"], v["floor_cpu_s"], v["ratio"]] for g, v in r["floor_ratio"].items()]
         table("pipeline task CPU vs the floor:", ["stage", "pipeline_cpu_s", "floor_cpu_s", "ratio"], rows)

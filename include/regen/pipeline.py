@@ -64,7 +64,9 @@ def renderer_for(run: RunSpec) -> ChatRenderer:
 
 @cache
 def _renderer(declaration: str) -> ChatRenderer:
-    return ChatRenderer(Profile.model_validate_json(declaration))
+    profile = Profile.model_validate_json(declaration)
+    log.info("loading profile %s (tokenizer, template) in this process", profile.name)  # not inherited (preload)
+    return ChatRenderer(profile)
 
 
 def preload() -> None:

@@ -318,11 +318,11 @@ def _against_sources(
     differ = []
     for row, sample_id in enumerate(sample_ids):
         start, cut, end = starts[row], starts[row] + prompt_len[row], starts[row] + lengths[row]
-        prompt, output = sent.get(sample_id, (None, None))
+        pair = sent.get(sample_id)
         if (
-            prompt is None
-            or not np.array_equal(values[start:cut], prompt)
-            or not np.array_equal(values[cut:end], output)
+            pair is None
+            or not np.array_equal(values[start:cut], pair[0])
+            or not np.array_equal(values[cut:end], pair[1])
         ):
             differ.append(sample_id)
     if not differ:

@@ -2,12 +2,14 @@
 process itself (the listener runs in the task runner).
 
     eagle3-regen task usage: task=process_shard.generate_shard map_index=3 try=1 state=success cpu_s=12.345
-        peak_rss_mb=412.5 children_cpu_s=0.000 children_peak_rss_mb=0.0
+        peak_rss_mb=412.5 children_cpu_s=0.000 children_peak_rss_mb=0.0 start_rss_mb=265.1
 
 `cpu_s` and `peak_rss_mb` are the task runner's (`getrusage(RUSAGE_SELF)`: user + system seconds since it was
-forked, and its high-water resident set, which on Linux starts at what the forking supervisor held); `children_*` are
-the processes it started and waited for (prepare's tokeniser workers): their CPU summed, the largest one's peak.
-bench/bench_scale.py reads these lines back per task kind; `parse_usage_line` is the one reader.
+forked, and its high-water resident set); `children_*` are the processes it started and waited for (prepare's
+tokeniser workers): their CPU summed, the largest one's peak. `start_rss_mb` is the resident set as the task began:
+a forked process starts with what its supervisor holds, which is the supervisor's, not the task's, so the task's own
+growth is `peak_rss_mb - start_rss_mb`. bench/bench_scale.py reads these lines back per task kind;
+`parse_usage_line` is the one reader.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 import resource
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from airflow.listeners import hookimpl
@@ -40,18 +43,31 @@ class Usage:
         return cls(usage.ru_utime + usage.ru_stime, usage.ru_maxrss * RSS_UNIT / 2**20)
 
 
-def usage_line(task_id: str, map_index: int, try_number: int, state: str, own: Usage, children: Usage) -> str:
+def resident_mb() -> float:
+    """This process's resident set now (Linux's /proc; elsewhere its high-water mark, the nearest there is)."""
+    try:
+        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except OSError:
+        return Usage.of(resource.RUSAGE_SELF).peak_rss_mb
+    return resident_pages * resource.getpagesize() / 2**20
+
+
+def usage_line(
+    task_id: str, map_index: int, try_number: int, state: str, own: Usage, children: Usage, start_rss_mb: float
+) -> str:
     return (
         f"{PREFIX}task={task_id} map_index={map_index} try={try_number} state={state} "
         f"cpu_s={own.cpu_s:.3f} peak_rss_mb={own.peak_rss_mb:.1f} "
-        f"children_cpu_s={children.cpu_s:.3f} children_peak_rss_mb={children.peak_rss_mb:.1f}"
+        f"children_cpu_s={children.cpu_s:.3f} children_peak_rss_mb={children.peak_rss_mb:.1f} "
+        f"start_rss_mb={start_rss_mb:.1f}"
     )
 
 
 LINE = re.compile(
     re.escape(PREFIX) + r"task=(?P<task>\S+) map_index=(?P<map_index>-?\d+) try=(?P<try>\d+) state=(?P<state>\w+) "
     r"cpu_s=(?P<cpu_s>[\d.]+) peak_rss_mb=(?P<peak_rss_mb>[\d.]+) "
-    r"children_cpu_s=(?P<children_cpu_s>[\d.]+) children_peak_rss_mb=(?P<children_peak_rss_mb>[\d.]+)"
+    r"children_cpu_s=(?P<children_cpu_s>[\d.]+) children_peak_rss_mb=(?P<children_peak_rss_mb>[\d.]+) "
+    r"start_rss_mb=(?P<start_rss_mb>[\d.]+)"
 )
 
 
@@ -63,9 +79,12 @@ def parse_usage_line(text: str) -> dict[str, Any] | None:
     fields: dict[str, Any] = found.groupdict()
     for name in ("map_index", "try"):
         fields[name] = int(fields[name])
-    for name in ("cpu_s", "peak_rss_mb", "children_cpu_s", "children_peak_rss_mb"):
+    for name in ("cpu_s", "peak_rss_mb", "children_cpu_s", "children_peak_rss_mb", "start_rss_mb"):
         fields[name] = float(fields[name])
     return fields
+
+
+_started_rss_mb: float | None = None  # set as the task begins, in its own process
 
 
 def log_usage(task_instance: Any, state: str) -> None:
@@ -74,7 +93,14 @@ def log_usage(task_instance: Any, state: str) -> None:
     own, children = Usage.of(resource.RUSAGE_SELF), Usage.of(resource.RUSAGE_CHILDREN)
     map_index = getattr(task_instance, "map_index", -1)
     try_number = getattr(task_instance, "try_number", 0) or 0
-    log.info("%s", usage_line(task_instance.task_id, map_index, try_number, state, own, children))
+    start = _started_rss_mb if _started_rss_mb is not None else own.peak_rss_mb  # never began here: no growth known
+    log.info("%s", usage_line(task_instance.task_id, map_index, try_number, state, own, children, start))
+
+
+@hookimpl
+def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
+    global _started_rss_mb
+    _started_rss_mb = resident_mb()
 
 
 @hookimpl

@@ -134,6 +134,16 @@ def test_every_task_logs_what_it_cost_the_machine(stack: Stack, finished_run: di
         assert usage["cpu_s"] > 0 and usage["peak_rss_mb"] > 50  # a Python process with Airflow loaded
 
 
+def test_tasks_inherit_the_profile_the_scheduler_preloaded(stack: Stack, finished_run: dict[str, Any]) -> None:
+    """The scheduler preloads the default profile (plugins/airflow_local_settings.py): the tasks forked from it use
+    that renderer and never load the tokenizer themselves."""
+    tasks = [(t, i) for t, i, _ in finished_run["states"] if t.startswith(("plan", "process_shard.", "check_server"))]
+    assert any(t == "process_shard.validate_shard" for t, _ in tasks)
+    for task_id, map_index in tasks:
+        log = stack.task_log(finished_run["run_id"], task_id, map_index)
+        assert "loading profile" not in log, f"{task_id}[{map_index}] loaded its profile itself"
+
+
 def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, finished_run: dict[str, Any]) -> None:
     sent = {r["rid"]: r for r in (json.loads(x) for x in Path(stack.record).read_text().splitlines())}
     published = {d["dataset"]: d for d in finished_run["report"]["datasets"]}
