@@ -331,7 +331,7 @@ def judge(
     if prompt_tokens != len(prompt_ids):
         detail = f"sent {len(prompt_ids)} prompt ids, server counted {prompt_tokens}"
         return _reject(Reason.PROMPT_TOKENS_MISMATCH, detail)
-    judgement = judge_output(output, roles, tools, decode, roles.opening_phase, schemas, answer.truncated)
+    judgement = judge_output(output, roles, tools, decode, roles.opening_phase, schemas, answer.truncated, ids)
     if judgement.split is None:
         return judgement
     decoded = decode(output)
@@ -349,10 +349,11 @@ def judge_output(
     phase: str,
     schemas: Callable[[], list[dict[str, Any]]] = list,
     truncated: bool = False,
+    ids: np.ndarray | None = None,
 ) -> Judgement:
     """The verdict on the output's own structure (ids already known to be inside the vocabulary), from the phase the
-    prompt left it in (`TokenRoles.phase_after`)."""
-    ids = np.asarray(output, dtype=np.int64)
+    prompt left it in (`TokenRoles.phase_after`). `ids`: the output as an array, where the caller has it already."""
+    ids = np.asarray(output, dtype=np.int64) if ids is None else ids
     walk = _Walk(output, roles, tools, decode, phase=phase, schemas=schemas)
     marks = mark_table(roles)[ids]
     for pos in np.flatnonzero(marks).tolist():
