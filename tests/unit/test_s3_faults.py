@@ -112,3 +112,19 @@ def test_wrong_credentials_are_named(authenticating_s3: str) -> None:
     refused = r"the S3 credentials were refused \(InvalidAccessKeyId\); fix the access key"
     with pytest.raises(PermissionError, match=refused):
         check_writable(S3Storage("bucket", "x", client(authenticating_s3, access_key="AKIAWRONGKEY")), "probe")
+
+
+def test_outside_airflow_the_client_takes_botocores_retry_variables_or_the_config_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`regen verify` from a shell: AWS_MAX_ATTEMPTS and AWS_RETRY_MODE mean what botocore documents, though the
+    client is made with a config of its own; without them, `defaults.s3`'s retries."""
+    from regen.storage.s3 import default_s3_client
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
+    assert default_s3_client().meta.config.retries == {"mode": "standard", "total_max_attempts": 10}
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
+    assert default_s3_client().meta.config.retries == {"mode": "adaptive", "total_max_attempts": 2}

@@ -36,10 +36,14 @@ def s3_client_config(retry_mode: str, max_attempts: int) -> Any:
 
 def default_s3_client() -> Any:
     """A boto3 S3 client from the environment's credentials (AWS_* variables, profiles), with the default retries of
-    `defaults.s3` (outside Airflow no deployment config is read)."""
+    `defaults.s3` (outside Airflow no deployment config is read), or botocore's own AWS_RETRY_MODE and
+    AWS_MAX_ATTEMPTS where they are set: a client config given explicitly would otherwise override them."""
+    import os
+
     import boto3
 
-    settings = S3Config()
+    given = {"retry_mode": os.environ.get("AWS_RETRY_MODE"), "max_attempts": os.environ.get("AWS_MAX_ATTEMPTS")}
+    settings = S3Config.model_validate({name: value for name, value in given.items() if value})
     return boto3.client("s3", config=s3_client_config(settings.retry_mode, settings.max_attempts))
 
 
