@@ -128,3 +128,6 @@ def test_outside_airflow_the_client_takes_botocores_retry_variables_or_the_confi
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
     assert default_s3_client().meta.config.retries == {"mode": "adaptive", "total_max_attempts": 2}
+    monkeypatch.setenv("AWS_RETRY_MODE", "legacy")
+    with pytest.raises(ValueError, match=r"AWS_RETRY_MODE / AWS_MAX_ATTEMPTS: retry_mode: .*standard or adaptive"):
+        default_s3_client()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from regen.storage.base import CHUNK, READ_BUFFER, KeyExists, StoredObject, is_not_found, segments_match, sha256_file
 
@@ -43,7 +43,14 @@ def default_s3_client() -> Any:
     import boto3
 
     given = {"retry_mode": os.environ.get("AWS_RETRY_MODE"), "max_attempts": os.environ.get("AWS_MAX_ATTEMPTS")}
-    settings = S3Config.model_validate({name: value for name, value in given.items() if value})
+    try:
+        settings = S3Config.model_validate({name: value for name, value in given.items() if value})
+    except ValidationError as e:
+        problems = "; ".join(f"{error['loc'][0]}: {error['msg']}" for error in e.errors())
+        raise ValueError(
+            f"AWS_RETRY_MODE / AWS_MAX_ATTEMPTS: {problems} (this project's S3 clients take the modes standard or "
+            "adaptive and 1 to 50 attempts)"
+        ) from None
     return boto3.client("s3", config=s3_client_config(settings.retry_mode, settings.max_attempts))
 
 
