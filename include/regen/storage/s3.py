@@ -8,6 +8,7 @@ import contextlib
 import glob
 import hashlib
 import io
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -38,8 +39,6 @@ def default_s3_client() -> Any:
     """A boto3 S3 client from the environment's credentials (AWS_* variables, profiles), with the default retries of
     `defaults.s3` (outside Airflow no deployment config is read), or botocore's own AWS_RETRY_MODE and
     AWS_MAX_ATTEMPTS where they are set: a client config given explicitly would otherwise override them."""
-    import os
-
     import boto3
 
     given = {"retry_mode": os.environ.get("AWS_RETRY_MODE"), "max_attempts": os.environ.get("AWS_MAX_ATTEMPTS")}
