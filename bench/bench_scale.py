@@ -2,7 +2,7 @@
 CPU, memory, metadata DB and storage go, and how far the pipeline's CPU is from the floor (bench_floor.py).
 
     .venv/bin/python bench/bench_scale.py [--prompts 1000000] [--shape production|short] [--endpoints 2]
-        [--celery] [--kill-at 0.5] [--fault-rate 0.21] [--report var/bench/scale.json]
+        [--part-prompts 50000] [--celery] [--kill-at 0.5] [--fault-rate 0.21] [--report var/bench/scale.json]
 
 Airflow (scheduler, dag-processor, api-server; LocalExecutor on PostgreSQL, or CeleryExecutor with two workers on
 Redis with --celery) runs the DAG on N generated rows (scale_rows.py; `--on-policy-share` of them C1-style
@@ -66,6 +66,7 @@ def write_config(folder: Path, args: argparse.Namespace, files: dict[str, Path])
             "shard_size": args.shard_size,
             "in_flight": args.in_flight,
             "shard_tasks": args.shard_tasks,
+            **({"prepare_part_prompts": args.part_prompts} if args.part_prompts else {}),
             "retry_delay_s": 5,
             "sampling": {"max_new_tokens": 4096, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0},
         },
@@ -265,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answer-tokens", type=int, default=1000, help="mean answer length, reasoning included")
     parser.add_argument("--shard-size", type=int, default=2000)
     parser.add_argument("--shard-tasks", type=int, default=2, help="generate tasks at once (the pool's slots)")
+    parser.add_argument(
+        "--part-prompts", type=int, default=None, help="a dataset's prepare in parts of this many prompts (config's)"
+    )
     parser.add_argument("--in-flight", type=int, default=256)
     parser.add_argument("--celery", action="store_true", help="CeleryExecutor, two workers on Redis")
     parser.add_argument("--kill-at", type=float, default=None, metavar="FRACTION")

@@ -2,7 +2,8 @@
 
 Wiring only: every task calls one function of `regen.pipeline`, and tasks pass small manifests, never records: no
 XCom grows with the number of prompts (a prepared dataset is its shard count, a group of shards a range).
-plan -> check_server -> prepare (per dataset) -> [generate -> validate -> export] (per shard, pool-limited) ->
+plan -> check_server -> prepare (per dataset; a large one's tokenising in parts, per part) ->
+[generate -> validate -> export] (per shard, pool-limited) ->
 [verify -> publish] (per dataset: every file and record read back, then manifest.json last and one asset event)
 -> report. The run is red unless every selected
 dataset was published or is unchanged since its last version.
@@ -70,6 +71,22 @@ def eagle3_regen() -> None:
         with final_errors_fail_now(f"{dataset}: "):  # a missing or damaged source reads the same on a retry
             return pipeline.prepare_dataset(_run(run), dataset, s3_client)
 
+    @task(trigger_rule=TriggerRule.ALL_DONE)  # one dataset's failed prepare holds back no other's parts
+    def list_prepare_parts(prepared: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from regen import pipeline
+
+        return pipeline.dataset_parts([p for p in prepared if p])
+
+    # A large dataset's tokenising is shared by mapped tasks, one part each (any worker may take one); its one
+    # reader, prepare_dataset, already deduplicated it whole.
+    @task(map_index_template="{{ label }}")
+    def prepare_part(run: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+        from regen import pipeline
+
+        get_current_context()["label"] = f"{part['dataset']}/part-{part['part']:05d}"  # type: ignore[typeddict-unknown-key]
+        with final_errors_fail_now(f"{part['dataset']}: "):  # a changed template renders the same way on a retry
+            return pipeline.prepare_dataset_part(_run(run), part, s3_client)
+
     @task
     def check_server(run: dict[str, Any]) -> list[dict[str, Any]]:
         from regen import pipeline
@@ -78,7 +95,7 @@ def eagle3_regen() -> None:
             return pipeline.check_server(_run(run), sglang_api_keys())
 
     # A dataset whose prepare failed must not hold back the others: shards are listed from the datasets that were
-    # prepared, once the fleet check passed.
+    # prepared, once the fleet check passed; a dataset prepared in parts is recorded whole here, once its parts are.
     @task(trigger_rule=TriggerRule.ALL_DONE)
     def list_shards(
         run: dict[str, Any], prepared: list[dict[str, Any]], fleet: list[dict[str, Any]] | None
@@ -92,7 +109,8 @@ def eagle3_regen() -> None:
                 "no fleet check passed (check_server failed, or plan failed before it ran): no shard is sent to the "
                 "fleet; the earliest failed task says why"
             )
-        return pipeline.shard_groups([p for p in prepared if p], run["shard_task_limit"])
+        finished = pipeline.finish_prepared(_run(run), [p for p in prepared if p], s3_client)
+        return pipeline.shard_groups(finished, run["shard_task_limit"])
 
     # Each mapped task handles one shard, or a group of consecutive shards in turn when a run has more shards than
     # the config's shard_task_limit. The group arrives as a range; generate reads its shards' manifests from prepare's
@@ -185,7 +203,9 @@ def eagle3_regen() -> None:
     fleet = check_server(run)
     prepared = prepare_dataset.partial(run=run).expand(dataset=dataset_names(run))
     fleet >> prepared  # nothing is written for a fleet that cannot serve the run
+    parts = prepare_part.partial(run=run).expand(part=list_prepare_parts(prepared))
     shards = list_shards(run, prepared, fleet)
+    parts >> shards
     processed = process_shard.partial(run=run).expand(group=shards)
     published = deliver_dataset.partial(run=run, fleet=fleet).expand(prepared=prepared)
     report(run, published, fleet)

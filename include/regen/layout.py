@@ -3,6 +3,8 @@
     {profile}/{dataset}/latest.json            the last published version, with its manifest's sha256
     {profile}/{dataset}/{version}/
       prompts/prepare.json                     prepare's record of the version's shards (its presence: prepared)
+      prompts/parts/index.json                 a dataset prepared in parts: its parts, deduplicated (until finished)
+      prompts/parts/part-00003.parquet         a part's prompts to tokenise; part-00003.json: the shards it wrote
       prompts/shard-00042.parquet              id, source_index, source, messages, tools, meta, prompt_ids
       raw/shard-00042/part-*.jsonl             checkpoints written while generating (resume reads them)
       raw/shard-00042/progress.json            the generating task's numbers at its last checkpoint
@@ -10,6 +12,7 @@
       raw/shard-00042.generation.json          how generating went (requests, retries, server seconds)
       train/shard-00042.parquet                training records (and .jsonl when configured); truncated/ alike
       rejected/prepare.jsonl                   rejected rows, each with its reason; rejected/shard-00042-{stage}.jsonl
+      rejected/prepare-part-00003.jsonl        the prompts a prepare part's tokenising rejected
       reports/shard-00042-verdicts.parquet     validate's verdict on every answer
       reports/shard-00042.json                 the shard's final manifest (its presence: the shard is finished)
       report.json, report.html, *.png          the dataset report
@@ -129,6 +132,18 @@ class DatasetLocation:
     @property
     def prepare_rejections(self) -> str:
         return self._key("rejected", "prepare.jsonl")
+
+    @property
+    def prepare_index(self) -> str:
+        """A dataset prepared in parts: what its one reading of the source found, and its parts."""
+        return self._key("prompts", "parts", "index.json")
+
+    def prepare_part(self, part: int, suffix: str = ".parquet") -> str:
+        """A part's prompts to tokenise (`.parquet`), or its record of the shards it wrote (`.json`)."""
+        return self._key("prompts", "parts", f"part-{part:05d}{suffix}")
+
+    def prepare_part_rejections(self, part: int) -> str:
+        return self._key("rejected", f"prepare-part-{part:05d}.jsonl")
 
     def report_file(self, name: str) -> str:
         """report.json, report.html or one of its plots, beside the manifest."""

@@ -17,7 +17,7 @@ from typing import Any
 from regen.chat import ChatRenderer
 from regen.claims import held, release
 from regen.config import ConfigError, load_config
-from regen.datasets.prepare import run_prepare
+from regen.datasets.prepare import PreparedParts, finish_parts, prepare_part, run_prepare
 from regen.datasets.sources import source_digests
 from regen.errors import FinalError
 from regen.export import ExportSettings, run_export
@@ -93,9 +93,10 @@ def _storage(run: RunSpec, s3_client: S3ClientFactory | None) -> Storage:
 
 
 def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
-    """The dataset prepared into prompt shards: its name, shard and prompt counts (the shards themselves are in
-    prompts/prepare.json, see `prepared_version`). Or, when its inputs are those of its last published version (and
-    the run skips unchanged datasets), `unchanged_since` naming that version."""
+    """The dataset read once, normalised and deduplicated, and tokenised into prompt shards: its name, shard and
+    prompt counts (the shards themselves are in prompts/prepare.json, see `prepared_version`). A dataset of more
+    than one part is left in `parts` for `prepare_dataset_part` and `finish_prepared`. Or, when its inputs are those
+    of its last published version (and the run skips unchanged datasets), `unchanged_since` naming that version."""
     location, storage, renderer = run.location(dataset), _storage(run, s3_client), renderer_for(run)
     source, inputs = run.dataset(dataset), {}
     if not storage.exists(location.prepared):  # a new version, not a resumed one
@@ -117,8 +118,51 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
             workers=run.tokenize_workers,
             inputs=inputs,
             run_id=run.run_id,
+            part_prompts=run.prepare_part_prompts,
         )
+    if isinstance(prepared, PreparedParts):
+        return {"dataset": dataset, "parts": prepared.parts, "prompts": prepared.prompts}
     return {"dataset": dataset, "shard_count": len(prepared.shards), "prompts": prepared.stats.kept}
+
+
+def dataset_parts(prepared: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every part of the datasets left in parts (`prepare_dataset`'s summaries), each `{"dataset", "part"}`."""
+    return [{"dataset": p["dataset"], "part": part} for p in prepared for part in range(p.get("parts", 0))]
+
+
+def prepare_dataset_part(
+    run: RunSpec, part: dict[str, Any], s3_client: S3ClientFactory | None = None
+) -> dict[str, Any]:
+    """One part of a dataset tokenised into its shards, in this process: the parts are what runs in parallel, and
+    this process has the renderer already (the preload). Its counts."""
+    location, storage = run.location(part["dataset"]), _storage(run, s3_client)
+    with held(storage, location, run.run_id):
+        record = prepare_part(run.dataset(part["dataset"]), location, storage, renderer_for(run), part["part"], 1)
+    return {**part, "shards": len(record["shards"]), "kept": record["stats"]["kept"]}
+
+
+def finish_prepared(
+    run: RunSpec, prepared: list[dict[str, Any]], s3_client: S3ClientFactory | None = None
+) -> list[dict[str, Any]]:
+    """`prepare_dataset`'s summaries with every dataset left in parts recorded whole (regen.datasets.prepare's
+    `finish_parts`), once all its parts are tokenised. A dataset with a part that failed is left out, with its
+    reason in the log: it is not prepared (its verify says so), and holds back no other dataset."""
+    storage, finished = _storage(run, s3_client), []
+    for summary in prepared:
+        if "parts" not in summary:
+            finished.append(summary)
+            continue
+        location = run.location(summary["dataset"])
+        try:
+            with held(storage, location, run.run_id):
+                dataset = finish_parts(run.dataset(summary["dataset"]), location, storage)
+        except FinalError as e:
+            log.error("%s", e)
+            continue
+        finished.append(
+            {"dataset": summary["dataset"], "shard_count": len(dataset.shards), "prompts": dataset.stats.kept}
+        )
+    return finished
 
 
 def prepared_version(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> PreparedDataset:
@@ -126,8 +170,18 @@ def prepared_version(run: RunSpec, dataset: str, s3_client: S3ClientFactory | No
     return _prepared_in(_storage(run, s3_client), run, dataset)
 
 
+class NotPrepared(FinalError):
+    """A dataset whose prepare never finished has no shards to verify or publish."""
+
+
 def _prepared_in(storage: Storage, run: RunSpec, dataset: str) -> PreparedDataset:
-    return PreparedDataset.from_dict(json.loads(storage.get_bytes(run.location(dataset).prepared)))
+    key = run.location(dataset).prepared
+    if not storage.exists(key):
+        raise NotPrepared(
+            f"{dataset}: not prepared ({storage.uri(key)} is missing): its prepare_dataset or one of its prepare_part "
+            "tasks failed, and says why"
+        )
+    return PreparedDataset.from_dict(json.loads(storage.get_bytes(key)))
 
 
 def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:

@@ -217,6 +217,7 @@ class RunSpec(BaseModel):
     config_dir: str = "."
     profile_declaration: Profile | None = None
     tokenize_workers: int | None = None
+    prepare_part_prompts: int = 50_000
     shard_task_limit: int = 256
     cost: dict[str, Any] = Field(default_factory=lambda: CostConfig().model_dump())
 
@@ -287,6 +288,7 @@ class RunSpec(BaseModel):
             config_dir=str(config.base_dir.resolve()),
             profile_declaration=declaration,
             tokenize_workers=d.tokenize_workers,
+            prepare_part_prompts=d.prepare_part_prompts,
             shard_task_limit=d.shard_task_limit,
             cost=d.cost.model_dump(),
         )

@@ -75,6 +75,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         dataset["paths"] = [str((project.parent / path).resolve()) for path in dataset["paths"]]
     config["datasets"]["B3_missing"] = {"format": "input_output", "paths": [str(project.parent / "absent.jsonl")]}
     config["defaults"]["storage_root"] = f"s3://{BUCKET}/runs"  # where the "Drafter data" page looks
+    config["defaults"]["prepare_part_prompts"] = 24  # a run in shards of 12 prepares B2 in two parts (the Celery test)
     # The bucket, and two roots allowed only so that plan's later checks (a write probe) are reached through the DAG.
     config["governance"]["allowed_storage_roots"] = [f"s3://{BUCKET}", f"s3://{BUCKET}-missing", "/proc/eagle3-regen"]
     folder = tmp_path_factory.mktemp("config")
@@ -458,7 +459,7 @@ def test_on_two_celery_workers_the_shards_are_shared_and_the_output_is_the_local
 ) -> None:
     """Last in this module: it moves the stack to CeleryExecutor (the machine's Redis as broker, PostgreSQL as
     metadata DB and result backend) with two workers, and runs what `finished_run` ran on LocalExecutor, in shards
-    small enough for both workers to share: one dataset, in four shards."""
+    small enough for both workers to share: one dataset, in four shards, prepared in two parts."""
     stack.use_executor("CeleryExecutor")
     conf = {
         "datasets": ["B2_opencodeinstruct"],
@@ -473,6 +474,11 @@ def test_on_two_celery_workers_the_shards_are_shared_and_the_output_is_the_local
     shard_tasks = [t for t in instances["task_instances"] if t["task_id"].startswith("process_shard.")]
     assert len(shard_tasks) == 12  # four shards, three stages each
     assert {t["hostname"] for t in shard_tasks} == {"celery-1", "celery-2"}  # both Celery workers took shards
+    parts = [t for t in instances["task_instances"] if t["task_id"] == "prepare_part"]
+    assert sorted((t["rendered_map_index"], t["state"]) for t in parts) == [  # B2 was tokenised in two parts
+        ("B2_opencodeinstruct/part-00000", "success"),
+        ("B2_opencodeinstruct/part-00001", "success"),
+    ]
 
     local = {
         sample_id: record

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.e2e
 def test_the_scale_bench_in_miniature_publishes_every_prompt_once_with_bounded_xcom(tmp_path: Path) -> None:
     report_path = tmp_path / "report.json"
     command = [sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--prompts", "2000", "--shard-size", "400"]
+    command += ["--part-prompts", "800"]  # the main dataset's prepare in three parts
     command += ["--fault-rate", "0.2", "--stack-name", "test_scale", "--report", str(report_path)]
     finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert finished.returncode == 0, finished.stdout[-4000:] + finished.stderr[-4000:]
@@ -33,6 +34,7 @@ def test_the_scale_bench_in_miniature_publishes_every_prompt_once_with_bounded_x
     # Six shards here; the same bound holds at any number (the values are counts and ranges, not lists).
     assert max(x["max_bytes"] for x in report["xcom"].values()) < 64 * 1024
     assert report["xcom"]["prepare_dataset"]["max_bytes"] < 1024
+    assert report["xcom"]["prepare_part"]["entries"] == 3 and report["xcom"]["prepare_part"]["max_bytes"] < 1024
     # Every stage's CPU came from the tasks' usage lines, and the floor was measured on the same rows.
     assert {"prepare", "generate", "validate", "export", "verify", "publish"} <= set(report["stages"])
     assert all(report["stages"][s]["cpu_s"] > 0 for s in ("prepare", "generate", "validate", "export"))

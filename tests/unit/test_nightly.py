@@ -186,6 +186,31 @@ def test_what_travels_between_tasks_does_not_grow_with_the_dataset(deployment: P
     assert pipeline.group_shards(run, {**group, "first": 2, "count": 1}) == [record.shards[2].to_dict()]
 
 
+def test_a_dataset_in_parts_waits_for_every_part_and_then_publishes(deployment: Path, simulator: Simulator) -> None:
+    """The DAG's path for a large dataset: one reader, a task per part, list_shards records the parts whole. A part
+    that failed leaves the dataset out (verify names why) until it is run again."""
+    config = yaml.safe_load((deployment / "regen.yaml").read_text())
+    config["defaults"]["prepare_part_prompts"] = 8
+    (deployment / "regen.yaml").write_text(yaml.safe_dump(config))
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "shard_size": 4}, "in-parts"))
+    summary = pipeline.prepare_dataset(run, DATASET)
+    parts = pipeline.dataset_parts([summary])
+    assert summary == {"dataset": DATASET, "parts": 5, "prompts": 36} and len(parts) == 5
+    counts = [pipeline.prepare_dataset_part(run, part) for part in parts[:-1]]
+    assert counts[0] == {**parts[0], "shards": 2, "kept": 8}
+    assert pipeline.finish_prepared(run, [summary]) == []  # the last part never ran
+    with pytest.raises(pipeline.NotPrepared, match="one of its prepare_part tasks failed"):
+        pipeline.verify_dataset(run, summary)
+    pipeline.prepare_dataset_part(run, parts[-1])  # the failed part, cleared and run again
+    [prepared] = pipeline.finish_prepared(run, [summary])
+    assert prepared == {"dataset": DATASET, "shard_count": 9, "prompts": 36}
+    for shard in each_shard(run, [prepared]):
+        pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
+    published = pipeline.publish_dataset(run, prepared, [], pipeline.verify_dataset(run, prepared))
+    assert published["records"] == 36
+    assert pipeline.prepare_dataset(run, DATASET) == prepared  # a retried reader finds the dataset prepared
+
+
 def test_publish_refuses_a_dataset_whose_verification_did_not_pass(deployment: Path, simulator: Simulator) -> None:
     """In the DAG, publish gets None from a failed verify_dataset: it names the cause and writes nothing."""
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url]}, "unverified"))
