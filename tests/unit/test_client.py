@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from typing import Any
 
 import aiohttp
@@ -79,6 +80,25 @@ def test_a_dead_endpoint_is_retried_on_the_live_one(simulator: Simulator, render
 def test_a_dead_fleet_raises_transient_after_the_attempts() -> None:
     with pytest.raises(TransientError, match="connection"):
         asyncio.run(_generate([f"http://127.0.0.1:{free_port()}"], [1], SAMPLING, max_attempts=3))
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2, 4])
+def test_a_sample_makes_exactly_its_attempts_and_counts_each_retry(max_attempts: int) -> None:
+    """The first try goes out outside tenacity's loop, the rest through it: together, max_attempts tries."""
+
+    async def fail() -> Any:
+        async with aiohttp.ClientSession() as session:
+            pool = EndpointPool([f"http://127.0.0.1:{free_port()}"], session, fleet_wait_s=1)
+            client = SGLangClient(pool, session, backoff_max_s=0.01, max_attempts=max_attempts)
+            try:
+                with pytest.raises(TransientError, match="connection"):
+                    await client.generate([1], SAMPLING, "sample-1")
+            finally:
+                await pool.close()
+            return client.stats
+
+    stats = asyncio.run(fail())
+    assert stats.requests == max_attempts and +stats.retries_by_cause == Counter(connection=max_attempts - 1)
 
 
 def test_error_message_reads_both_sglang_shapes() -> None:
