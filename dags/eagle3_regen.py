@@ -72,20 +72,25 @@ def eagle3_regen() -> None:
             return pipeline.prepare_dataset(_run(run), dataset, s3_client)
 
     @task(trigger_rule=TriggerRule.ALL_DONE)  # one dataset's failed prepare holds back no other's parts
-    def list_prepare_parts(prepared: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def list_prepare_parts(run: dict[str, Any] | None, prepared: list[dict[str, Any]] | None) -> list[list[int]]:
         from regen import pipeline
 
-        return pipeline.dataset_parts([p for p in prepared if p])
+        if run is None or not prepared:  # plan or check_server failed: nothing to map, and list_shards says why
+            return []
+        with final_errors_fail_now():  # more parts than Airflow maps: the message says what to set
+            return pipeline.dataset_parts(_run(run), [p for p in prepared if p])
 
     # A large dataset's tokenising is shared by mapped tasks, one part each (any worker may take one); its one
     # reader, prepare_dataset, already deduplicated it whole.
     @task(map_index_template="{{ label }}")
-    def prepare_part(run: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    def prepare_part(run: dict[str, Any], part: list[int]) -> dict[str, Any]:
         from regen import pipeline
 
-        get_current_context()["label"] = f"{part['dataset']}/part-{part['part']:05d}"  # type: ignore[typeddict-unknown-key]
-        with final_errors_fail_now(f"{part['dataset']}: "):  # a changed template renders the same way on a retry
-            return pipeline.prepare_dataset_part(_run(run), part, s3_client)
+        spec = _run(run)
+        name = pipeline.part_name(spec, part)
+        get_current_context()["label"] = name  # type: ignore[typeddict-unknown-key]
+        with final_errors_fail_now(f"{name}: "):  # a changed template renders the same way on a retry
+            return pipeline.prepare_dataset_part(spec, part, s3_client)
 
     @task
     def check_server(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -203,7 +208,7 @@ def eagle3_regen() -> None:
     fleet = check_server(run)
     prepared = prepare_dataset.partial(run=run).expand(dataset=dataset_names(run))
     fleet >> prepared  # nothing is written for a fleet that cannot serve the run
-    parts = prepare_part.partial(run=run).expand(part=list_prepare_parts(prepared))
+    parts = prepare_part.partial(run=run).expand(part=list_prepare_parts(run, prepared))
     shards = list_shards(run, prepared, fleet)
     parts >> shards
     processed = process_shard.partial(run=run).expand(group=shards)

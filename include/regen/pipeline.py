@@ -125,20 +125,38 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
     return {"dataset": dataset, "shard_count": len(prepared.shards), "prompts": prepared.stats.kept}
 
 
-def dataset_parts(prepared: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every part of the datasets left in parts (`prepare_dataset`'s summaries), each `{"dataset", "part"}`."""
-    return [{"dataset": p["dataset"], "part": part} for p in prepared for part in range(p.get("parts", 0))]
+MAX_MAP_LENGTH = 1024  # the most task instances Airflow maps from one input ([core] max_map_length's default)
+
+
+def dataset_parts(run: RunSpec, prepared: list[dict[str, Any]]) -> list[list[int]]:
+    """Every part of the datasets left in parts (`prepare_dataset`'s summaries), each `[the dataset's position in
+    the run's datasets, part]`: a few bytes a part whatever the names, so the mapped input stays small. Raises
+    ConfigError when there are more parts than Airflow maps."""
+    parts = [[run.datasets.index(p["dataset"]), part] for p in prepared for part in range(p.get("parts", 0))]
+    if len(parts) > MAX_MAP_LENGTH:
+        prompts = sum(p.get("prompts", 0) for p in prepared if "parts" in p)
+        raise ConfigError(
+            f"{len(parts)} prepare parts, more than Airflow maps ({MAX_MAP_LENGTH}): set defaults.prepare_part_prompts "
+            f"to at least {-(-prompts // MAX_MAP_LENGTH)}"
+        )
+    return parts
+
+
+def part_name(run: RunSpec, reference: list[int]) -> str:
+    """A part's name for people (the task's label): its dataset's and its number."""
+    return f"{run.datasets[reference[0]]}/part-{reference[1]:05d}"
 
 
 def prepare_dataset_part(
-    run: RunSpec, part: dict[str, Any], s3_client: S3ClientFactory | None = None
+    run: RunSpec, reference: list[int], s3_client: S3ClientFactory | None = None
 ) -> dict[str, Any]:
-    """One part of a dataset tokenised into its shards, in this process: the parts are what runs in parallel, and
-    this process has the renderer already (the preload). Its counts."""
-    location, storage = run.location(part["dataset"]), _storage(run, s3_client)
+    """One part (`dataset_parts`) of a dataset tokenised into its shards, in this process: the parts are what runs
+    in parallel, and this process has the renderer already (the preload). Its counts."""
+    dataset, part = run.datasets[reference[0]], reference[1]
+    location, storage = run.location(dataset), _storage(run, s3_client)
     with held(storage, location, run.run_id):
-        record = prepare_part(run.dataset(part["dataset"]), location, storage, renderer_for(run), part["part"], 1)
-    return {**part, "shards": len(record["shards"]), "kept": record["stats"]["kept"]}
+        record = prepare_part(run.dataset(dataset), location, storage, renderer_for(run), part, 1)
+    return {"dataset": dataset, "part": part, "shards": len(record["shards"]), "kept": record["stats"]["kept"]}
 
 
 def finish_prepared(

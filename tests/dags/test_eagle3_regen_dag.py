@@ -40,7 +40,7 @@ def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
         "dataset_names": ["plan"],
         "prepare_dataset": ["check_server", "dataset_names", "plan"],
         "check_server": ["plan"],
-        "list_prepare_parts": ["prepare_dataset"],
+        "list_prepare_parts": ["plan", "prepare_dataset"],
         "prepare_part": ["list_prepare_parts", "plan"],
         "list_shards": ["check_server", "plan", "prepare_dataset", "prepare_part"],
         "process_shard.generate_shard": ["list_shards", "plan"],

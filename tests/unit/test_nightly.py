@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from regen import pipeline
-from regen.config import DatasetConfig
+from regen.config import ConfigError, DatasetConfig
 from regen.datasets.sources import source_digests
 from regen.layout import latest_key
 from regen.verify import VerificationFailed, verify_published
@@ -194,10 +194,12 @@ def test_a_dataset_in_parts_waits_for_every_part_and_then_publishes(deployment: 
     (deployment / "regen.yaml").write_text(yaml.safe_dump(config))
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "shard_size": 4}, "in-parts"))
     summary = pipeline.prepare_dataset(run, DATASET)
-    parts = pipeline.dataset_parts([summary])
-    assert summary == {"dataset": DATASET, "parts": 5, "prompts": 36} and len(parts) == 5
+    parts = pipeline.dataset_parts(run, [summary])
+    assert summary == {"dataset": DATASET, "parts": 5, "prompts": 36} and parts == [[0, p] for p in range(5)]
     counts = [pipeline.prepare_dataset_part(run, part) for part in parts[:-1]]
-    assert counts[0] == {**parts[0], "shards": 2, "kept": 8}
+    assert counts[0] == {"dataset": DATASET, "part": 0, "shards": 2, "kept": 8}
+    with pytest.raises(ConfigError, match=r"set defaults\.prepare_part_prompts to at least 49"):
+        pipeline.dataset_parts(run, [{"dataset": DATASET, "parts": 1025, "prompts": 50_000}])
     assert pipeline.finish_prepared(run, [summary]) == []  # the last part never ran
     with pytest.raises(pipeline.NotPrepared, match="one of its prepare_part tasks failed"):
         pipeline.verify_dataset(run, summary)
