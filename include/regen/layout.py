@@ -134,6 +134,11 @@ class DatasetLocation:
         return self._key("rejected", "prepare.jsonl")
 
     @property
+    def prepare_parts_folder(self) -> str:
+        """Where a dataset prepared in parts keeps them until its shards are recorded, ending in `/`."""
+        return self._key("prompts", "parts") + "/"
+
+    @property
     def prepare_index(self) -> str:
         """A dataset prepared in parts: what its one reading of the source found, and its parts."""
         return self._key("prompts", "parts", "index.json")

@@ -523,6 +523,6 @@ def finish_parts(config: DatasetConfig, location: DatasetLocation, storage: Stor
         )
         _record(storage, prepared, config, index["run_id"])
         log.info("prepared %s from %d parts (%d shards)", location.dataset, len(records), len(prepared.shards))
-    for leftover in storage.list_keys(location.prompts_folder + "parts/"):  # also after a crash right after the record
+    for leftover in storage.list_keys(location.prepare_parts_folder):  # also after a crash right after the record
         storage.delete(leftover)
     return prepared
