@@ -53,7 +53,7 @@ def write_dataset(folder: Path, prompts: int, shard_size: int, in_flight: int, s
 
 def one_run(folder: Path, args: argparse.Namespace, shard_tasks: int) -> dict[str, Any]:
     capacity = MAX_RUNNING * args.endpoints
-    in_flight = int(capacity * args.margin)  # a margin over the fleet's slots, as the README advises
+    in_flight = int(capacity * args.margin)  # a margin over the fleet's slots, as docs/scaling.md advises
     os.environ["REGEN_CONFIG"] = str(write_dataset(folder, args.prompts, args.shard_size, in_flight, shard_tasks))
     simulator_args = ["--max-running", str(MAX_RUNNING), "--decode-ms-per-token", str(args.decode_ms)]
     stack = Stack(

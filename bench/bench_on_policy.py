@@ -7,7 +7,7 @@ simulator with `--slots` running slots (`--decode-ms` per output token): first `
 baseline: every turn's prompt is known up front, with the dataset's history, so every request is independent), then
 `turns: on_policy` (each turn waits for its own previous turn). Both send as many requests (conversations x turns).
 Utilisation is measured server-side: the simulator's busy slot-seconds over its slots times the window from its first
-request to its last answer. The in-flight budget is `--margin` times the slots, as the README advises. Also printed:
+request to its last answer. The in-flight budget is `--margin` times the slots, as docs/scaling.md says. Also printed:
 the share of prompt tokens the simulator's prefix cache served.
 """
 

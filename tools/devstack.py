@@ -129,7 +129,7 @@ class Stack:
     with_s3: bool = False
     simulator_args: list[str] = field(default_factory=list)
     simulators: int = 1  # SGLang endpoints in the fleet
-    pool_slots: int | None = None  # default: the config's shard_tasks
+    pool_slots: int | None = None  # default: the config's fleet_pool_slots, or its shard_tasks
     api_port: int = 0  # 0: a free port
     simulator_port: int | None = None  # the first simulator's; None: a free port
     with_triggerer: bool = False  # the UI's health page expects one; the pipeline defers nothing to it
@@ -160,7 +160,7 @@ class Stack:
 
     @property
     def slots(self) -> int:
-        return self.pool_slots or self.config.defaults.shard_tasks
+        return self.pool_slots or self.config.defaults.pool_slots
 
     @property
     def simulator(self) -> str:

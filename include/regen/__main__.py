@@ -1,9 +1,12 @@
-"""`regen verify <manifest URI | dataset/version | dataset>` (or `python -m regen verify`, in the project's venv):
-is a published version whole and right?
+"""`regen verify | check-config | plan | config-reference` (or `python -m regen ...`, in the project's venv).
 
-Streams every file the manifest names (sha256 and size), reads every training record (prompt + output, mask boundary,
-ids inside the vocabulary, EOS), prints a summary as JSON and exits 0, or lists every problem and exits 1. S3 is read
-with boto3's usual credentials (AWS_* variables, profiles; AWS_ENDPOINT_URL_S3 for a non-AWS endpoint).
+`verify <manifest URI | dataset/version | dataset>`: is a published version whole and right? `check-config [PATH]`:
+is the config valid (every problem one line, exit 2)? `plan [--conf JSON]`: what a run's conf would run, without
+running it. `config-reference`: the configuration reference page, from the config models.
+
+`verify` streams every file the manifest names (sha256 and size), reads every training record (prompt + output, mask
+boundary, ids inside the vocabulary, EOS), prints a summary as JSON and exits 0, or lists every problem and exits 1. S3
+is read with boto3's usual credentials (AWS_* variables, profiles; AWS_ENDPOINT_URL_S3 for a non-AWS endpoint).
 """
 
 from __future__ import annotations
@@ -12,13 +15,26 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
+from typing import Any
 
+from regen.config import ConfigError, config_path
+from regen.config_check import config_problems, config_summary, plan_summary
+from regen.config_reference import render
 from regen.verify import manifest_uri_of, verify_version
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="regen", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check-config", help="validate a config file: every problem one line, exit 2")
+    check.add_argument("path", nargs="?", type=Path, help="the config file (default: $REGEN_CONFIG or the project's)")
+    plan = commands.add_parser("plan", help="what a run's conf would run (datasets, sizes, endpoints), not running it")
+    plan.add_argument("--conf", default="{}", help="the run's conf as JSON, as given at trigger (default: {})")
+    plan.add_argument("--config", type=Path, help="the config file (default: $REGEN_CONFIG or the project's)")
+    plan.add_argument("--run-id", default="plan", help="the run id a version defaults to (default: plan)")
+    reference = commands.add_parser("config-reference", help="the configuration reference page, from the models")
+    reference.add_argument("--output", type=Path, help="write it here (default: stdout)")
     verify = commands.add_parser("verify", help="check a published version against its manifest")
     verify.add_argument(
         "target",
@@ -32,6 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--files-only", action="store_true", help="check files only, not every record")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "check-config":
+        return _check_config(args.path or config_path())
+    if args.command == "plan":
+        return _plan(args.conf, args.config or config_path(), args.run_id)
+    if args.command == "config-reference":
+        return _reference(args.output)
+    return _verify(args)
+
+
+def _verify(args: argparse.Namespace) -> int:
     try:
         uri, manifest_sha256 = manifest_uri_of(args.target, args.root, args.profile)
         result = verify_version(uri, records=not args.files_only, manifest_sha256=manifest_sha256)
@@ -49,6 +75,49 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {problem}", file=sys.stderr)
         return 1
     print(json.dumps({k: v for k, v in result.summary().items() if k != "problems"}, indent=1))
+    return 0
+
+
+def _check_config(path: Path) -> int:
+    config, problems = config_problems(path)
+    for problem in problems:
+        print(f"regen check-config: {problem}", file=sys.stderr)
+    if config is None or problems:
+        return 2
+    summary = config_summary(config)
+    print(f"{path}: valid; {len(summary['datasets'])} datasets, {len(summary['profiles'])} profiles")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _plan(conf: str, path: Path, run_id: str) -> int:
+    config, problems = config_problems(path)
+    try:
+        params: Any = json.loads(conf)
+    except json.JSONDecodeError as e:
+        problems.append(f"--conf is not JSON: {e}")
+        params = {}
+    if not isinstance(params, dict):
+        problems.append("--conf must be a JSON object, as a run's conf is")
+    if config is None or problems:
+        for problem in problems:
+            print(f"regen plan: {problem}", file=sys.stderr)
+        return 2
+    try:
+        summary = plan_summary(params, config, run_id)
+    except ConfigError as e:
+        print(f"regen plan: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _reference(output: Path | None) -> int:
+    page = render()
+    if output is None:
+        sys.stdout.write(page)
+    else:
+        output.write_text(page, encoding="utf-8")
     return 0
 
 

@@ -34,11 +34,13 @@ class Sampling(BaseModel):
     """Every sampling parameter is sent explicitly: unset ones would come from the model's generation_config."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    max_new_tokens: int = Field(2048, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
-    top_k: int = -1
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    max_new_tokens: int = Field(
+        2048, ge=1, description="longest answer in tokens; a longer one goes to the flagged truncated/ split"
+    )
+    temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="nucleus sampling, in (0, 1]")
+    top_k: int = Field(-1, description="-1 = all tokens, else at least 1")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="in [0, 1]; every sampling value is sent explicitly")
 
     @field_validator("top_k")
     @classmethod
@@ -69,11 +71,14 @@ class HubDataset(BaseModel):
     """A Hugging Face dataset: a hub `id` (streamed) or a `path` written by `Dataset.save_to_disk`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    id: str | None = None
-    path: str | None = None
-    subset: str | None = None
-    split: str = "train"
-    revision: str | None = None
+    id: str | None = Field(None, description="a hub dataset, streamed (one of `id` or `path`)")
+    path: str | None = Field(None, description="a folder written by `Dataset.save_to_disk`")
+    subset: str | None = Field(None, description="the hub dataset's subset (config name)")
+    split: str = Field("train", description="the split to read")
+    revision: str | None = Field(
+        None,
+        description="the hub revision to pin; without one the dataset cannot be compared and is regenerated nightly",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> HubDataset:
@@ -86,20 +91,41 @@ class HubDataset(BaseModel):
 
 class DatasetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    paths: list[str] | None = Field(None, min_length=1)
-    hf: HubDataset | None = None
-    format: SourceFormat = "auto"
-    # final: the last assistant turn; every_assistant_turn: each, with the dataset's history; on_policy: each, with the
-    # answers regenerated for the turns before it (regen.on_policy)
-    turns: Literal["final", "every_assistant_turn", "on_policy"] = "final"
-    # Each prompt answered at each temperature (null: the run's), samples_per_prompt times, each with its own seed.
-    samples_per_prompt: int = Field(1, ge=1, le=64)
-    temperatures: list[float] | None = Field(None, min_length=1)
-    # A tool result's turn header: the `name` the data gives, or none (as OpenAI-SDK clients send them, rendered
-    # `tool`), which is what production renders; from_call: named after the function of the call it answers, for
-    # datasets whose clients send names that the rows left out.
-    tool_result_names: Literal["as_given", "from_call"] = "as_given"
-    description: str = ""
+    paths: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="local files, globs or s3:// URIs (globs too): .jsonl/.ndjson, .json (array or JSON Lines), "
+        ".parquet, optionally .gz/.zst; read as a stream. One of `paths` or `hf`",
+    )
+    hf: HubDataset | None = Field(None, description="a Hugging Face dataset instead of `paths`")
+    format: SourceFormat = Field(
+        "auto",
+        description="auto: per row, by its fields (messages, conversations, chat, instruction, input, prompt); "
+        "input_output is OpenCodeInstruct's (other columns kept as metadata)",
+    )
+    turns: Literal["final", "every_assistant_turn", "on_policy"] = Field(
+        "final",
+        description="final: the last assistant turn is regenerated, history kept; every_assistant_turn: one sample "
+        "per assistant turn, with the dataset's conversation up to it; on_policy: every assistant turn, turn by turn, "
+        "each after the target's own answers to the turns before it (regen.on_policy)",
+    )
+    samples_per_prompt: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="each prompt answered this many times at each temperature, every sample with its own id "
+        "(`<prompt id>@t<temperature>#<index>`) and a sampling_seed derived from it; 1 with no temperatures keeps the "
+        "prompt's id and sends no seed",
+    )
+    temperatures: list[float] | None = Field(
+        None, min_length=1, description="temperatures to answer each prompt at, each once; null: the run's"
+    )
+    tool_result_names: Literal["as_given", "from_call"] = Field(
+        "as_given",
+        description="a tool result's turn header: as_given, the name the data gives or `tool` without one (what "
+        "production renders for OpenAI-SDK clients); from_call: the function of the call it answers",
+    )
+    description: str = Field("", description="free text, shown with the dataset")
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
@@ -122,7 +148,7 @@ class ExportConfig(BaseModel):
 class ValidationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     render_check_fraction: float = Field(0.01, gt=0.0, le=1.0, description="prompts per shard re-rendered at validate")
-    render_check_minimum: int = Field(16, ge=1)
+    render_check_minimum: int = Field(16, ge=1, description="and at least this many per shard")
     retokenize_fraction: float = Field(0.05, ge=0.0, le=1.0, description="records whose re-tokenisation is measured")
     retokenize_minimum: int = Field(16, ge=0, description="and at least this many per shard")
 
@@ -134,7 +160,7 @@ class CostConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     gpu_hour_price: float | None = Field(None, ge=0, description="price of one GPU-hour; null: GPU-hours only")
-    currency: str = "USD"
+    currency: str = Field("USD", description="the currency of gpu_hour_price, as reported")
     gpus_per_endpoint: int | None = Field(
         None, ge=1, description="when a server does not report tp_size/dp_size (a router's worker out of reach)"
     )
@@ -142,44 +168,106 @@ class CostConfig(BaseModel):
 
 class Defaults(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    profile: str = "kimi-k2.5-mini"
-    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:30000"], min_length=1)
-    storage_root: str = "var/storage"
-    shard_size: int = Field(2000, ge=1)
+    profile: str = Field(
+        "kimi-k2.5-mini", description="model profile: built in (kimi-k2.5, kimi-k2.5-mini) or declared under profiles"
+    )
+    endpoints: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:30000"],
+        min_length=1,
+        description="SGLang base URLs, or one sglang-router URL",
+    )
+    storage_root: str = Field("var/storage", description="s3://bucket/prefix or a directory (relative to this file)")
+    shard_size: int = Field(
+        2000, ge=1, description="sample rows per shard (a prompt answered n times is n rows); a new version only"
+    )
     # Concurrency is set for the fleet: `shard_tasks` shard tasks generate at once (the sglang_fleet pool's slots),
     # each holding an equal share of `in_flight`, so one shard's tail still leaves the others feeding the servers.
-    in_flight: int = Field(256, ge=1, description="requests in flight across the fleet")
-    shard_tasks: int = Field(4, ge=1, description="shard tasks generating at once: the sglang_fleet pool's slots")
-    request_timeout_s: float = Field(3600.0, gt=0)
-    max_attempts: int = Field(5, ge=1)
-    fleet_wait_s: float = Field(120.0, gt=0, description="how long a shard waits for an evicted fleet to come back")
+    in_flight: int = Field(
+        256,
+        ge=1,
+        description="requests in flight across the fleet, shared by the shard tasks generating at once; set it "
+        "above the fleet's running capacity (servers x running slots)",
+    )
+    shard_tasks: int = Field(
+        4,
+        ge=1,
+        description="shard tasks generating at once, each holding in_flight / shard_tasks requests; at most the "
+        "sglang_fleet pool's slots (fleet_pool_slots), or the fleet gets fewer requests than in_flight",
+    )
+    # A task cannot read a pool (Airflow 3 tasks have no database access), so the deployment declares its size here,
+    # the one place tools/devstack.py and docker-compose.yaml create the pool from.
+    fleet_pool_slots: int | None = Field(
+        None,
+        ge=1,
+        description="slots of the Airflow pool sglang_fleet (tools/devstack.py and docker-compose.yaml create it with "
+        "this many); null: shard_tasks. Plan fails when shard_tasks exceeds it",
+    )
+    request_timeout_s: float = Field(
+        3600.0, gt=0, description="per request; keep it above queueing plus the longest answer"
+    )
+    max_attempts: int = Field(
+        5,
+        ge=1,
+        description="per sample for transient faults (connection reset, timeout, 408/429/5xx, abort, count mismatch), "
+        "with exponential backoff and jitter, on another endpoint when there is one; a 400 rejects the sample",
+    )
+    fleet_wait_s: float = Field(
+        120.0,
+        gt=0,
+        description="how long a shard waits for a fleet whose every endpoint is ejected, then fails (Airflow "
+        "retries it)",
+    )
     checkpoint_s: float = Field(
         1.0, gt=0, le=60, description="finished answers are flushed this often: a killed task redoes at most these"
     )
     checkpoint_every: int = Field(1024, ge=1, description="or as soon as this many wait (bounds the buffer)")
-    tokenize_workers: int | None = Field(None, ge=1, description="prepare's tokeniser processes; null: all cores")
+    tokenize_workers: int | None = Field(
+        None,
+        ge=1,
+        description="prepare's tokeniser processes (spawned) for a dataset tokenised in one task; null: all cores, "
+        "1: in the task process; datasets under 1,000 prompts always render in-process",
+    )
     # A dataset with more prompts is tokenised in parts of about this many (whole shards), one mapped prepare_part
     # task each, so that workers share it: its one reader still dedupes every row.
-    prepare_part_prompts: int = Field(50_000, ge=1, description="prompts per prepare part, in whole shards")
-    sampling: Sampling = Sampling()
-    export: ExportConfig = ExportConfig()
-    validation: ValidationConfig = ValidationConfig()
-    s3: S3Config = S3Config()
-    cost: CostConfig = CostConfig()
+    prepare_part_prompts: int = Field(
+        50_000,
+        ge=1,
+        description="a dataset with more prompts is tokenised in parts of about this many (whole shards), one "
+        "prepare_part task each, on any worker",
+    )
+    sampling: Sampling = Field(Sampling(), description="the run's sampling, every value sent explicitly")
+    export: ExportConfig = Field(ExportConfig(), description="extra output formats (trigger param `export`)")
+    validation: ValidationConfig = Field(ValidationConfig(), description="the sampled checks at validate")
+    s3: S3Config = Field(
+        S3Config(),
+        description="botocore's retries of every S3 request made in Airflow tasks; the aws_default connection's own "
+        "config_kwargs win where they set retries",
+    )
+    cost: CostConfig = Field(CostConfig(), description="what generation cost, in GPU-hours and money")
     schedule: str | None = Field(None, description="cron or preset for nightly runs; null: triggered runs only")
-    # Airflow's retries for transient faults (user errors never retry); the delay doubles each try, up to 10 min.
-    task_retries: int = Field(3, ge=0)
-    retry_delay_s: float = Field(30.0, gt=0)
-    # Mapped shard tasks per stage in one run. Beyond it, consecutive shards are grouped, several per task, handled
-    # in turn: the scheduler's work per loop grows with a run's task instances (bench/bench_scheduler.py), and Airflow
-    # maps at most [core] max_map_length (1024) anyway.
-    shard_task_limit: int = Field(256, ge=1, le=1024)
+    task_retries: int = Field(
+        3, ge=0, description="Airflow retries per task for transient faults; user errors never retry"
+    )
+    retry_delay_s: float = Field(30.0, gt=0, description="the first retry's delay, doubling each try up to 10 minutes")
+    # The scheduler's work per loop grows with a run's task instances (bench/bench_scheduler.py), and Airflow maps at
+    # most [core] max_map_length (1024) anyway.
+    shard_task_limit: int = Field(
+        256,
+        ge=1,
+        le=1024,
+        description="mapped tasks per shard stage in one run; more shards are grouped, several per task, in turn",
+    )
 
     sglang_conn_id: str = Field(
         "sglang_default",
         description="Airflow connection with the fleet's API key (servers started with --api-key): its password for "
         "every endpoint, its extra's api_keys {base URL: key} per endpoint; no such connection: no key is sent",
     )
+
+    @property
+    def pool_slots(self) -> int:
+        """The sglang_fleet pool's slots, as the deployment creates the pool."""
+        return self.fleet_pool_slots or self.shard_tasks
 
     @field_validator("endpoints")
     @classmethod
@@ -211,18 +299,22 @@ class AlertsConfig(BaseModel):
     through the Airflow SMTP connection `smtp_conn_id`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    email_to: list[str] = Field(default_factory=list)
-    smtp_conn_id: str = "smtp_default"
+    email_to: list[str] = Field(default_factory=list, description="also mail every task failure to these addresses")
+    smtp_conn_id: str = Field("smtp_default", description="the Airflow SMTP connection the mail goes through")
 
 
 class RegenConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    defaults: Defaults = Defaults()
-    alerts: AlertsConfig = AlertsConfig()
-    governance: Governance = Governance()
-    datasets: dict[str, DatasetConfig] = Field(min_length=1)
-    # Target models beside the built-in kimi-k2.5 and kimi-k2.5-mini: a second model is an entry here, not code.
-    profiles: dict[str, Profile] = Field(default_factory=dict)
+    defaults: Defaults = Field(Defaults(), description="a run's settings where its params leave them out")
+    alerts: AlertsConfig = Field(AlertsConfig(), description="failure mail")
+    governance: Governance = Field(Governance(), description="what a run may choose: checked at plan")
+    datasets: dict[str, DatasetConfig] = Field(
+        min_length=1, description="the datasets the trigger form offers, by name (a storage key)"
+    )
+    profiles: dict[str, Profile] = Field(
+        default_factory=dict,
+        description="target models beside the built-in kimi-k2.5 and kimi-k2.5-mini: a second model is an entry here",
+    )
     base_dir: Path = Path(".")
 
     @model_validator(mode="after")

@@ -5,7 +5,7 @@ prompt ids then the output ids, untouched, with a loss mask that is the generati
 whole columns (numpy buffers handed to Arrow), not as Python lists of ints: export runs at the speed of the file I/O.
 
 Formats: Parquet (the default) and JSON Lines with `input_ids` and `loss_mask`, the shape the EAGLE-3 trainers'
-data loaders read (see the README for which loaders and why); an optional decoded `text` column for review.
+data loaders read (docs/data.md says which loaders and why); an optional decoded `text` column for review.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every storage key the pipeline reads or writes, in one place (the README's "Storage layout" shows it whole).
+"""Every storage key the pipeline reads or writes, in one place (docs/data.md, "Storage layout", shows it whole).
 
     {profile}/{dataset}/latest.json            the last published version, with its manifest's sha256
     {profile}/{dataset}/{version}/

@@ -28,13 +28,13 @@ class SectionCalls(BaseModel):
     call_end)+ section_end`, each ID written by `call_id_format` from {name}, {index} and {id}."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    format: Literal["sections"]
-    section_begin: str
-    section_end: str
-    call_begin: str
-    argument_begin: str
-    call_end: str
-    call_id_format: str = "{id}"
+    format: Literal["sections"] = Field(description="the grammar's tag")
+    section_begin: str = Field(description="the token opening a section of calls")
+    section_end: str = Field(description="the token closing it")
+    call_begin: str = Field(description="the token before each call's id")
+    argument_begin: str = Field(description="the token between a call's id and its JSON arguments")
+    call_end: str = Field(description="the token closing a call")
+    call_id_format: str = Field("{id}", description="how a call id is written, from {name}, {index} and {id}")
 
     def tokens(self) -> dict[str, str]:
         """Role -> token string, for every marker of the grammar (in the order manifests have always recorded)."""
@@ -47,9 +47,9 @@ class TaggedCalls(BaseModel):
     qwen25 detector), `tagged_xml` writes `<function=NAME>` with `<parameter=KEY>` values (Qwen3.5/3.6, qwen3_coder)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    format: Literal["tagged_json", "tagged_xml"]
-    call_begin: str
-    call_end: str
+    format: Literal["tagged_json", "tagged_xml"] = Field(description="JSON objects or XML-style parameters")
+    call_begin: str = Field(description="the token opening each call")
+    call_end: str = Field(description="the token closing it")
 
     def tokens(self) -> dict[str, str]:
         return self.model_dump(include={"call_begin", "call_end"})
@@ -66,18 +66,24 @@ class Profile(BaseModel):
     name: str = Field("", description="the key it is declared under (set by the lookup)")
     tokenizer: str = Field(description="a hub id (with `revision`), a local directory, or builtin:<name>")
     revision: str | None = Field(None, description="the hub revision to pin: a moved branch never changes prompts")
-    trust_remote_code: bool = False
+    trust_remote_code: bool = Field(False, description="for a tokenizer whose tokenizer_config.json names its own code")
     chat_template: str | None = Field(None, description="a Jinja file used instead of the tokenizer's own template")
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="passed to apply_chat_template (e.g. {enable_thinking: true})"
+    )
     generation_suffix: str = Field(description="what the template appends for add_generation_prompt=True")
-    reasoning_start: str | None = None  # null: the model does not reason in this profile
-    reasoning_end: str | None = None
-    eos_tokens: tuple[str, ...] = Field(min_length=1)
+    reasoning_start: str | None = Field(
+        None, description="the token opening reasoning; null: the model does not reason"
+    )
+    reasoning_end: str | None = Field(None, description="the token closing it (both or neither)")
+    eos_tokens: tuple[str, ...] = Field(min_length=1, description="tokens that end an answer, each one token")
     role_tokens: tuple[str, ...] = Field((), description="turn markers no output may contain")
     tool_calls: ToolCallGrammar | None = Field(
         None, description="the tool-call grammar; format: sections | tagged_json | tagged_xml"
     )
-    max_prompt_tokens: int = Field(131_072, ge=1)
+    max_prompt_tokens: int = Field(
+        131_072, ge=1, description="longer prompts are rejected at prepare (prompt_too_long)"
+    )
     served_model_names: tuple[str, ...] = Field((), description="what the fleet's /model_info may report")
 
     @model_validator(mode="after")

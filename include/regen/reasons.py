@@ -1,7 +1,7 @@
 """Why a row, a sample or an answer was left out: one enum for every stage, each reason with its stage.
 
 Every stage counts `dropped_<reason>` with these values and writes each dropped item to a `rejected/` file with its
-reason and a human-readable detail (regen.rejections), so nothing is ever dropped silently. The README's list is
+reason and a human-readable detail (regen.rejections), so nothing is ever dropped silently. The list in docs/data.md is
 tested against this enum (tests/unit/test_reasons.py).
 """
 

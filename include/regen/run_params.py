@@ -58,7 +58,13 @@ class RunParams(BaseModel):
         min_length=1, unique=True,  # each once: two tasks writing one version would corrupt it
     )  # fmt: skip
     profile: str | None = _in("What to run", "Model profile", "The target model: its tokenizer, template and roles.")
-    limit: int | None = _in("What to run", "Samples per dataset", "Empty = all.", ge=1)
+    limit: int | None = _in(
+        "What to run",
+        "Prompts per dataset",
+        "At most this many prompts of each dataset, the first that tokenise, in order (an on-policy conversation is "
+        "one prompt; each is then answered samples_per_prompt times at each temperature). Empty = all.",
+        ge=1,
+    )
     version: str | None = _in(
         "What to run",
         "Version",
@@ -104,7 +110,10 @@ class RunParams(BaseModel):
         ge=0, le=1,
     )  # fmt: skip
     shard_size: int | None = _in(
-        "Advanced", "Shard size", "Prompts per shard task (a new version only: an existing one keeps its shards).",
+        "Advanced",
+        "Sample rows per shard",
+        "Rows of prompts/ per shard: a prompt answered n times (samples_per_prompt x temperatures) is n rows, an "
+        "on-policy conversation one. A new version only: an existing one keeps its shards.",
         ge=1,
     )  # fmt: skip
     in_flight: int | None = _in(
@@ -187,6 +196,18 @@ def _form_defaults(config: RegenConfig) -> dict[str, Any]:
     }
 
 
+def check_fleet_pool(shard_tasks: int, pool_slots: int) -> None:
+    """Each shard task holds in_flight / shard_tasks requests, so a pool with fewer slots than shard_tasks starves the
+    fleet silently (4 tasks' shares, 2 slots: half of in_flight). More slots are fine: another DAG may share them."""
+    if shard_tasks > pool_slots:
+        raise ConfigError(
+            f"defaults.shard_tasks is {shard_tasks} but the sglang_fleet pool has {pool_slots} slots "
+            f"(defaults.fleet_pool_slots): only {pool_slots} shard tasks would generate at once, each with "
+            f"1/{shard_tasks} of in_flight. Set shard_tasks to {pool_slots}, or give the pool {shard_tasks} slots "
+            f"(`airflow pools set sglang_fleet {shard_tasks} ...`) and fleet_pool_slots: {shard_tasks}"
+        )
+
+
 class RunSpec(BaseModel):
     """One run: its params over the config's defaults, checked once at plan, and everything of the config its tasks
     use, frozen. It travels between tasks as a small JSON dict (XCom); no task reads the config file again."""
@@ -262,6 +283,7 @@ class RunSpec(BaseModel):
             checked_name("version", version)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        check_fleet_pool(d.shard_tasks, d.pool_slots)
         sampling = {name: value for name in Sampling.model_fields if (value := getattr(given, name)) is not None}
         in_flight = given.in_flight or d.in_flight
         return cls(

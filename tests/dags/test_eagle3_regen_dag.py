@@ -187,8 +187,8 @@ def test_parsing_opens_no_connections_and_skips_heavy_imports() -> None:
 
 
 def test_docker_compose_agrees_with_the_config_and_the_profile() -> None:
-    """The pool's slots come from the config's shard_tasks ($$ is compose's escape for a shell $), and the server
-    loads the revision the production profile pins."""
+    """The pool's slots come from the config's fleet_pool_slots or shard_tasks ($$ is compose's escape for a shell $),
+    and the server loads the revision the production profile pins."""
     import yaml
 
     from regen.profiles import lookup
@@ -196,7 +196,7 @@ def test_docker_compose_agrees_with_the_config_and_the_profile() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
     command = compose["services"]["airflow-init"]["command"]
     assert "pools set sglang_fleet $$(python -c 'from regen.config import load_config; " in command
-    assert "print(load_config().defaults.shard_tasks)')" in command
+    assert "print(load_config().defaults.pool_slots)')" in command
     assert f"--revision {lookup('kimi-k2.5').revision}" in compose["services"]["sglang"]["command"]
 
 

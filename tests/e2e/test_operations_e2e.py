@@ -1,6 +1,6 @@
-"""Day-to-day operations through a real scheduler, as the README tells an operator to do them: a fleet that dies
+"""Day-to-day operations through a real scheduler, as docs/operations.md tells an operator to do them: a fleet that dies
 mid-run, a task process killed mid-generate, a failed run completed from a new run, nights backfilled. The recovery
-commands are taken from the README and run exactly as written there.
+commands are taken from docs/operations.md and run exactly as written there.
 
 The stack's config is a nightly deployment's: a schedule, the fleet at a fixed local port (started and killed by the
 tests), an S3 storage root, short retry delays so that a failure shows within seconds.
@@ -50,7 +50,7 @@ class Operations:
         return start_simulator(self.stack.home, *args, port=self.port)
 
     def readme(self, *blocks: str, **env: str) -> str:
-        """The README's recovery blocks, run by bash exactly as written, with the token block first."""
+        """The operations page's recovery blocks, run by bash exactly as written, with the token block first."""
         script = "\n".join(readme_block(name) for name in ("token", *blocks))
         path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
         variables = {"AIRFLOW_URL": self.stack.api, "AIRFLOW_USER": ADMIN[0], "AIRFLOW_PASSWORD": ADMIN[1], **env}
@@ -89,9 +89,9 @@ class Operations:
 
 
 def readme_block(name: str) -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "operations.md").read_text()
     found = re.search(rf"<!-- recovery:{name} -->\n```bash\n(.*?)```", text, re.S)
-    assert found, f"README has no recovery block {name!r}"
+    assert found, f"docs/operations.md has no recovery block {name!r}"
     return found.group(1)
 
 

@@ -32,7 +32,7 @@ def oracle_python() -> Path:
     """The SGLang environment's interpreter; its absence is a failure that says how to build it, never a skip."""
     python = Path(os.environ.get("SGLANG_ORACLE_PYTHON", ROOT / ".venv-sglang" / "bin" / "python"))
     if not python.exists():
-        raise RuntimeError(f"no SGLang environment at {python}: run `make sglang-env` (README, Production parity)")
+        raise RuntimeError(f"no SGLang environment at {python}: run `make sglang-env` (docs/parity.md)")
     return python
 
 

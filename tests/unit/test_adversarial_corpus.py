@@ -31,7 +31,7 @@ from tests.unit.test_prepare_properties import rows as hypothesis_rows
 
 # Peak RSS of prepare's whole process tree (the task process and its two tokeniser workers), whatever the input.
 # Measured on this corpus: about 600 MB, most of it three interpreters with transformers loaded; 1,070 MB when the
-# over-long messages were tokenised rather than rejected by their byte length (README, "Hostile input").
+# over-long messages were tokenised rather than rejected by their byte length (docs/data.md, "Hostile input").
 MEMORY_TARGET_MB = 1024
 PREPARE_REASONS = {reason.value for reason in Reason if reason.stage == "prepare"}
 

@@ -1,4 +1,4 @@
-"""One list of reasons: the enum every stage counts and writes, and the README's table, kept equal."""
+"""One list of reasons: the enum every stage counts and writes, and the table in docs/data.md, kept equal."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 from regen.reasons import TRUNCATED, Reason
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "data.md"
 
 
-def test_the_readme_lists_every_reason_under_its_stage() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_data_page_lists_every_reason_under_its_stage() -> None:
+    text = PAGE.read_text(encoding="utf-8")
     table = text.split("<!-- reasons -->", 1)[1].split("<!-- /reasons -->", 1)[0]
     listed = {
         row.split("|")[1].strip(): re.findall(r"`([a-z0-9_]+)`", row.split("|")[2])
