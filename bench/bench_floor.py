@@ -4,7 +4,7 @@
 
 Per chunk of rows (a shard's worth, so memory stays flat at any N), each step CPU-timed (process time: every thread
 of this process, so the tokenizer's Rust threads count too):
-  parse      json.loads per row, and the row's OpenAI messages and tools picked out (no validation)
+  parse      orjson.loads per row, and the row's OpenAI messages and tools picked out (no validation)
   template   tokenizer.apply_chat_template(messages, tools=..., tokenize=False) per row: the kimi-k2.5-mini profile's
              tokenizer, loaded as the project loads it (regen.tokenizers.loading.load_tokenizer), with its kwargs
   encode     the tokenizer's batch call on the rendered texts
