@@ -21,7 +21,6 @@ from regen.config import (
     ExportConfig,
     RegenConfig,
     Sampling,
-    ValidationConfig,
     load_config,
 )
 from regen.errors import did_you_mean
@@ -332,7 +331,3 @@ class RunSpec(BaseModel):
     def declared_profile(self) -> Profile:
         assert self.profile_declaration is not None, "a run spec is made by plan, which freezes its profile"
         return self.profile_declaration
-
-    @property
-    def validation_settings(self) -> ValidationConfig:
-        return ValidationConfig(**self.validation)
