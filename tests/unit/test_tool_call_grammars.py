@@ -38,7 +38,7 @@ def xml() -> ChatRenderer:
 def tagged_json(xml: ChatRenderer) -> ChatRenderer:
     """Qwen3 (2504)'s grammar on the same vocabulary: the profile differs only in its `tool_calls`."""
     grammar = TaggedCalls(format="tagged_json", call_begin="<tool_call>", call_end="</tool_call>")
-    return ChatRenderer(xml.profile.replaced(tool_calls=grammar))
+    return ChatRenderer(xml.profile.replaced(tool_calls=grammar, tool_call_parser=None))
 
 
 def verdict(renderer: ChatRenderer, text: str, tools: frozenset[str] | None = TOOLS) -> tuple[str, tuple[str, ...]]:
