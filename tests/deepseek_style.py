@@ -1,3 +1,4 @@
+# ruff: noqa: RUF002, RUF003  (DeepSeek's token strings are fullwidth by design)
 """A DeepSeek-style model declared only as config, as a user adding one would: a tokenizer directory with DeepSeek's
 own special tokens (added to the mini vocabulary), a chat template file in DeepSeek-V3.1's shape, and a `sections`
 grammar whose call id is the function name (`call_id_format: "{name}"`), as DeepSeek's template writes calls:

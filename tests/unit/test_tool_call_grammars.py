@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from regen.chat import ChatRenderer
 from regen.config import load_config
 from regen.judge import FLAG_NO_REASONING_END, OK, judge
+from regen.on_policy import read_message
 from regen.profiles import Profile, TaggedCalls
 from regen.records import RawAnswer, text_digest
 from regen.simulator.defects import BY_NAME, DEFECTS, DefectModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel
-from regen.on_policy import read_message
 from regen.tool_calls import BadCall, read_section_call_id, read_tagged, write_tagged
 from tests import deepseek_style as ds
 from tests.deepseek_style import deepseek_profile
