@@ -115,6 +115,7 @@ class ChatRenderer:
                 format=grammar.format,
                 **{role: self.token_id(token, f"tool_calls.{role}") for role, token in grammar.tokens().items()},
                 call_id=p.call_id_pattern() if grammar.format == "sections" else None,
+                parser=p.tool_call_parser,
             )
             if grammar
             else None,

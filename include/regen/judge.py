@@ -236,7 +236,9 @@ class _Walk:
         if not isinstance(arguments, dict):
             return _reject(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of call at {pos} are not a JSON object")
         try:
-            name, flags = read_section_call_id(self.id_text, self.schemas, text)
+            grammar = self.roles.tool_calls
+            assert grammar is not None
+            name, flags = read_section_call_id(self.id_text, self.schemas, text, grammar.parser, grammar.call_id)
         except BadCall as e:
             return _reject(e.reason, f"call at {self.call_start}: {e.detail}")
         for flag in flags:

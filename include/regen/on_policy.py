@@ -38,7 +38,7 @@ from regen.judge import judge_output
 from regen.profiles import Profile, SectionCalls, TaggedCalls
 from regen.reasons import Reason
 from regen.records import RawAnswer
-from regen.tool_calls import BadCall, read_section_call_id, read_tagged, read_xml_calls
+from regen.tool_calls import BadCall, read_deepseek_calls, read_section_call_id, read_tagged, read_xml_calls
 
 Message = dict[str, Any]
 Decode = Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text
@@ -188,8 +188,12 @@ def read_message(text: str, forced: bool, profile: Profile, history: list[Messag
     if grammar is not None and tool_start is not None and tools and tool_start in normal:
         content = normal[: normal.index(tool_start)]
         earlier = sum(len(m.get("tool_calls") or []) for m in history)
-        if isinstance(grammar, SectionCalls):
-            found = _section_calls(normal, grammar, tools)
+        if isinstance(grammar, SectionCalls) and profile.tool_call_parser == "deepseekv31":
+            content, found = read_deepseek_calls(
+                normal, grammar.section_begin, grammar.call_begin, grammar.argument_begin, grammar.call_end, tools
+            )
+        elif isinstance(grammar, SectionCalls):
+            found = _section_calls(normal, profile, grammar, tools)
         elif grammar.format == "tagged_xml":
             xml = read_xml_calls(normal, grammar.call_begin, grammar.call_end, standard_tools(tools))
             found, content = (xml, content) if xml is not None else ([], normal)  # None: the detector failed
@@ -232,13 +236,15 @@ def _call(name: str, arguments: str, index: int, profile: Profile) -> Message:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _section_calls(text: str, grammar: SectionCalls, tools: list[Message]) -> list[tuple[str, str]]:
+def _section_calls(text: str, profile: Profile, grammar: SectionCalls, tools: list[Message]) -> list[tuple[str, str]]:
     """kimi_k2's detector (function_call/kimik2_detector.py `detect_and_parse`): every call in the text, in every
-    section, arguments as written; a call whose id names no function is skipped."""
+    section, arguments as written; a call whose id names no function is skipped. With no parser named, the declared
+    grammar's: every `call_begin ID argument_begin ARGUMENTS call_end`, its id read by the profile's format."""
     calls = []
-    for call_id, arguments in section_call_pattern(grammar).findall(text):
+    pattern = profile.call_id_pattern()
+    for call_id, arguments in section_call_pattern(grammar, profile.tool_call_parser).findall(text):
         try:
-            name, _ = read_section_call_id(call_id, lambda: tools, arguments)
+            name, _ = read_section_call_id(call_id, lambda: tools, arguments, profile.tool_call_parser, pattern)
         except BadCall:
             continue
         calls.append((name, arguments))
@@ -246,7 +252,10 @@ def _section_calls(text: str, grammar: SectionCalls, tools: list[Message]) -> li
 
 
 @cache
-def section_call_pattern(grammar: SectionCalls) -> re.Pattern[str]:
+def section_call_pattern(grammar: SectionCalls, parser: str | None = "kimi_k2") -> re.Pattern[str]:
+    if parser != "kimi_k2":
+        between = re.escape(grammar.call_begin), re.escape(grammar.argument_begin), re.escape(grammar.call_end)
+        return re.compile("{}(.*?){}(.*?){}".format(*between), re.DOTALL)
     return re.compile(
         re.escape(grammar.call_begin)
         + r"\s*([^\s<|]+)\s*"

@@ -57,6 +57,9 @@ class TaggedCalls(BaseModel):
 
 ToolCallGrammar = Annotated[SectionCalls | TaggedCalls, Field(discriminator="format")]
 FORMATS = ("sections", "tagged_json", "tagged_xml")
+# SGLang's tool-call parsers (--tool-call-parser) this project reads as SGLang 0.5.23 does (tests/parity/ proves each),
+# and the grammar each reads. A profile that names none is read by its declared grammar, literally.
+TOOL_CALL_PARSERS = {"kimi_k2": "sections", "deepseekv31": "sections", "qwen3_coder": "tagged_xml"}
 
 
 class Profile(BaseModel):
@@ -81,6 +84,17 @@ class Profile(BaseModel):
     tool_calls: ToolCallGrammar | None = Field(
         None, description="the tool-call grammar; format: sections | tagged_json | tagged_xml"
     )
+    tool_call_parser: str | None = Field(
+        None,
+        description="SGLang's --tool-call-parser for this model (kimi_k2, deepseekv31, qwen3_coder): "
+        "validation and on-policy reading follow it, and check_server holds the fleet to it; null: the declared "
+        "grammar is the reading, literally (call_id_format decides ids)",
+    )
+    reasoning_parser: str | None = Field(
+        None,
+        description="SGLang's --reasoning-parser for this model (kimi_k2, qwen3, deepseek-v3, ...), checked "
+        "against the fleet's; null: not checked",
+    )
     max_prompt_tokens: int = Field(
         131_072, ge=1, description="longer prompts are rejected at prepare (prompt_too_long)"
     )
@@ -94,7 +108,23 @@ class Profile(BaseModel):
             raise ValueError("give both reasoning_start and reasoning_end, or neither")
         if self.trust_remote_code and self.tokenizer.startswith("builtin:"):
             raise ValueError("a builtin tokenizer never needs trust_remote_code")
+        self._check_tool_call_parser()
         return self
+
+    def _check_tool_call_parser(self) -> None:
+        parser = self.tool_call_parser
+        if parser is None:
+            return
+        if parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser {parser!r}: this project reads {', '.join(sorted(TOOL_CALL_PARSERS))} as SGLang "
+                "does; for another model leave it null, and its declared tool_calls grammar is read literally"
+            )
+        if self.tool_calls is None or self.tool_calls.format != TOOL_CALL_PARSERS[parser]:
+            raise ValueError(
+                f"tool_call_parser {parser!r} reads tool_calls of format {TOOL_CALL_PARSERS[parser]!r}; "
+                f"this profile declares {self.tool_calls.format if self.tool_calls else None!r}"
+            )
 
     @property
     def tokenizer_source(self) -> str:
@@ -145,6 +175,8 @@ class Profile(BaseModel):
             "role_tokens": list(self.role_tokens),
             "tool_call_grammar": {"format": calls.format, **calls.tokens()} if calls else None,
             "tool_call_id_format": self.tool_call_id_format,
+            "tool_call_parser": self.tool_call_parser,
+            "reasoning_parser": self.reasoning_parser,
         }
 
 

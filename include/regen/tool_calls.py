@@ -2,8 +2,10 @@
 validation and written by the simulator. One format per family of SGLang's tool-call detectors
 (sglang/srt/function_call/):
 
-- `sections` (kimi_k2): `section_begin (call_begin ID argument_begin JSON call_end)+ section_end`, every marker one
-  token; ID in the profile's call-id format, JSON the arguments object.
+- `sections` (kimi_k2, deepseekv31): `section_begin (call_begin ID argument_begin JSON call_end)+ section_end`, every
+  marker one token; ID in the profile's call-id format, JSON the arguments object. How an ID names its function is
+  the profile's `tool_call_parser`'s rule (kimi_k2: `functions.NAME:INDEX` and its lenient spellings; deepseekv31:
+  the ID is the name), or with none named, the profile's `call_id_format` read literally.
 - `tagged_json` (qwen25, Hermes-style; Qwen3 2504): `(call_begin JSON call_end)+`, JSON being
   `{"name": ..., "arguments": {...}}`, written on a line of its own.
 - `tagged_xml` (qwen3_coder; Qwen3.5, Qwen3.6): `(call_begin <function=NAME> (<parameter=KEY> VALUE </parameter>)*
@@ -51,6 +53,7 @@ class ToolCallIds:
     section_end: int | None = None
     argument_begin: int | None = None
     call_id: re.Pattern[str] | None = None
+    parser: str | None = None  # the profile's tool_call_parser: whose reading of the calls this is
 
     @property
     def sectioned(self) -> bool:
@@ -58,7 +61,7 @@ class ToolCallIds:
 
     def as_record(self) -> dict[str, Any]:
         fields = dataclasses.asdict(self)
-        return {k: v for k, v in fields.items() if k != "call_id" and v is not None}
+        return {k: v for k, v in fields.items() if k not in ("call_id", "parser") and v is not None}
 
 
 class BadCall(ValueError):
@@ -70,11 +73,36 @@ class BadCall(ValueError):
 
 
 def read_section_call_id(
-    text: str, tools: Callable[[], list[dict[str, Any]]], arguments: str = ""
+    text: str,
+    tools: Callable[[], list[dict[str, Any]]],
+    arguments: str = "",
+    parser: str | None = "kimi_k2",
+    pattern: re.Pattern[str] | None = None,
 ) -> tuple[str, tuple[str, ...]]:
-    """The function a `sections` call id names, and the flags of an id SGLang reads only leniently; a BadCall for an
-    id whose call SGLang's detector skips. `tools`: the declared tools, asked for only for a bare counter, whose
-    function is inferred from them and the call's `arguments` text."""
+    """The function a `sections` call id names, and the flags of an id read only leniently; a BadCall for an id whose
+    call the reading loses. `parser`: the profile's tool_call_parser, whose rule reads the id; None: the id must be
+    in the profile's call-id format (`pattern`, Profile.call_id_pattern), read literally."""
+    if parser == "kimi_k2":
+        return _kimi_call_id(text, tools, arguments)
+    if parser == "deepseekv31":  # the id is the name, as written (its detector checks it against the tools)
+        if not text:
+            raise BadCall(Reason.TOOL_CALL_BAD_ID, "an empty function name: SGLang skips the call")
+        return text, ()
+    if pattern is None:
+        raise ValueError(f"tool_call_parser {parser!r} reads no section call ids")
+    match = pattern.fullmatch(text)
+    if match is None:
+        raise BadCall(Reason.TOOL_CALL_BAD_ID, f"call id {text[:80]!r} is not in the profile's call_id_format")
+    name = match.groupdict().get("name") or ""
+    if "name" in pattern.groupindex and not name.strip():
+        raise BadCall(Reason.TOOL_CALL_BAD_ID, f"call id {text[:80]!r} names no function")
+    return name, ()
+
+
+def _kimi_call_id(text: str, tools: Callable[[], list[dict[str, Any]]], arguments: str) -> tuple[str, tuple[str, ...]]:
+    """kimi_k2's rule: the function of the id, and the flags of an id SGLang reads only leniently; a BadCall for an
+    id whose call SGLang's detector skips. `tools`: asked for only for a bare counter, whose function is inferred from
+    them and the call's `arguments` text."""
     whole = SECTION_CALL_ID.fullmatch(text)
     if whole is None:
         raise BadCall(Reason.TOOL_CALL_BAD_ID, f"call id {text[:80]!r}: SGLang skips the call")
@@ -215,6 +243,32 @@ def read_xml_calls(text: str, begin: str, end: str, tools: list[dict[str, Any]])
             except (TypeError, ValueError):
                 return None
     return calls
+
+
+def read_deepseek_calls(
+    text: str, begin: str, call_begin: str, separator: str, call_end: str, tools: list[dict[str, Any]]
+) -> tuple[str, list[tuple[str, str]]]:
+    """(content, calls) as deepseekv31's detector reads a text holding its section begin (sglang 0.5.23
+    function_call/deepseekv31_detector.py `detect_and_parse`, then serving_chat): the content is the text before the
+    section, stripped; a call is each `call_begin NAME separator JSON call_end` anywhere in the text (NAME up to the
+    last separator), to a declared function, its arguments re-dumped from Python's `json.loads` (a falsy value as
+    {}). Arguments that do not load, or a call with no separator, fail the detector as a whole: the whole text is the
+    content, with no calls."""
+    content = text[: text.find(begin)].strip()
+    detail = re.compile(f"{re.escape(call_begin)}(.*){re.escape(separator)}(.*){re.escape(call_end)}", re.DOTALL)
+    names = {(tool.get("function") or {}).get("name") for tool in tools}
+    calls = []
+    for match in re.findall(f"{re.escape(call_begin)}.*?{re.escape(call_end)}", text, re.DOTALL):
+        parts = detail.search(match)
+        if parts is None:
+            return text, []
+        try:
+            arguments = json.loads(parts.group(2))
+        except (ValueError, RecursionError):
+            return text, []
+        if parts.group(1) and parts.group(1) in names:
+            calls.append((parts.group(1), json.dumps(arguments or {}, ensure_ascii=False)))
+    return content, calls
 
 
 def arguments_config(name: str, tools: list[dict[str, Any]]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import zstandard
 from regen.chat import ChatRenderer
 from regen.simulator.defects import BY_NAME
 from regen_airflow.usage import parse_usage_line
+from tests.deepseek_style import deepseek_profile
 from tools.devstack import DAG_ID, Simulator, Stack, start_simulator, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -34,6 +35,7 @@ BOOKKEEPING = re.compile(
     r"(manifest\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json|reports/shard-\d+\.json)$"
 )  # the config also has B3_missing, whose source does not exist
 USER_PROFILE = "my-model"
+DEEPSEEK_PROFILE = "my-deepseek"  # DeepSeek-style, config only: its own special tokens, call ids the function name
 # A user's own template over the mini vocabulary: ChatML-shaped, no reasoning, tools as JSON, and calls as tagged JSON
 # between two of the vocabulary's tokens, as its profile declares them.
 USER_TEMPLATE = (
@@ -80,6 +82,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     config["governance"]["allowed_storage_roots"] = [f"s3://{BUCKET}", f"s3://{BUCKET}-missing", "/proc/eagle3-regen"]
     folder = tmp_path_factory.mktemp("config")
     config.setdefault("profiles", {})[USER_PROFILE] = user_profile(folder)  # beside the project's own
+    (folder / "deepseek").mkdir()
+    declared = deepseek_profile(folder / "deepseek", DEEPSEEK_PROFILE)
+    declared.update(tokenizer="deepseek/tokenizer", chat_template="deepseek/template.jinja")
+    config["profiles"][DEEPSEEK_PROFILE] = declared
     config_path = folder / "regen.yaml"
     config_path.write_text(yaml.safe_dump(config))
     with pytest.MonkeyPatch.context() as patched:
@@ -223,7 +229,7 @@ def test_on_policy_conversations_regenerate_turn_by_turn_through_airflow(stack: 
     assert published["verified"]["records_checked"] == len(raw)
 
 
-@pytest.mark.parametrize("profile", ["qwen3.6", USER_PROFILE])
+@pytest.mark.parametrize("profile", ["qwen3.6", USER_PROFILE, DEEPSEEK_PROFILE])
 def test_a_profile_declared_only_in_the_config_runs_end_to_end_bit_exact(stack: Stack, profile: str) -> None:
     """Qwen3.6 (declared in config/regen.yaml, its real vocabulary) and a user's own model (a tokenizer directory and
     template file declared in this test's config): no code of theirs. On the function-calling dataset the simulator
@@ -256,7 +262,10 @@ def test_a_profile_declared_only_in_the_config_runs_end_to_end_bit_exact(stack: 
     assert len(train) == len(raw) == manifest["records"] == EXPECTED_PROMPTS["B1_glaive"]
     suffix, reasoning_end = roles["generation_suffix_ids"], roles["reasoning_end_id"]
     grammar = roles["tool_call_ids"]
-    assert grammar["format"] == {"qwen3.6": "tagged_xml", USER_PROFILE: "tagged_json"}[profile]
+    assert (
+        grammar["format"]
+        == {"qwen3.6": "tagged_xml", USER_PROFILE: "tagged_json", DEEPSEEK_PROFILE: "sections"}[profile]
+    )
     calling = 0
     for record in train:
         server = sent[raw[record["id"]]["rid"]]
@@ -268,6 +277,9 @@ def test_a_profile_declared_only_in_the_config_runs_end_to_end_bit_exact(stack: 
     verdict_files = [key for key in manifest["files"] if key.endswith("-verdicts.parquet")]
     verdicts = [v for key in verdict_files for v in s3_table(stack, root + key)]
     assert calling == sum(v["tool_calls"] > 0 for v in verdicts) > len(train) // 4  # calls kept, each one counted
+    # Every call the server wrote was published: the valid answers all kept, none lost for its call id.
+    written = sum(sent[r["rid"]]["output_ids"].count(grammar["call_begin"]) for r in raw.values())
+    assert sum(v["tool_calls"] for v in verdicts) == written
 
 
 def test_each_dataset_is_an_asset_and_the_handoff_dag_verifies_what_was_published(
@@ -306,12 +318,24 @@ def s3_keys(stack: Stack, prefix: str, suffix: str) -> list[str]:
     return sorted(o["Key"] for o in listing.get("Contents", []) if o["Key"].endswith(suffix))
 
 
-@pytest.fixture(scope="module")
-def defect_run(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A server that plants a defect in about a third of its answers, every kind."""
-    sim = start_simulator(tmp_path_factory.mktemp("defects"), "--defect-rate", "0.35")
+@pytest.fixture(scope="module", params=["kimi-k2.5-mini", DEEPSEEK_PROFILE])
+def defect_run(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[dict[str, Any]]:
+    """A server that plants a defect in about a third of its answers, every kind the profile can carry: Kimi's, and
+    a DeepSeek-style profile declared only in the config."""
+    profile = str(request.param)
+    folder = tmp_path_factory.mktemp("defects")
+    sim = start_simulator(folder, "--profile", profile, "--defect-rate", "0.35", "--tool-call-rate", "0.6")
     try:
-        run_id = stack.trigger({"datasets": GOOD, "endpoints": [sim.url], "storage_root": f"s3://{BUCKET}/defects"})
+        run_id = stack.trigger(
+            {
+                "datasets": GOOD,
+                "profile": profile,
+                "endpoints": [sim.url],
+                "storage_root": f"s3://{BUCKET}/defects-{profile}",
+            }
+        )
         state = stack.wait_for_run(run_id, timeout_s=600)
         yield {"state": state, "report": stack.xcom(run_id, "report"), "sim": sim, "states": stack.task_states(run_id)}
     finally:

@@ -124,6 +124,17 @@ BAD_SERVERS = [
         r"every probe answer failed validation: \['role_token_in_output",
         id="model-always-runs-on",
     ),
+    pytest.param(  # the fleet reads calls with another detector than the one validation follows
+        ["--tool-call-parser", "deepseekv31"],
+        r"started with tool_call_parser 'deepseekv31' \(the profile names 'kimi_k2'\).*--tool-call-parser kimi_k2",
+        id="other-tool-call-parser",
+    ),
+    pytest.param(
+        ["--reasoning-parser", "deepseek-r1"],
+        r"reasoning_parser 'deepseek-r1' \(the profile names 'kimi_k2'\)",
+        id="other-reasoning-parser",
+    ),
+    pytest.param(["--tool-call-parser", ""], r"tool_call_parser None \(the profile names 'kimi_k2'\)", id="no-parser"),
 ]
 
 

@@ -9,6 +9,7 @@ a value stripped) and `qwen25_detector.py` (`json.loads` of the text between the
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -18,11 +19,14 @@ from hypothesis import strategies as st
 from regen.chat import ChatRenderer
 from regen.config import load_config
 from regen.judge import FLAG_NO_REASONING_END, OK, judge
-from regen.profiles import TaggedCalls
+from regen.on_policy import read_message
+from regen.profiles import Profile, TaggedCalls
 from regen.records import RawAnswer, text_digest
 from regen.simulator.defects import BY_NAME, DEFECTS, DefectModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel
-from regen.tool_calls import read_tagged, write_tagged
+from regen.tool_calls import BadCall, read_section_call_id, read_tagged, write_tagged
+from tests import deepseek_style as ds
+from tests.deepseek_style import deepseek_profile
 
 TOOLS = frozenset({"get_weather"})
 XML_CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
@@ -38,7 +42,91 @@ def xml() -> ChatRenderer:
 def tagged_json(xml: ChatRenderer) -> ChatRenderer:
     """Qwen3 (2504)'s grammar on the same vocabulary: the profile differs only in its `tool_calls`."""
     grammar = TaggedCalls(format="tagged_json", call_begin="<tool_call>", call_end="</tool_call>")
-    return ChatRenderer(xml.profile.replaced(tool_calls=grammar))
+    return ChatRenderer(xml.profile.replaced(tool_calls=grammar, tool_call_parser=None))
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory: pytest.TempPathFactory) -> ChatRenderer:
+    """A DeepSeek-style profile declared only as config (its own special tokens, `{name}` ids, no parser named)."""
+    folder = tmp_path_factory.mktemp("deepseek")
+    declared = deepseek_profile(folder, "my-deepseek")
+    return ChatRenderer(
+        Profile.model_validate({**declared, "name": "my-deepseek"}).with_paths(lambda p: str(folder / p))
+    )
+
+
+def ds_verdict(renderer: ChatRenderer, text: str) -> tuple[str, tuple[str, ...], int]:
+    prompt = renderer.render_ids([{"role": "user", "content": "Weather in Paris?"}], [TOOL])
+    output = renderer.tokenizer.encode(text + ds.EOS, add_special_tokens=False)
+    meta = {"finish_reason": {"type": "stop", "matched": output[-1]}, "prompt_tokens": len(prompt)}
+    record = RawAnswer("s1", output, {**meta, "completion_tokens": len(output)}, *text_digest(renderer.decode(output)))
+    judgement = judge(prompt, record, renderer.roles, TOOLS, renderer.decode)
+    return judgement.verdict, judgement.flags, judgement.tool_calls
+
+
+def ds_call(name: str, arguments: str = '{"city": "Paris"}') -> str:
+    return f"{ds.CALL_BEGIN}{name}{ds.SEPARATOR}{arguments}{ds.CALL_END}"
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        pytest.param(f"Need it.</think>{ds.SECTION_BEGIN}{ds_call('get_weather')}{ds.SECTION_END}", (OK, 1), id="one"),
+        pytest.param(
+            f"Two.</think>{ds.SECTION_BEGIN}{ds_call('get_weather')}{ds_call('get_weather', '{}')}{ds.SECTION_END}",
+            (OK, 2),
+            id="parallel",
+        ),
+        pytest.param(
+            f"x</think>{ds.SECTION_BEGIN}{ds_call('')}{ds.SECTION_END}", ("tool_call_bad_id", 0), id="no-name"
+        ),
+        pytest.param(
+            f"x</think>{ds.SECTION_BEGIN}{ds_call('get_weather:0')}{ds.SECTION_END}",
+            ("tool_call_undeclared", 0),
+            id="kimi-id-is-a-name-here",
+        ),
+        pytest.param(
+            f"x</think>{ds.SECTION_BEGIN}{ds_call('get_weather', '[1]')}{ds.SECTION_END}",
+            ("tool_call_bad_arguments", 0),
+            id="arguments-not-an-object",
+        ),
+    ],
+)
+def test_a_config_only_profile_reads_call_ids_by_its_own_call_id_format(
+    deepseek: ChatRenderer, text: str, expected: tuple[str, int]
+) -> None:
+    """No parser named: `call_id_format: "{name}"` decides ids, so the function name alone is a valid id (issue 35:
+    kimi_k2's `functions.NAME:INDEX` rule was applied to every sections profile and rejected each one)."""
+    found, _, calls = ds_verdict(deepseek, text)
+    assert (found, calls) == expected
+
+
+def test_a_config_only_profiles_calls_read_back_with_their_own_ids(deepseek: ChatRenderer) -> None:
+    text = f"Need it.</think>Checking.{ds.SECTION_BEGIN}{ds_call('get_weather')}{ds.SECTION_END}"
+    tools = [TOOL]
+    message = read_message(text, True, deepseek.profile, [{"role": "user", "content": "Weather?"}], tools)
+    assert message == {
+        "role": "assistant",
+        "content": "Checking.",
+        "reasoning_content": "Need it.",
+        "tool_calls": [
+            {
+                "id": "get_weather",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    }
+
+
+def test_a_named_parser_reads_by_its_own_rule() -> None:
+    """kimi_k2's rule where the profile names it; deepseekv31's (the id is the name); the literal format otherwise."""
+    kimi = re.compile(r"functions\.(?P<name>.+):\d+")
+    assert read_section_call_id(" get_weather:0 ", list, "{}", "kimi_k2", None)[0] == "get_weather"
+    assert read_section_call_id("get_weather", list, "{}", "deepseekv31", None) == ("get_weather", ())
+    assert read_section_call_id("functions.get_weather:0", list, "{}", None, kimi) == ("get_weather", ())
+    with pytest.raises(BadCall):
+        read_section_call_id("get_weather:0", list, "{}", None, kimi)
 
 
 def verdict(renderer: ChatRenderer, text: str, tools: frozenset[str] | None = TOOLS) -> tuple[str, tuple[str, ...]]:
@@ -180,7 +268,7 @@ TOOL_KINDS = [kind.name for kind in DEFECTS if "tool_calls" in kind.needs]
 
 
 @pytest.mark.parametrize("kind", TOOL_KINDS)
-@pytest.mark.parametrize("grammar", ["xml", "tagged_json"])
+@pytest.mark.parametrize("grammar", ["xml", "tagged_json", "deepseek"])
 def test_the_simulator_writes_each_tool_defect_in_the_profiles_grammar(
     request: pytest.FixtureRequest, grammar: str, kind: str
 ) -> None:
@@ -191,7 +279,7 @@ def test_the_simulator_writes_each_tool_defect_in_the_profiles_grammar(
     calls = renderer.roles.tool_calls
     assert calls is not None
     if calls.format not in BY_NAME[kind].formats:
-        with pytest.raises(ValueError, match=f"{kind}.*tool-call grammar of format sections"):
+        with pytest.raises(ValueError, match=f"{kind}.*tool-call grammar of format {BY_NAME[kind].formats[0]}"):
             SimulatedModel(renderer.profile, ModelBehaviour(defects=defects))
         return
     model = SimulatedModel(renderer.profile, ModelBehaviour(defects=defects, omit_think_end_rate=0.3))
@@ -209,7 +297,7 @@ def test_the_simulator_writes_each_tool_defect_in_the_profiles_grammar(
     assert set(judged) == {BY_NAME[kind].reason.value}, judged
 
 
-@pytest.mark.parametrize("grammar", ["xml", "tagged_json"])
+@pytest.mark.parametrize("grammar", ["xml", "tagged_json", "deepseek"])
 def test_the_simulators_clean_tool_calls_pass_validation(request: pytest.FixtureRequest, grammar: str) -> None:
     renderer: ChatRenderer = request.getfixturevalue(grammar)
     model = SimulatedModel(renderer.profile, ModelBehaviour(tool_call_rate=1.0, omit_think_end_rate=0.5))

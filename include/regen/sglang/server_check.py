@@ -151,6 +151,28 @@ def _check_model(url: str, model_path: str, renderer: ChatRenderer) -> None:
         )
 
 
+PARSERS = ("tool_call_parser", "reasoning_parser")
+
+
+def check_parsers(url: str, server: dict[str, Any], renderer: ChatRenderer) -> None:
+    """The server reads answers with the parsers the profile names (its /server_info, as launched with
+    --tool-call-parser and --reasoning-parser): validation and on-policy reading follow the profile's, so a server
+    with others would return messages this pipeline does not expect. A profile that names none checks none; a server
+    info that does not say (a router's own) is judged by its workers'."""
+    profile = renderer.profile
+    differ = [
+        f"{key} {server.get(key)!r} (the profile names {getattr(profile, key)!r})"
+        for key in PARSERS
+        if getattr(profile, key) is not None and key in server and server.get(key) != getattr(profile, key)
+    ]
+    if differ:
+        raise ServerMismatch(
+            f"{redact_url(url)} was started with {' and '.join(differ)}: start the servers with "
+            + " ".join(f"--{key.replace('_', '-')} {getattr(profile, key)}" for key in PARSERS if getattr(profile, key))
+            + f", or pick the profile of the model they serve (profile {profile.name!r})"
+        )
+
+
 async def _check_one(
     session: aiohttp.ClientSession, url: str, renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float
 ) -> EndpointInfo:
@@ -159,9 +181,11 @@ async def _check_one(
     server = await get_either(session, url, SERVER_INFO)
     workers: list[WorkerInfo] = []
     if server.get("router_manager"):
-        workers = await _router_fleet(session, url, give_up - asyncio.get_running_loop().time())
+        workers = await _router_fleet(session, url, give_up - asyncio.get_running_loop().time(), renderer)
         for worker in (w for w in workers if w.model_path):  # one without metadata is judged by the probe alone
             _check_model(f"{redact_url(url)} (worker {redact_url(worker.url)})", worker.model_path, renderer)
+    else:
+        check_parsers(url, server, renderer)
     info = await get_either(session, url, MODEL_INFO)
     model_path = str(info.get("model_path", ""))
     _check_model(url, model_path, renderer)
@@ -188,7 +212,9 @@ def context_length_of(server: dict[str, Any]) -> int | None:
     return int(value) if value else None
 
 
-async def _router_fleet(session: aiohttp.ClientSession, url: str, deadline_s: float) -> list[WorkerInfo]:
+async def _router_fleet(
+    session: aiohttp.ClientSession, url: str, deadline_s: float, renderer: ChatRenderer
+) -> list[WorkerInfo]:
     """The workers behind a router, once one is healthy. A router answers /health with no worker at all, so its
     readiness is /health_generate (200 once a worker is healthy). Each worker's own /get_server_info, where it can be
     reached from here, gives its running slots, version and context length."""
@@ -212,6 +238,8 @@ async def _router_fleet(session: aiohttp.ClientSession, url: str, deadline_s: fl
                 redact_url(worker.url),
             )
     served = await asyncio.gather(*(_worker_server_info(session, w.url) for w in workers))
+    for worker, info in zip(workers, served, strict=True):
+        check_parsers(f"{redact_url(url)} (worker {redact_url(worker.url)})", info, renderer)
     log.info(
         "%s is an sglang-router in front of %d workers: %s",
         redact_url(url),

@@ -39,6 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=PROVEN_SGLANG_VERSION,
         help="the SGLang version /server_info reports (default: the one the pipeline is proven against); '' for none",
     )
+    for name in ("tool-call-parser", "reasoning-parser"):
+        parser.add_argument(
+            f"--{name}", default=None, help=f"the --{name} /server_info reports (default: the profile's); '' for none"
+        )
     parser.add_argument(
         "--api-key", default=None, help="as SGLang's: every path but /health*, /ready* and /metrics* needs this bearer"
     )
@@ -108,8 +112,20 @@ def build_state(args: argparse.Namespace) -> SimulatorState:
     )
     fault_model = FaultModel(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FaultModel)})  # same names
     model = SimulatedModel(profile, behaviour)
+    parsers = {
+        key: getattr(profile, key) if getattr(args, key) is None else getattr(args, key) or None
+        for key in ("tool_call_parser", "reasoning_parser")
+    }
     return SimulatorState(
-        model, profile, latency, args.context_length, args.record, fault_model, args.fault_seed, args.sglang_version
+        model,
+        profile,
+        latency,
+        args.context_length,
+        args.record,
+        fault_model,
+        args.fault_seed,
+        args.sglang_version,
+        parsers,
     )
 
 

@@ -46,8 +46,8 @@ async def server_info(request: web.Request) -> web.Response:
             "max_total_num_tokens": state.context_length * state.latency.max_running,
             "max_running_requests": state.latency.max_running,
             "max_queued_requests": None,
-            "reasoning_parser": "kimi_k2",
-            "tool_call_parser": "kimi_k2",
+            "reasoning_parser": state.parsers["reasoning_parser"],  # as the server was started (--reasoning-parser)
+            "tool_call_parser": state.parsers["tool_call_parser"],
             "incremental_streaming_output": False,
             "skip_tokenizer_init": False,
             "tp_size": 8,

@@ -151,8 +151,14 @@ class SimulatorState:
         faults: FaultModel | None = None,
         fault_seed: int = 0,
         version: str = PROVEN_SGLANG_VERSION,
+        parsers: dict[str, str | None] | None = None,
     ) -> None:
         self.model = model
+        # The parsers /server_info reports: those it was started with, by default the profile's.
+        self.parsers = parsers or {
+            "tool_call_parser": profile.tool_call_parser,
+            "reasoning_parser": profile.reasoning_parser,
+        }
         self.version = version  # the SGLang version /server_info reports; "": one that does not say
         self.faults = faults or FaultModel()
         self.fault_rng = random.Random(fault_seed)
