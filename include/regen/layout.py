@@ -159,10 +159,15 @@ class DatasetLocation:
     def prepare_part_rejections(self, part: int) -> str:
         return self._key("rejected", f"prepare-part-{part:05d}.jsonl")
 
+    @property
+    def report_folders(self) -> str:
+        """Where each publisher writes its report (report/{writer}/), ending in `/`."""
+        return self._key("report") + "/"
+
     def report_file(self, name: str, writer: str | None = None) -> str:
         """report.json, report.html or one of its plots, in the folder of the publisher that wrote it (`writer`, as
         the manifest's `report.writer` names it); without one, beside the manifest (versions published before)."""
-        return self._key("report", checked_name("writer", writer), name) if writer else self._key(name)
+        return f"{self.report_folders}{checked_name('writer', writer)}/{name}" if writer else self._key(name)
 
     def viewable_file(self, name: str, writer: str | None = None) -> str:
         """The key of one of the files a person may open from the Drafter data page; any other name is refused.

@@ -207,8 +207,8 @@ def _write_manifest(
     if overwrite:
         replaced = json.loads(storage.get_bytes(location.manifest)) if storage.exists(location.manifest) else None
         storage.put_bytes(location.manifest, body)
-        if replaced is not None and report_writer(replaced):  # the replaced version's report: named by nothing now
-            _discard(storage, [k for k in replaced["files"] if is_report_file(k)])
+        if replaced is not None:  # the replaced version's report: named by nothing now
+            _discard(storage, [k for k in replaced["files"] if is_report_file(k) and k not in report_files])
         return body, report
     try:  # one writer per version: of two publishers at once, exactly one writes the manifest
         storage.create(location.manifest, body)
@@ -225,6 +225,9 @@ def _write_manifest(
             json.loads(theirs).get("run_id"),
         )
         return theirs, report_of(storage, location, json.loads(theirs))
+    # Won: reports of earlier tries that died before their manifest are named by nothing (a loser still writing
+    # removes its own as it loses).
+    _discard(storage, [k for k in storage.list_keys(location.report_folders) if k not in report_files])
     return body, report
 
 
