@@ -6,7 +6,8 @@ Each request is forwarded whole to the upstream (method, path, query, headers, b
 - 500 InternalError and 503 SlowDown, with S3's XML error body, before the upstream sees the request;
 - a connection reset: the request is forwarded, then the connection is dropped without an answer, so the client
   cannot know whether its write landed (it must retry, and a retried PUT must be harmless).
-Draws come from one seeded stream, so a run is repeatable. `GET /__faults` reports what was injected.
+Draws come from one seeded stream, so a run is repeatable. `GET /__faults` reports what was injected. An outage:
+`down` set (tests set the attribute) answers every request 503 until it is cleared.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class FaultProxy:
         self.rng = random.Random(seed)
         self.injected: Counter[str] = Counter()
         self.forwarded = 0
+        self.down = False  # an outage: every request answered 503, none forwarded
         self.session: aiohttp.ClientSession | None = None
 
     def draw(self) -> str | None:
@@ -54,8 +56,11 @@ class FaultProxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.path == "/__faults":
             return web.json_response({"injected": dict(self.injected), "forwarded": self.forwarded})
-        fault = self.draw()
+        fault = "outage" if self.down else self.draw()
         body = await request.read()
+        if fault == "outage":
+            self.injected[fault] += 1
+            return web.Response(status=503, body=error_body(503, request.path), content_type="application/xml")
         if fault in ("500", "503"):
             self.injected[fault] += 1
             status = int(fault)

@@ -11,17 +11,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from tenacity import AsyncRetrying, RetryCallState, stop_after_delay, wait_random_exponential
 
 from regen.manifest import GenerationReport, ShardManifest
 from regen.reasons import Reason
 from regen.storage import Storage
 
+log = logging.getLogger(__name__)
+
 MERGE_AFTER = 32  # small parts of one try merged into one: a long shard leaves dozens of parts to resume from
+# How long a part may keep failing to be written before the task fails. Longer than S3's bursts of 503 SlowDown and a
+# local disk's hiccups (botocore already retries within each PUT); short enough that a task whose storage is gone
+# fails in well under a minute, holding at most that long of answers in memory, and Airflow's retry resumes it.
+OUTAGE_S = 30.0
+
+
+class CheckpointsUnwritable(Exception):
+    """Storage took no checkpoint for `OUTAGE_S`: the task fails; a retry resumes from the parts that landed and asks
+    again only for the answers that did not."""
 
 
 @dataclass
@@ -70,11 +84,19 @@ class Checkpointer:
     merged part is written before the small ones are deleted), so a resume reads dozens of parts, not thousands.
     After each part, the shard's progress (what the UI shows) is written beside the parts."""
 
-    def __init__(self, storage: Storage, shard: ShardManifest, next_part: int, every: int, seconds: float) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        shard: ShardManifest,
+        next_part: int,
+        every: int,
+        seconds: float,
+        outage_s: float = OUTAGE_S,
+    ) -> None:
         self.storage, self.shard, self.part = storage, shard, next_part
         self.try_id = next_part  # unique: part numbers only grow over a shard's tries
-        self.every, self.seconds = every, seconds
-        self.pending: list[bytes] = []
+        self.every, self.seconds, self.outage_s = every, seconds, outage_s
+        self.pending: list[bytes] = []  # records not in storage yet: they leave only once their part is written
         self.unmerged: list[tuple[str, bytes]] = []
         self.wake = asyncio.Event()
         self.stopping = False
@@ -89,7 +111,7 @@ class Checkpointer:
         self, counts: Callable[[], GenerationReport], status: Callable[[int], dict[str, Any]] | None = None
     ) -> None:
         """Flush until `stop`, then once more: the only writer, so parts never race. `status(flushed)`: the
-        progress to write after each part."""
+        progress to write after each part. Ends early only by raising CheckpointsUnwritable (the caller watches)."""
         while not self.stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.seconds)
@@ -101,22 +123,75 @@ class Checkpointer:
         self.stopping = True
         self.wake.set()
 
+    async def finish(self, flusher: asyncio.Task[None], counts: Callable[[], GenerationReport]) -> None:
+        """Stops the flusher and waits for its last part. A flusher that failed is tried once more on the way out
+        (storage may be back); what still cannot be written is named, and a retry of the task asks for it again."""
+        self.stop()
+        try:
+            await flusher
+        except CheckpointsUnwritable as e:
+            log.warning("%s: %s; writing the answers waiting once more before the task fails", self.shard.name, e)
+            try:
+                await self._flush(counts())
+            except CheckpointsUnwritable:
+                log.error(
+                    "%s: %d answers and rejections could not be checkpointed; a retry of this task asks for them "
+                    "again (every one that was checkpointed is kept)",
+                    self.shard.name,
+                    len(self.pending),
+                )
+            raise
+
     async def _flush(self, counts: GenerationReport, status: Callable[[int], dict[str, Any]] | None = None) -> None:
+        """The records waiting, as one part. They stay waiting until the part is written: a failed write is retried
+        (the same key and bytes: harmless if an unanswered try landed), and after `outage_s` raises with them kept."""
         if not self.pending:
             return
-        batch, self.pending = self.pending, []
-        self.flushed += len(batch)
-        batch.append(msgspec.json.encode({"try": self.try_id, "generation": dataclasses.asdict(counts)}))
-        body = b"".join(line + b"\n" for line in batch)
+        taken = len(self.pending)  # records added while this part is written wait for the next one
+        trailer = msgspec.json.encode({"try": self.try_id, "generation": dataclasses.asdict(counts)})
+        body = b"".join(line + b"\n" for line in [*self.pending[:taken], trailer])
         key = self._next_key()
-        await asyncio.to_thread(self.storage.put_bytes, key, body)
+        await self._write(key, body)
+        del self.pending[:taken]
+        self.flushed += taken
         self.unmerged.append((key, body))
         if len(self.unmerged) >= MERGE_AFTER:
             merged, self.unmerged = self.unmerged, []
-            await asyncio.to_thread(self._merge, self._next_key(), merged)
+            try:  # the small parts hold the same records: a merge that fails leaves them to be read as they are
+                await asyncio.to_thread(self._merge, self._next_key(), merged)
+            except Exception as e:
+                log.warning("%s: merging %d parts failed (%s); they stay as they are", self.shard.name, len(merged), e)
         if status is not None:  # after the part: `done` never counts an answer that is not in storage
             progress = msgspec.json.encode(status(self.flushed))
-            await asyncio.to_thread(self.storage.put_bytes, self.shard.keys.progress, progress)
+            try:  # what the UI shows: never worth failing the task for
+                await asyncio.to_thread(self.storage.put_bytes, self.shard.keys.progress, progress)
+            except Exception as e:
+                log.warning("%s: progress not written (%s)", self.shard.name, e)
+
+    async def _write(self, key: str, body: bytes) -> None:
+        """One part, retried with backoff for at most `outage_s` in all, each try cut off at what is left of it (a
+        PUT that botocore keeps retrying would otherwise outlast the bound)."""
+        deadline = time.monotonic() + self.outage_s
+        retrying = AsyncRetrying(
+            stop=stop_after_delay(self.outage_s),
+            wait=wait_random_exponential(multiplier=0.1, max=min(5.0, self.outage_s / 4)),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    left = max(deadline - time.monotonic(), 0.05)
+                    await asyncio.wait_for(asyncio.to_thread(self.storage.put_bytes, key, body), left)
+        except Exception as e:
+            raise CheckpointsUnwritable(
+                f"storage took no checkpoint for {self.outage_s:g} s ({self.storage.uri(key)}: "
+                f"{type(e).__name__}: {e}); {len(self.pending)} answers and rejections wait in memory"
+            ) from e
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        log.warning("%s: checkpoint part not written (%s: %s); retrying", self.shard.name, type(error).__name__, error)
 
     def _next_key(self) -> str:
         part, self.part = self.part, self.part + 1

@@ -190,15 +190,21 @@ Re-tokenisation drift: {drift.get("drifted", 0)} of {drift.get("sampled", 0)} sa
 
 
 def write_dataset_report(
-    storage: Storage, location: DatasetLocation, title: str, verdicts: pa.Table, report: dict[str, Any]
+    storage: Storage,
+    location: DatasetLocation,
+    title: str,
+    verdicts: pa.Table,
+    report: dict[str, Any],
+    writer: str | None = None,
 ) -> dict[str, str]:
-    """report.json, report.html and its PNGs beside the version's manifest; returns key -> sha256 of each."""
+    """report.json, report.html and its PNGs in the publisher's own folder (`writer`: layout.report_file); returns
+    key -> sha256 of each."""
     files: dict[str, str] = {}
     pngs = _plots(verdicts, report)
     for name, body in pngs.items():
-        key = location.report_file(name)
+        key = location.report_file(name, writer)
         files[key] = storage.put_bytes(key, body)
-    json_key, html_key = location.report_file("report.json"), location.report_file("report.html")
+    json_key, html_key = location.report_file("report.json", writer), location.report_file("report.html", writer)
     files[json_key] = storage.put_bytes(json_key, json.dumps(report, indent=1).encode())
     files[html_key] = storage.put_bytes(html_key, _html(title, report, list(pngs)).encode())
     return files

@@ -25,7 +25,7 @@ import aiohttp
 import msgspec
 
 from regen.chat import ChatRenderer
-from regen.checkpoints import Checkpointer, Checkpoints, load_checkpoints, rejection_line
+from regen.checkpoints import OUTAGE_S, Checkpointer, Checkpoints, load_checkpoints, rejection_line
 from regen.conversations import Conversations, longest_first
 from regen.manifest import GenerationReport, ShardManifest, StageStats
 from regen.on_policy import turn_count
@@ -58,6 +58,7 @@ class GenerateSettings:
     max_attempts: int = 5
     checkpoint_every: int = 1024
     checkpoint_s: float = 1.0
+    checkpoint_outage_s: float = OUTAGE_S  # storage taking no checkpoint this long fails the task
     progress_s: float = 10.0
     fleet_wait_s: float = 120.0
     backoff_max_s: float = 30.0
@@ -167,7 +168,7 @@ async def _generate_missing(
             )
         )
         try:
-            await asyncio.gather(*workers)
+            await _answer_all(workers, flusher)
         except TransientError as e:
             raise FleetUnavailable(
                 f"a sample failed {settings.max_attempts} attempts on {settings.endpoints} ({e}); finished answers "
@@ -178,10 +179,22 @@ async def _generate_missing(
                 task.cancel()
             await asyncio.gather(*workers, ticker, return_exceptions=True)
             await pool.close()
-            checkpointer.stop()
-            await flusher  # the last answers, and this try's final counts
+            await checkpointer.finish(flusher, lambda: progress.report(client))  # the last answers, final counts
             progress.log_line(client)
         return progress.report(client)
+
+
+async def _answer_all(workers: list[asyncio.Task[None]], flusher: asyncio.Task[None]) -> None:
+    """The workers to the end, watching the flusher: it ends early only when storage takes no checkpoint, and then
+    the task stops asking (answers it could not keep would only pile up) and fails with CheckpointsUnwritable."""
+    answering = asyncio.gather(*workers)
+    watched: list[asyncio.Future[Any]] = [answering, flusher]
+    await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+    if flusher.done() and not answering.done():
+        answering.cancel()
+        await asyncio.gather(answering, return_exceptions=True)
+        flusher.result()  # raises: the flusher never ends on its own before it is stopped
+    await answering
 
 
 def run_generate(
@@ -207,7 +220,8 @@ def run_generate(
         len(todo),
     )
     if todo:
-        checkpointer = Checkpointer(storage, shard, done.next_part, settings.checkpoint_every, settings.checkpoint_s)
+        every, outage_s = settings.checkpoint_every, settings.checkpoint_outage_s
+        checkpointer = Checkpointer(storage, shard, done.next_part, every, settings.checkpoint_s, outage_s)
         progress = Progress(shard, len(ids), len(done))
         conversations = None
         if prompts.on_policy:

@@ -15,7 +15,8 @@
       rejected/prepare-part-00003.jsonl        the prompts a prepare part's tokenising rejected
       reports/shard-00042-verdicts.parquet     validate's verdict on every answer
       reports/shard-00042.json                 the shard's final manifest (its presence: the shard is finished)
-      report.json, report.html, *.png          the dataset report
+      report/{writer}/report.json, .html, *.png the dataset report, in its publisher's own folder (the manifest
+                                               names the writer: of two publishers, the loser's is never named)
       manifest.json                            written last: its presence means the version is complete
       writer.json                              the run writing the version, renewed while it writes (regen.claims)
     {profile}/runs/{version}.json              the run's report (a later run of the version: {version}--{run}.json)
@@ -28,7 +29,9 @@ every key, so each is checked: one that could climb out of the root is refused.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # starts with a letter or digit: never `.` or `..`
 VERSION_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -79,6 +82,12 @@ def run_report_key(profile: str, version: str, run: str | None = None) -> str:
 
 def write_check_key(profile: str, token: str) -> str:
     return f"{checked_name('profile', profile)}/.write-check-{token}"
+
+
+def report_writer(manifest: Mapping[str, Any]) -> str | None:
+    """The publisher whose report a manifest names (None: a version published before reports had writers)."""
+    writer = (manifest.get("report") or {}).get("writer")
+    return str(writer) if writer else None
 
 
 def is_report_file(key: str) -> bool:
@@ -150,15 +159,22 @@ class DatasetLocation:
     def prepare_part_rejections(self, part: int) -> str:
         return self._key("rejected", f"prepare-part-{part:05d}.jsonl")
 
-    def report_file(self, name: str) -> str:
-        """report.json, report.html or one of its plots, beside the manifest."""
-        return self._key(name)
+    @property
+    def report_folders(self) -> str:
+        """Where each publisher writes its report (report/{writer}/), ending in `/`."""
+        return self._key("report") + "/"
 
-    def viewable_file(self, name: str) -> str:
-        """The key of one of the files a person may open from the Drafter data page; any other name is refused."""
+    def report_file(self, name: str, writer: str | None = None) -> str:
+        """report.json, report.html or one of its plots, in the folder of the publisher that wrote it (`writer`, as
+        the manifest's `report.writer` names it); without one, beside the manifest (versions published before)."""
+        return f"{self.report_folders}{checked_name('writer', writer)}/{name}" if writer else self._key(name)
+
+    def viewable_file(self, name: str, writer: str | None = None) -> str:
+        """The key of one of the files a person may open from the Drafter data page; any other name is refused.
+        `writer`: the manifest's report writer, where the report files are."""
         if name not in VIEWABLE_FILES:
             raise ValueError(f"{name!r} is not one of a version's viewable files ({', '.join(VIEWABLE_FILES)})")
-        return self._key(name)
+        return self._key(name) if name == MANIFEST else self.report_file(name, writer)
 
     def shard(self, number: int) -> ShardKeys:
         return ShardKeys(self, number)

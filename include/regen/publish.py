@@ -1,9 +1,11 @@
 """The publish stage: a dataset version becomes visible. `manifest.json` is written last, only when every shard is
 finished and the verifier has read the version's files and records back whole.
 
-Before it: the dataset's report (report.json, report.html and its plots) beside where the manifest goes. The manifest
-names every file of the version with its sha256 and size, the splits, the counts of every stage, and exactly which
-template and tokenizer rendered the prompts. After it, `latest.json` names the version and the manifest's sha256.
+Before it: the dataset's report (report.json, report.html and its plots) in the publisher's own folder beside where
+the manifest goes, so that of two publishers of one version the loser never touches a file the winner's manifest
+names (and removes its own once it has lost). The manifest names every file of the version with its sha256 and
+size, the splits, the counts of every stage, and exactly which template and tokenizer rendered the prompts. After
+it, `latest.json` names the version and the manifest's sha256.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import dataclasses
 import hashlib
 import json
 import logging
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from regen.dataset_report import dataset_report, read_verdicts, write_dataset_report
 from regen.errors import FinalError
-from regen.layout import DatasetLocation, dataset_prefix, is_report_file
+from regen.layout import DatasetLocation, dataset_prefix, is_report_file, report_writer
 from regen.manifest import GenerationReport, PreparedDataset, ShardManifest, StageStats
 from regen.reasons import OK
 from regen.run_report import generation_cost
@@ -171,7 +174,8 @@ def _write_manifest(
     report["rejected_by_stage"] = {"prepare": prepared.stats.dropped, **{s: stages[s]["dropped"] for s in STAGES}}
     report["cost"] = generation_cost(generations, fleet, report.get("train_tokens", 0), cost)
     title = f"{location.dataset} {location.version} ({location.profile})"
-    report_files = write_dataset_report(storage, location, title, verdicts, report)
+    writer = uuid.uuid4().hex[:16]  # this publisher's own report keys: a concurrent one never writes them
+    report_files = write_dataset_report(storage, location, title, verdicts, report, writer)
     manifest = {
         "dataset": location.dataset,
         "profile": prepared.profile,
@@ -185,8 +189,9 @@ def _write_manifest(
         "records": report.get("train_records", 0),
         "splits": {"train": report.get("train_records", 0), "truncated": report.get("truncated_records", 0)},
         "report": {
-            "json": storage.uri(location.report_file("report.json")),
-            "html": storage.uri(location.report_file("report.html")),
+            "writer": writer,
+            "json": storage.uri(location.report_file("report.json", writer)),
+            "html": storage.uri(location.report_file("report.html", writer)),
         },
         "retokenize_drift": report.get("retokenize_drift"),
         "cost": report["cost"],
@@ -200,17 +205,44 @@ def _write_manifest(
     }
     body = json.dumps(manifest, indent=1).encode()
     if overwrite:
+        replaced = json.loads(storage.get_bytes(location.manifest)) if storage.exists(location.manifest) else None
         storage.put_bytes(location.manifest, body)
+        if replaced is not None:  # the replaced version's report: named by nothing now
+            _discard(storage, [k for k in replaced["files"] if is_report_file(k) and k not in report_files])
         return body, report
     try:  # one writer per version: of two publishers at once, exactly one writes the manifest
         storage.create(location.manifest, body)
     except KeyExists:  # the same data published meanwhile stands; other data raises VersionExists
+        _discard(storage, list(report_files))  # the winner's manifest names its own report, never this one
         theirs = _published_before(storage, location.manifest, data_files, overwrite=False)
         if theirs is None:
             raise
-        log.info("%s %s was published meanwhile with the same data", location.dataset, location.version)
-        return theirs, json.loads(storage.get_bytes(location.report_file("report.json")))
+        log.warning(
+            "%s %s: another publisher published it first (run %s), with the same data; its manifest stands, and "
+            "this publisher's report is removed",
+            location.dataset,
+            location.version,
+            json.loads(theirs).get("run_id"),
+        )
+        return theirs, report_of(storage, location, json.loads(theirs))
+    # Won: reports of earlier tries that died before their manifest are named by nothing (a loser still writing
+    # removes its own as it loses).
+    _discard(storage, [k for k in storage.list_keys(location.report_folders) if k not in report_files])
     return body, report
+
+
+def _discard(storage: Storage, keys: list[str]) -> None:
+    """Files no manifest names (a losing publisher's report): removed, and a failure only logged."""
+    for key in keys:
+        try:
+            storage.delete(key)
+        except Exception as e:
+            log.warning("%s: not removed (%s); no manifest names it", storage.uri(key), e)
+
+
+def report_of(storage: Storage, location: DatasetLocation, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The report.json a published manifest names."""
+    return dict(json.loads(storage.get_bytes(location.report_file("report.json", report_writer(manifest)))))
 
 
 def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], list[str]]:
@@ -255,7 +287,7 @@ def run_publish(
         body, report = _write_manifest(prepared, shards, storage, data_files, *args)
     else:  # a retried publish: the version stands as it is, report included
         log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)
-        report = json.loads(storage.get_bytes(location.report_file("report.json")))
+        report = report_of(storage, location, json.loads(body))
     manifest = json.loads(body)
     manifest_uri = storage.uri(location.manifest)
     latest = {
@@ -287,7 +319,7 @@ def run_publish(
         report.get("tool_call_rate"),
         drift.get("drifted"),
         drift.get("sampled"),
-        storage.uri(location.report_file("report.html")),
+        manifest["report"]["html"],
     )
     generations = [s.generation for s in shards if s.generation]
     return {

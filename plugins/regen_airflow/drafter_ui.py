@@ -151,15 +151,21 @@ async def version_file(profile: str, dataset: str, version: str, name: str) -> S
     the names layout.VIEWABLE_FILES lists, of a configured dataset's version; anything else is 404."""
     from regen.layout import DatasetLocation
     from regen.storage import is_not_found
+    from regen.ui.documents import viewable_key
 
     config, chosen, names = _where(profile)
     if dataset not in names:
         raise HTTPException(404, f"unknown dataset {dataset!r}")
+
+    def find() -> tuple[Any, str]:  # the report's files: where the version's manifest says its publisher wrote them
+        storage = _storage(config)
+        return storage, viewable_key(storage, DatasetLocation("", chosen, dataset, version), name)
+
     try:
-        key = DatasetLocation("", chosen, dataset, version).viewable_file(name)
+        storage, key = await asyncio.to_thread(find)
     except ValueError as e:
         raise HTTPException(404, str(e)) from e
-    chunks = await asyncio.to_thread(lambda: _storage(config).iter_chunks(key))
+    chunks = await asyncio.to_thread(lambda: storage.iter_chunks(key))
     try:  # the first chunk here: a file that is not there is a 404, not a broken stream
         first = await asyncio.to_thread(next, chunks, b"")
     except Exception as e:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from regen.layout import DatasetLocation, report_writer
 from tests.conftest import Simulator
 from tests.dags.conftest import USERS
 
@@ -128,9 +129,16 @@ def test_two_versions_compared_and_a_wrong_one_named(client: Any, token: dict[st
     assert wrong.status_code == 404 and "night-9 is not a published version" in wrong.json()["detail"]
 
 
+def report_path(root: Path, version: str, name: str) -> Path:
+    """A published version's viewable file; the report's in the folder of the publisher its manifest names."""
+    manifest = json.loads((root / "kimi-k2.5-mini/B1_glaive" / version / "manifest.json").read_text())
+    location = DatasetLocation("", "kimi-k2.5-mini", "B1_glaive", version)
+    return root / location.viewable_file(name, report_writer(manifest))
+
+
 def test_a_versions_report_is_read_on_demand(client: Any, token: dict[str, str], drafter_root: Path) -> None:
     night_1 = client.get("/drafter/api/version", params={"dataset": "B1_glaive", "version": "night-1"}, headers=token)
-    report = json.loads((drafter_root / "kimi-k2.5-mini/B1_glaive/night-1/report.json").read_text())
+    report = json.loads(report_path(drafter_root, "night-1", "report.json").read_text())
     assert night_1.status_code == 200 and night_1.json()["histograms"] == report["histograms"]
     running = client.get("/drafter/api/version", params={"dataset": "B1_glaive", "version": "night-3"}, headers=token)
     assert [s["state"] for s in running.json()["shards"]] == ["finished", "generating"]
@@ -156,7 +164,7 @@ def test_a_versions_files_are_served_to_a_signed_in_user(
 ) -> None:
     answer = client.get(f"/drafter/files/kimi-k2.5-mini/B1_glaive/night-2/{name}", headers=token)
     assert answer.status_code == 200 and answer.headers["content-type"] == content_type
-    assert answer.content == (drafter_root / "kimi-k2.5-mini/B1_glaive/night-2" / name).read_bytes()
+    assert answer.content == report_path(drafter_root, "night-2", name).read_bytes()
     # written by whoever may write to the bucket: shown sandboxed (no script runs on Airflow's origin), never sniffed
     assert answer.headers["content-security-policy"] == "sandbox"
     assert answer.headers["x-content-type-options"] == "nosniff"

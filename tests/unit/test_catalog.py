@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from regen.layout import version_from_run_id
+from regen.layout import DatasetLocation, report_writer, version_from_run_id
 from regen.storage import LocalStorage, S3Storage
 from regen.ui.caches import PublishedSummaries
 from regen.ui.catalog import Catalog, Limits, newest_first
@@ -27,6 +27,12 @@ DATASET = "B1_glaive"
 PROFILE = "kimi-k2.5-mini"
 DATASETS = [DATASET, "B2_opencodeinstruct"]
 DAY = 86400.0
+
+
+def report_key(root: LocalStorage, version: str, name: str = "report.json") -> str:
+    """Where a published version's report file is: in the folder of the publisher its manifest names."""
+    manifest = json.loads(root.get_bytes(f"{PROFILE}/{DATASET}/{version}/manifest.json"))
+    return DatasetLocation("", PROFILE, DATASET, version).report_file(name, report_writer(manifest))
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +54,7 @@ def test_the_overview_shows_the_latest_in_full_and_the_others_from_their_manifes
     assert (entry["others"], entry["pages"], entry["previous"]) == (2, 1, "night-1")
     latest = entry["latest"]
     manifest = json.loads(root.get_bytes(f"{PROFILE}/{DATASET}/night-2/manifest.json"))
-    report = json.loads(root.get_bytes(f"{PROFILE}/{DATASET}/night-2/report.json"))
+    report = json.loads(root.get_bytes(report_key(root, "night-2")))
     assert latest["version"] == "night-2" and (latest["state"], latest["detail"]) == ("published", "full")
     assert latest["records"] == manifest["records"] > 0
     assert latest["answered"] == 20 == latest["records"] + latest["truncated"] + report["rejected_records"]
@@ -71,7 +77,7 @@ def test_the_overview_shows_the_latest_in_full_and_the_others_from_their_manifes
 def test_a_versions_report_is_read_when_asked_for(root: LocalStorage) -> None:
     counting = CountingStorage(root)
     night_1 = Catalog(counting, PROFILE).version(DATASET, "night-1")  # type: ignore[arg-type]
-    report = json.loads(root.get_bytes(f"{PROFILE}/{DATASET}/night-1/report.json"))
+    report = json.loads(root.get_bytes(report_key(root, "night-1")))
     assert night_1["detail"] == "full" and night_1["histograms"] == report["histograms"]
     assert night_1["verdicts"] == report["verdicts"] and night_1["answered"] == 12
     assert [k.rsplit("/", 1)[1] for k in counting.asked("read_start")] == ["manifest.json", "report.json"]
@@ -106,12 +112,13 @@ def _grow(root: Path, count: int) -> list[str]:
     """`count` published versions named after daily scheduled runs (night-1's manifest and report in each), the
     newest the dataset's latest; their names newest first."""
     source = root / PROFILE / DATASET / "night-1"
+    report = report_key(LocalStorage(root), "night-1").split("/night-1/", 1)[1]  # report/{writer}/report.json
     names = [
         version_from_run_id(f"scheduled__2026-{1 + d // 28:02d}-{1 + d % 28:02d}T00:00:00+00:00") for d in range(count)
     ]
     for name in names:
-        (root / PROFILE / DATASET / name).mkdir()
-        for file in ("manifest.json", "report.json"):
+        (root / PROFILE / DATASET / name / report).parent.mkdir(parents=True)
+        for file in ("manifest.json", report):
             shutil.copy(source / file, root / PROFILE / DATASET / name / file)
     latest = json.loads((root / PROFILE / DATASET / "latest.json").read_text()) | {"version": names[-1]}
     (root / PROFILE / DATASET / "latest.json").write_text(json.dumps(latest))
@@ -129,7 +136,7 @@ def test_one_page_of_versions_is_read_and_no_more(copy: Path) -> None:
     assert (entry["others"], entry["pages"]) == (47, 3)
     read = counting.asked("read_start")
     expected = [f"{PROFILE}/{DATASET}/latest.json", *(f"{PROFILE}/{DATASET}/{v}/manifest.json" for v in newest[:21])]
-    assert sorted(read) == sorted([*expected, f"{PROFILE}/{DATASET}/{newest[0]}/report.json"])  # each once
+    assert sorted(read) == sorted([*expected, report_key(LocalStorage(copy), newest[0])])  # each once
     assert counting.asked("folders") == [f"{PROFILE}/{DATASET}/"] and not counting.asked("list_objects")
 
     [last] = catalog.overview([DATASET], page=2).datasets
@@ -208,7 +215,7 @@ def test_a_file_past_the_cap_is_not_read_whole_and_its_version_says_why(copy: Pa
         and "manifest.json is larger than 1,000 bytes" in entry["latest"]["error"]
     )
     assert {size for _, size in counting.arguments("read_start")} <= {1001, Limits().small_file_bytes + 1}
-    (copy / PROFILE / DATASET / "night-1" / "report.json").write_bytes(b" " * (4 * 2**20 + 1))
+    (copy / report_key(LocalStorage(copy), "night-1")).write_bytes(b" " * (4 * 2**20 + 1))
     night_1 = Catalog(LocalStorage(copy), PROFILE).version(DATASET, "night-1")
     assert night_1["state"] == "unreadable" and "report.json is larger than 4,194,304 bytes" in night_1["error"]
 

@@ -20,6 +20,7 @@ from regen.config import Sampling
 from regen.export import ExportSettings, run_export
 from regen.generate import GenerateSettings, run_generate
 from regen.judge import FLAG_NO_REASONING_END
+from regen.layout import report_writer
 from regen.manifest import PreparedDataset
 from regen.publish import run_publish
 from regen.simulator.defects import BY_NAME
@@ -104,8 +105,9 @@ def test_every_answer_lands_in_exactly_one_place_as_the_server_sent_it(
 def test_the_dataset_report_counts_what_landed(published: tuple[PreparedDataset, LocalStorage, dict[str, Any]]) -> None:
     prepared, storage, summary = published
     location = prepared.location
-    report = json.loads(storage.get_bytes(location.report_file("report.json")))
     manifest = json.loads(storage.get_bytes(location.manifest))
+    writer = report_writer(manifest)
+    report = json.loads(storage.get_bytes(location.report_file("report.json", writer)))
     [shard] = prepared.shards
     train = parquet(storage, shard.keys.split("train"))
     truncated = parquet(storage, shard.keys.split("truncated"))
@@ -124,9 +126,9 @@ def test_the_dataset_report_counts_what_landed(published: tuple[PreparedDataset,
     measured = [v for v in parquet(storage, shard.keys.verdicts) if v["retokenize_drift"] is not None]
     assert len(measured) == drift["sampled"] and sum(v["retokenize_drift"] for v in measured) == drift["drifted"]
     for name in ("report.html", "lengths.png", "verdicts.png"):
-        assert location.report_file(name) in manifest["files"]
-    assert Path(storage.uri(location.report_file("verdicts.png"))).read_bytes()[:4] == b"\x89PNG"
-    html = storage.get_bytes(location.report_file("report.html")).decode()
+        assert location.report_file(name, writer) in manifest["files"]
+    assert Path(storage.uri(location.report_file("verdicts.png", writer))).read_bytes()[:4] == b"\x89PNG"
+    html = storage.get_bytes(location.report_file("report.html", writer)).decode()
     assert f"{report['train_records']} training records" in html and 'src="lengths.png"' in html
     assert manifest["profile"]["chat_template_sha256"] and manifest["profile"]["tokenizer_files_sha256"]
 

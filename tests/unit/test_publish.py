@@ -12,6 +12,7 @@ from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.export import run_export
 from regen.generate import GenerateSettings, run_generate
+from regen.layout import report_writer
 from regen.publish import IncompleteDataset, run_publish
 from regen.validate import run_validate
 from tests.conftest import Simulator, prepare_sample
@@ -62,8 +63,9 @@ def test_the_dataset_report_counts_every_stages_rejections_and_rounds_for_people
     run_publish(prepared, storage, fleet=[])
     location = prepared.location
     manifest = json.loads(storage.get_bytes(location.manifest))
-    report = json.loads(storage.get_bytes(location.report_file("report.json")))
-    page = storage.get_bytes(location.report_file("report.html")).decode()
+    writer = report_writer(manifest)
+    report = json.loads(storage.get_bytes(location.report_file("report.json", writer)))
+    page = storage.get_bytes(location.report_file("report.html", writer)).decode()
     by_stage = {
         "prepare": manifest["prepare"]["dropped"],
         **{s: manifest["stages"][s]["dropped"] for s in manifest["stages"]},

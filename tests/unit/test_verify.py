@@ -237,12 +237,13 @@ def test_a_publish_killed_before_its_manifest_is_completed_by_the_rerun(
     monkeypatch.setattr(storage, "create", killed_at_the_manifest)
     with pytest.raises(ConnectionResetError):
         run_publish(prepared, storage, fleet=[])
-    manifest_key = prepared.location.manifest
-    assert storage.exists(prepared.location.report_file("report.json")) and not storage.exists(manifest_key)
+    manifest_key, reports = prepared.location.manifest, f"{prepared.location.prefix}/report/"
+    assert any(k.endswith("/report.json") for k in storage.list_keys(reports)) and not storage.exists(manifest_key)
     monkeypatch.setattr(storage, "create", create)
     summary = run_publish(prepared, storage, fleet=[])
     result = verify_version(summary["manifest"])
     assert result.problems == [] and summary["records"] == 48 == result.records_checked
+    assert set(storage.list_keys(reports)) <= set(result.manifest["files"])  # the killed try's report is gone
 
 
 def test_the_cli_takes_dataset_and_version_under_a_root(published: tuple[PreparedDataset, LocalStorage, str]) -> None:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.layout import DatasetLocation, dataset_prefix, latest_key
+from regen.layout import DatasetLocation, dataset_prefix, latest_key, report_writer
 from regen.reasons import OK
 from regen.storage import Storage
 from regen.ui import progress
@@ -138,7 +138,7 @@ class Catalog:
         limits = self.limits
         manifest = read_view(self.storage, location.manifest, ManifestView, limits.index_file_bytes)
         if manifest is not None:
-            report_key = location.report_file("report.json")
+            report_key = location.report_file("report.json", report_writer({"report": manifest.report}))
             report = read_view(self.storage, report_key, ReportView, limits.small_file_bytes) if full else None
             return published(self.storage, location, manifest, report)
         prepared = read_view(self.storage, location.prepared, PreparedView, limits.index_file_bytes)
@@ -256,7 +256,7 @@ def published(
         "profile": manifest.profile.get("name"),
         "template_sha256": manifest.profile.get("chat_template_sha256"),
         "manifest": storage.uri(location.manifest),
-        "report": storage.uri(location.report_file("report.html")),
+        "report": storage.uri(location.report_file("report.html", report_writer({"report": manifest.report}))),
         "verified": manifest.verified,
         "cost": manifest.cost or {},
     }

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from regen.layout import MANIFEST, DatasetLocation, report_writer
 from regen.storage import Storage, is_not_found
 
 MIB = 2**20
@@ -46,6 +47,7 @@ class ManifestView(msgspec.Struct):
     retokenize_drift: Any = None
     verified: Any = None
     cost: Any = None
+    report: dict[str, Any] = {}  # its `writer`: whose folder the report files are in (layout.report_file)
 
 
 class ReportView(msgspec.Struct):
@@ -109,3 +111,12 @@ def read_view(storage: Storage, key: str, view: type[View], cap: int) -> View | 
     if len(data) > cap:
         raise TooLarge(f"{key.rsplit('/', 1)[-1]} is larger than {cap:,} bytes: not read")
     return msgspec.json.decode(data, type=view)
+
+
+def viewable_key(storage: Storage, location: DatasetLocation, name: str) -> str:
+    """The key of a version's file the page may serve: the report's in the folder its manifest names (raises
+    ValueError for any other name, or a manifest that names a folder no key may have)."""
+    if name == MANIFEST:
+        return location.viewable_file(name)
+    manifest = read_view(storage, location.manifest, ManifestView, INDEX_FILE_BYTES)
+    return location.viewable_file(name, report_writer({"report": manifest.report}) if manifest is not None else None)
