@@ -25,6 +25,7 @@ from regen_airflow.tasks import (
     run_api_keys,
     run_s3_client,
     s3_client,
+    worker_task_slots,
 )
 
 # The deployment's config is a local file read at parse time: it fills the trigger form (no network, no storage).
@@ -75,7 +76,7 @@ def eagle3_regen() -> None:
 
         get_current_context()["label"] = dataset  # type: ignore[typeddict-unknown-key]
         with final_errors_fail_now(f"{dataset}: "):  # a missing or damaged source reads the same on a retry
-            return pipeline.prepare_dataset(_run(run), dataset, run_s3_client(run))
+            return pipeline.prepare_dataset(_run(run), dataset, run_s3_client(run), worker_task_slots())
 
     @task(trigger_rule=TriggerRule.ALL_DONE)  # one dataset's failed prepare holds back no other's parts
     def list_prepare_parts(run: dict[str, Any] | None, prepared: list[dict[str, Any]] | None) -> list[list[int]]:

@@ -157,7 +157,9 @@ class Defaults(BaseModel):
         1.0, gt=0, le=60, description="finished answers are flushed this often: a killed task redoes at most these"
     )
     checkpoint_every: int = Field(1024, ge=1, description="or as soon as this many wait (bounds the buffer)")
-    tokenize_workers: int | None = Field(None, ge=1, description="prepare's tokeniser processes; null: all cores")
+    tokenize_workers: int | None = Field(
+        None, ge=1, description="prepare's tokeniser processes; null: the cores over the tasks a worker runs at once"
+    )
     # A dataset with more prompts is tokenised in parts of about this many (whole shards), one mapped prepare_part
     # task each, so that workers share it: its one reader still dedupes every row.
     prepare_part_prompts: int = Field(50_000, ge=1, description="prompts per prepare part, in whole shards")

@@ -19,6 +19,7 @@ from regen.claims import held, release
 from regen.config import ConfigError, load_config
 from regen.datasets.prepare import PreparedParts, finish_parts, part_layout, prepare_part, run_prepare
 from regen.datasets.sources import source_digests
+from regen.datasets.tokenise import pool_size
 from regen.errors import FinalError
 from regen.export import ExportSettings, run_export
 from regen.generate import GenerateSettings, run_generate
@@ -93,11 +94,14 @@ def _storage(run: RunSpec, s3_client: S3ClientFactory | None) -> Storage:
     return open_storage(run.storage_root)
 
 
-def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+def prepare_dataset(
+    run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None, tasks_at_once: int = 1
+) -> dict[str, Any]:
     """The dataset read once, normalised and deduplicated, and tokenised into prompt shards: its name, shard and
     prompt counts (the shards themselves are in prompts/prepare.json, see `prepared_version`). A dataset of more
     than one part is left in `parts` for `prepare_dataset_part` and `finish_prepared`. Or, when its inputs are those
-    of its last published version (and the run skips unchanged datasets), `unchanged_since` naming that version."""
+    of its last published version (and the run skips unchanged datasets), `unchanged_since` naming that version.
+    `tasks_at_once`: the tasks this machine may run together, which share its cores when `tokenize_workers` is null."""
     location, storage, renderer = run.location(dataset), _storage(run, s3_client), renderer_for(run)
     source, inputs = run.dataset(dataset), {}
     if not storage.exists(location.prepared):  # a new version, not a resumed one
@@ -116,7 +120,7 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
             run.limit,
             run.resolve,
             s3_client=s3_client,
-            workers=run.tokenize_workers,
+            workers=pool_size(run.tokenize_workers, tasks_at_once),
             inputs=inputs,
             run_id=run.run_id,
             part_prompts=run.prepare_part_prompts,

@@ -68,6 +68,20 @@ def sglang_api_keys(conn_id: str | None = None) -> Any:
     return ApiKeys(conn.password, per_endpoint if isinstance(per_endpoint, dict) else {}, source)
 
 
+def worker_task_slots() -> int:
+    """The tasks this machine's worker may run at once, each of which may start a tokeniser pool: a Celery worker's
+    `[celery] worker_concurrency`, the LocalExecutor's `[core] parallelism` (the most of those configured)."""
+    from airflow.configuration import conf
+
+    executors = conf.get("core", "executor", fallback="LocalExecutor")
+    slots = [1]
+    if "CeleryExecutor" in executors:
+        slots.append(conf.getint("celery", "worker_concurrency", fallback=16))
+    if "LocalExecutor" in executors:
+        slots.append(conf.getint("core", "parallelism", fallback=32))
+    return max(slots)
+
+
 @contextmanager
 def final_errors_fail_now(prefix: str = "") -> Iterator[None]:
     """What a retry cannot mend (regen.errors.FinalError) fails the task at once with its message; the rest is
