@@ -16,8 +16,9 @@ conversations in a `turns: on_policy` dataset) against K simulators with many sl
   storage      objects and bytes per folder of the published versions, per 1k prompts
   verify       `regen verify` of each published version (wall, CPU)
   floor        bench_floor.py on the same rows; the pipeline's task CPU over it, per stage and in total
-  exactly once published ids unique, and each stage's total the previous stage's kept; with --kill-at, one generating
-               task's process is SIGKILLed and the scheduler restarted once that share of answers was given
+  exactly once every source row published once or rejected once, by id: the ids computed from the rows themselves,
+               the records read back from train/, truncated/ and rejected/ (scale_once.py); with --kill-at, one
+               generating task's process is SIGKILLed and the scheduler restarted once that share of answers was given
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import psutil  # noqa: E402
 import scale_measure as measure  # noqa: E402
 from bench_floor import print_floor, run_floor  # noqa: E402
+from scale_once import source_prompts  # noqa: E402
 from scale_report import print_report  # noqa: E402
 from scale_rows import generate  # noqa: E402
 
@@ -223,7 +225,11 @@ def fleet_health(folder: Path) -> dict[str, Any]:
 
 
 def published(folder: Path, datasets: list[str], prompts: int) -> dict[str, Any]:
-    root = folder / "storage"
+    """Each dataset's published version: its storage, every source row counted once from the data, verify, page."""
+    from regen.config import load_config
+    from regen.profiles import lookup
+
+    config, root = load_config(folder / "regen.yaml"), folder / "storage"
     versions, checks, verify = [], {}, {}
     for dataset in datasets:
         try:
@@ -232,7 +238,8 @@ def published(folder: Path, datasets: list[str], prompts: int) -> dict[str, Any]
             checks[dataset] = {"ok": False, "error": "not published"}
             continue
         versions.append(version)
-        checks[dataset] = measure.exactly_once(version, manifest, 1, on_policy=dataset.endswith("on_policy"))
+        rows = source_prompts(config.dataset(dataset), lookup(PROFILE).tool_call_id_format)
+        checks[dataset] = measure.exactly_once(version, manifest, rows)
         verify[dataset] = measure.time_verify(dataset, root)
     return {
         "storage": measure.storage_usage(versions, prompts),

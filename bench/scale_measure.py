@@ -10,11 +10,12 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import psutil
-import pyarrow.parquet as pq
+from scale_once import SourcePrompts, count_once
 
 from regen_airflow.usage import parse_usage_line
 
@@ -221,39 +222,16 @@ def published(root: Path, profile: str, dataset: str) -> tuple[Path, dict[str, A
     return manifest_path.parent, json.loads(manifest_path.read_text())
 
 
-def exactly_once(version: Path, manifest: dict[str, Any], samples_per_prompt: int, on_policy: bool) -> dict[str, Any]:
-    """Every published record read back: no id twice, the splits' counts, and each stage's total the one before's
-    kept (prepare's kept x samples per prompt for generate, unless on-policy, whose turns prepare does not count)."""
-    ids: list[str] = []
-    root = version.parents[2]  # {root}/{profile}/{dataset}/{version}: the manifest's keys are the root's
-    for key in manifest["files"]:
-        inside = Path(key).relative_to(version.relative_to(root))
-        if inside.suffix == ".parquet" and inside.parts[0] in ("train", "truncated"):
-            ids += pq.read_table(root / key, columns=["id"]).column("id").to_pylist()
-    stages = manifest["stages"]
+def exactly_once(version: Path, manifest: dict[str, Any], rows: Iterable[SourcePrompts]) -> dict[str, Any]:
+    """Every source row published once or rejected once, by id, counted from the data (scale_once.py); then the
+    manifest's counts checked against those read back."""
+    counted = count_once(version, rows)
     splits = manifest["splits"]
     checks = {
-        "no_duplicate_ids": len(ids) == len(set(ids)),
-        "records_equal_splits": len(ids) == splits["train"] + splits["truncated"],
-        "validate_total_is_generate_kept": stages["validate"]["total"] == stages["generate"]["kept"],
+        "each_row_once_from_the_data": counted["ok"],
+        "manifest_splits_are_the_records": counted["published"] == splits["train"] + splits["truncated"],
     }
-    if not on_policy:
-        checks["generate_total_is_prompts_x_samples"] = (
-            stages["generate"]["total"] == manifest["prepare"]["kept"] * samples_per_prompt
-        )
-    truncated = sum(v for k, v in stages["validate"]["dropped_by_reason"].items() if k.startswith("truncated"))
-    checks["published_is_validate_kept"] = len(ids) in (
-        stages["validate"]["kept"],
-        stages["validate"]["kept"] + truncated,
-    )
-    return {
-        "prompts": manifest["prepare"]["kept"],
-        "generated": stages["generate"]["total"],
-        "published": len(ids),
-        "rejected": {s: stages[s]["dropped"] for s in ("generate", "validate")},
-        "checks": checks,
-        "ok": all(checks.values()),
-    }
+    return {**counted, "checks": checks, "ok": all(checks.values())}
 
 
 def time_verify(dataset: str, root: Path) -> dict[str, Any]:

@@ -19,7 +19,14 @@ from airflow.sdk import Asset, Param, TriggerRule, dag, get_current_context, tas
 from regen.config import load_config
 from regen.run_params import form
 from regen_airflow.alerts import failure_notifiers
-from regen_airflow.tasks import PUBLISHED_DATASETS, final_errors_fail_now, s3_client, sglang_api_keys
+from regen_airflow.tasks import (
+    PUBLISHED_DATASETS,
+    final_errors_fail_now,
+    run_api_keys,
+    run_s3_client,
+    s3_client,
+    worker_task_slots,
+)
 
 # The deployment's config is a local file read at parse time: it fills the trigger form (no network, no storage).
 CONFIG = load_config()
@@ -69,7 +76,7 @@ def eagle3_regen() -> None:
 
         get_current_context()["label"] = dataset  # type: ignore[typeddict-unknown-key]
         with final_errors_fail_now(f"{dataset}: "):  # a missing or damaged source reads the same on a retry
-            return pipeline.prepare_dataset(_run(run), dataset, s3_client)
+            return pipeline.prepare_dataset(_run(run), dataset, run_s3_client(run), worker_task_slots())
 
     @task(trigger_rule=TriggerRule.ALL_DONE)  # one dataset's failed prepare holds back no other's parts
     def list_prepare_parts(run: dict[str, Any] | None, prepared: list[dict[str, Any]] | None) -> list[list[int]]:
@@ -90,14 +97,14 @@ def eagle3_regen() -> None:
         name = pipeline.part_name(spec, part)
         get_current_context()["label"] = name  # type: ignore[typeddict-unknown-key]
         with final_errors_fail_now(f"{name}: "):  # a changed template renders the same way on a retry
-            return pipeline.prepare_dataset_part(spec, part, s3_client)
+            return pipeline.prepare_dataset_part(spec, part, run_s3_client(run))
 
     @task
     def check_server(run: dict[str, Any]) -> list[dict[str, Any]]:
         from regen import pipeline
 
         with final_errors_fail_now():  # the wrong fleet (or API key) stays wrong
-            return pipeline.check_server(_run(run), sglang_api_keys())
+            return pipeline.check_server(_run(run), run_api_keys(run))
 
     # A dataset whose prepare failed must not hold back the others: shards are listed from the datasets that were
     # prepared, once the fleet check passed; a dataset prepared in parts is recorded whole here, once its parts are.
@@ -114,7 +121,7 @@ def eagle3_regen() -> None:
                 "no fleet check passed (check_server failed, or plan failed before it ran): no shard is sent to the "
                 "fleet; the earliest failed task says why"
             )
-        finished = pipeline.finish_prepared(_run(run), [p for p in prepared if p], s3_client)
+        finished = pipeline.finish_prepared(_run(run), [p for p in prepared if p], run_s3_client(run))
         return pipeline.shard_groups(finished, run["shard_task_limit"])
 
     # Each mapped task handles one shard, or a group of consecutive shards in turn when a run has more shards than
@@ -132,11 +139,11 @@ def eagle3_regen() -> None:
         from regen import pipeline
 
         _label(group["dataset"], group["first"], group["count"])
-        keys = sglang_api_keys()
+        keys = run_api_keys(run)
         with final_errors_fail_now():  # a refused API key, a template changed mid-conversation
             spec = _run(run)
-            shards = pipeline.group_shards(spec, group, s3_client)
-            return [pipeline.generate_shard(spec, shard, s3_client, keys) for shard in shards]
+            shards = pipeline.group_shards(spec, group, run_s3_client(run))
+            return [pipeline.generate_shard(spec, shard, run_s3_client(run), keys) for shard in shards]
 
     @task(map_index_template="{{ label }}")
     def validate_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -144,14 +151,14 @@ def eagle3_regen() -> None:
 
         _label_shards(shards)
         with final_errors_fail_now():  # a changed template renders the same way on a retry
-            return [pipeline.validate_shard(_run(run), shard, s3_client) for shard in shards]
+            return [pipeline.validate_shard(_run(run), shard, run_s3_client(run)) for shard in shards]
 
     @task(map_index_template="{{ label }}")
     def export_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
         from regen import pipeline
 
         _label_shards(shards)
-        return [pipeline.export_shard(_run(run), shard, s3_client) for shard in shards]
+        return [pipeline.export_shard(_run(run), shard, run_s3_client(run)) for shard in shards]
 
     @task_group
     def process_shard(run: dict[str, Any], group: dict[str, Any]) -> Any:
@@ -164,7 +171,7 @@ def eagle3_regen() -> None:
 
         get_current_context()["label"] = prepared["dataset"]  # type: ignore[typeddict-unknown-key]
         with final_errors_fail_now():  # unfinished shards, or data that does not read back as written
-            return pipeline.verify_dataset(_run(run), prepared, s3_client)
+            return pipeline.verify_dataset(_run(run), prepared, run_s3_client(run))
 
     # `verified` is None when this dataset's verify_dataset failed: publish then refuses, and says so.
     @task(outlets=[PUBLISHED_DATASETS], trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
@@ -176,7 +183,7 @@ def eagle3_regen() -> None:
         context = get_current_context()
         context["label"] = prepared["dataset"]  # type: ignore[typeddict-unknown-key]
         with final_errors_fail_now():  # not verified, or a version published with other data
-            published = pipeline.publish_dataset(_run(run), prepared, fleet or [], verified, s3_client)
+            published = pipeline.publish_dataset(_run(run), prepared, fleet or [], verified, run_s3_client(run))
         if not published.get("unchanged"):  # an unchanged dataset has no new version: its asset is not updated
             asset = Asset(name=published["dataset_uri"], uri=published["dataset_uri"])
             context["outlet_events"][PUBLISHED_DATASETS].add(asset, extra=pipeline.asset_event(published))
@@ -202,7 +209,7 @@ def eagle3_regen() -> None:
         if isinstance(published, dict):  # from a mapped task group of one, Airflow hands the one value, not a list
             published = [published]
         with final_errors_fail_now():  # the report is written; the run is red
-            return pipeline.report(_run(run), [p for p in published or [] if p], fleet or [], s3_client)
+            return pipeline.report(_run(run), [p for p in published or [] if p], fleet or [], run_s3_client(run))
 
     run = plan()
     fleet = check_server(run)

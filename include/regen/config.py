@@ -224,7 +224,8 @@ class Defaults(BaseModel):
     tokenize_workers: int | None = Field(
         None,
         ge=1,
-        description="prepare's tokeniser processes (spawned) for a dataset tokenised in one task; null: all cores, "
+        description="prepare's tokeniser processes (spawned) for a dataset tokenised in one task; null: the cores "
+        "divided by the tasks its worker may run at once ([celery] worker_concurrency, else [core] parallelism); "
         "1: in the task process; datasets under 1,000 prompts always render in-process",
     )
     # A dataset with more prompts is tokenised in parts of about this many (whole shards), one mapped prepare_part

@@ -17,8 +17,9 @@ from typing import Any
 from regen.chat import ChatRenderer
 from regen.claims import held, release
 from regen.config import ConfigError, load_config
-from regen.datasets.prepare import PreparedParts, finish_parts, prepare_part, run_prepare
+from regen.datasets.prepare import PreparedParts, finish_parts, part_layout, prepare_part, run_prepare
 from regen.datasets.sources import source_digests
+from regen.datasets.tokenise import pool_size
 from regen.errors import FinalError
 from regen.export import ExportSettings, run_export
 from regen.generate import GenerateSettings, run_generate
@@ -28,6 +29,7 @@ from regen.profiles import Profile
 from regen.publish import run_publish, verify_contents
 from regen.run_params import RunSpec
 from regen.run_report import write_run_report
+from regen.samples import samples_of
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.server_check import check_fleet
 from regen.storage import S3ClientFactory, Storage, check_writable, open_storage
@@ -92,11 +94,14 @@ def _storage(run: RunSpec, s3_client: S3ClientFactory | None) -> Storage:
     return open_storage(run.storage_root)
 
 
-def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+def prepare_dataset(
+    run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None, tasks_at_once: int = 1
+) -> dict[str, Any]:
     """The dataset read once, normalised and deduplicated, and tokenised into prompt shards: its name, shard and
     prompt counts (the shards themselves are in prompts/prepare.json, see `prepared_version`). A dataset of more
     than one part is left in `parts` for `prepare_dataset_part` and `finish_prepared`. Or, when its inputs are those
-    of its last published version (and the run skips unchanged datasets), `unchanged_since` naming that version."""
+    of its last published version (and the run skips unchanged datasets), `unchanged_since` naming that version.
+    `tasks_at_once`: the tasks this machine may run together, which share its cores when `tokenize_workers` is null."""
     location, storage, renderer = run.location(dataset), _storage(run, s3_client), renderer_for(run)
     source, inputs = run.dataset(dataset), {}
     if not storage.exists(location.prepared):  # a new version, not a resumed one
@@ -115,7 +120,7 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
             run.limit,
             run.resolve,
             s3_client=s3_client,
-            workers=run.tokenize_workers,
+            workers=pool_size(run.tokenize_workers, tasks_at_once),
             inputs=inputs,
             run_id=run.run_id,
             part_prompts=run.prepare_part_prompts,
@@ -134,12 +139,31 @@ def dataset_parts(run: RunSpec, prepared: list[dict[str, Any]]) -> list[list[int
     ConfigError when there are more parts than Airflow maps."""
     parts = [[run.datasets.index(p["dataset"]), part] for p in prepared for part in range(p.get("parts", 0))]
     if len(parts) > MAX_MAP_LENGTH:
-        prompts = sum(p.get("prompts", 0) for p in prepared if "parts" in p)
         raise ConfigError(
             f"{len(parts)} prepare parts, more than Airflow maps ({MAX_MAP_LENGTH}): set defaults.prepare_part_prompts "
-            f"to at least {-(-prompts // MAX_MAP_LENGTH)}"
+            f"to at least {_part_prompts_to_map(run, [p for p in prepared if 'parts' in p])}"
         )
     return parts
+
+
+def _part_prompts_to_map(run: RunSpec, in_parts: list[dict[str, Any]]) -> int:
+    """The least prepare_part_prompts whose parts, cut as part_layout cuts them (whole shards of samples a part),
+    number at most MAX_MAP_LENGTH over these datasets; a dataset of one part is prepared whole and maps none."""
+    samples = [
+        len(samples_of("", run.dataset(p["dataset"]).temperatures, run.dataset(p["dataset"]).samples_per_prompt))
+        for p in in_parts
+    ]
+
+    def parts(shards: int) -> int:
+        cuts = [part_layout(run.shard_size, n, shards * run.shard_size)[0] for n in samples]
+        counts = [-(-p["prompts"] // cut) for p, cut in zip(in_parts, cuts, strict=True)]
+        return sum(n for n in counts if n > 1)
+
+    low, high = 1, max(p["prompts"] for p in in_parts) * max(samples)  # high: every dataset one part
+    while low < high:  # parts(shards) only falls as a part holds more shards
+        middle = (low + high) // 2
+        low, high = (low, middle) if parts(middle) <= MAX_MAP_LENGTH else (middle + 1, high)
+    return low * run.shard_size
 
 
 def part_name(run: RunSpec, reference: list[int]) -> str:

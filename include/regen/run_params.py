@@ -20,6 +20,7 @@ from regen.config import (
     DatasetConfig,
     ExportConfig,
     RegenConfig,
+    S3Config,
     Sampling,
     load_config,
 )
@@ -240,6 +241,9 @@ class RunSpec(BaseModel):
     prepare_part_prompts: int = 50_000
     shard_task_limit: int = 256
     cost: dict[str, Any] = Field(default_factory=lambda: CostConfig().model_dump())
+    # What the Airflow glue needs mid-run, frozen too: a task never reads the config file (ARCHITECTURE.md).
+    s3: dict[str, Any] = Field(default_factory=lambda: S3Config().model_dump())
+    sglang_conn_id: str = "sglang_default"
 
     @classmethod
     def from_params(
@@ -312,6 +316,8 @@ class RunSpec(BaseModel):
             prepare_part_prompts=d.prepare_part_prompts,
             shard_task_limit=d.shard_task_limit,
             cost=d.cost.model_dump(),
+            s3=d.s3.model_dump(),
+            sglang_conn_id=d.sglang_conn_id,
         )
 
     def to_dict(self) -> dict[str, Any]:

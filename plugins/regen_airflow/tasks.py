@@ -3,7 +3,8 @@ retry cannot mend fails the task at once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,33 +21,44 @@ def s3_client_for(uri: str) -> Any:
     return s3_client() if uri.startswith("s3://") else None
 
 
-def s3_client() -> Any:
+def run_s3_client(run: dict[str, Any]) -> Callable[[], Any]:
+    """A run's tasks' S3 client factory: the retry settings plan froze in the run spec, not the config file now."""
+    return functools.partial(s3_client, run.get("s3") or {})  # a run planned before the spec had it: the defaults
+
+
+def s3_client(settings: dict[str, Any] | None = None) -> Any:
     """boto3 S3 client from the `aws_default` connection (credentials and endpoint_url live there, never in code),
-    retrying S3's transient faults as the config's `defaults.s3` says; the connection's own `config_kwargs`, where
-    it has any, win."""
+    retrying S3's transient faults as `settings` (a run's `s3`; None: the config's `defaults.s3`, for plan and the
+    page, which run outside a run) say; the connection's own `config_kwargs`, where it has any, win."""
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-    from regen.config import load_config
+    from regen.config import S3Config, load_config
     from regen.storage import s3_client_config
 
-    settings = load_config().defaults.s3
-    retries = s3_client_config(settings.retry_mode, settings.max_attempts)
+    s3 = S3Config(**settings) if settings is not None else load_config().defaults.s3
+    retries = s3_client_config(s3.retry_mode, s3.max_attempts)
     hook = S3Hook(aws_conn_id=AWS_CONN_ID)  # one connection lookup: its config read, then the client made
     own = hook.conn_config.botocore_config
     return hook.get_client_type(region_name=hook.region_name, config=retries.merge(own) if own else retries)
 
 
-def sglang_api_keys() -> Any:
-    """The fleet's API keys (servers started with --api-key) from the Airflow connection `defaults.sglang_conn_id`:
-    its password is the key of every endpoint, its extra's `api_keys` ({"http://host:port": key}) those of single
-    endpoints. No such connection: no key is sent (servers without --api-key need none)."""
+def run_api_keys(run: dict[str, Any]) -> Any:
+    """A run's fleet API keys, from the connection plan froze in the run spec."""
+    return sglang_api_keys(run.get("sglang_conn_id") or "sglang_default")
+
+
+def sglang_api_keys(conn_id: str | None = None) -> Any:
+    """The fleet's API keys (servers started with --api-key) from the Airflow connection `conn_id` (a run's
+    `sglang_conn_id`; None: the config's `defaults.sglang_conn_id`, for the page): its password is the key of every
+    endpoint, its extra's `api_keys` ({"http://host:port": key}) those of single endpoints. No such connection: no
+    key is sent (servers without --api-key need none)."""
     from airflow.exceptions import AirflowNotFoundException
     from airflow.sdk import BaseHook
 
     from regen.config import load_config
     from regen.sglang.auth import ApiKeys
 
-    conn_id = load_config().defaults.sglang_conn_id
+    conn_id = conn_id or load_config().defaults.sglang_conn_id
     source = f"the Airflow connection {conn_id!r} (password: every endpoint's key; extra api_keys: per endpoint)"
     try:
         conn = BaseHook.get_connection(conn_id)
@@ -54,6 +66,20 @@ def sglang_api_keys() -> Any:
         return ApiKeys(source=f"{source}, which does not exist")
     per_endpoint = conn.extra_dejson.get("api_keys") or {}
     return ApiKeys(conn.password, per_endpoint if isinstance(per_endpoint, dict) else {}, source)
+
+
+def worker_task_slots() -> int:
+    """The tasks this machine's worker may run at once, each of which may start a tokeniser pool: a Celery worker's
+    `[celery] worker_concurrency`, the LocalExecutor's `[core] parallelism` (the most of those configured)."""
+    from airflow.configuration import conf
+
+    executors = conf.get("core", "executor", fallback="LocalExecutor")
+    slots = [1]
+    if "CeleryExecutor" in executors:
+        slots.append(conf.getint("celery", "worker_concurrency", fallback=16))
+    if "LocalExecutor" in executors:
+        slots.append(conf.getint("core", "parallelism", fallback=32))
+    return max(slots)
 
 
 @contextmanager

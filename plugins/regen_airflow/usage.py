@@ -1,5 +1,5 @@
 """What each task cost the machine, in its own log: one line when it ends (success or failure), from the task
-process itself (the listener runs in the task runner).
+process itself (the task runner; never from a scheduler or API server that sets a task's state).
 
     eagle3-regen task usage: task=process_shard.generate_shard map_index=3 try=1 state=success cpu_s=12.345
         peak_rss_mb=412.5 children_cpu_s=0.000 children_peak_rss_mb=0.0 start_rss_mb=265.1
@@ -84,23 +84,30 @@ def parse_usage_line(text: str) -> dict[str, Any] | None:
     return fields
 
 
-_started_rss_mb: float | None = None  # set as the task begins, in its own process
+# Set as a task begins, in its own process: Airflow calls the running hook only in the task runner, while the
+# success and failed hooks also fire in the scheduler (a task that died or timed out) and the API server (a state set
+# by hand), whose own usage is no task's. A line is logged only for the task that began in this process.
+_started: tuple[tuple[Any, ...], float] | None = None  # (the task try, the resident set as it began)
+
+
+def _try_of(task_instance: Any) -> tuple[Any, ...]:
+    fields = ("dag_id", "run_id", "task_id", "map_index", "try_number")
+    return tuple(getattr(task_instance, name, None) for name in fields)
 
 
 def log_usage(task_instance: Any, state: str) -> None:
-    if task_instance.dag_id not in DAG_IDS:
+    if task_instance.dag_id not in DAG_IDS or _started is None or _started[0] != _try_of(task_instance):
         return
     own, children = Usage.of(resource.RUSAGE_SELF), Usage.of(resource.RUSAGE_CHILDREN)
     map_index = getattr(task_instance, "map_index", -1)
     try_number = getattr(task_instance, "try_number", 0) or 0
-    start = _started_rss_mb if _started_rss_mb is not None else own.peak_rss_mb  # never began here: no growth known
-    log.info("%s", usage_line(task_instance.task_id, map_index, try_number, state, own, children, start))
+    log.info("%s", usage_line(task_instance.task_id, map_index, try_number, state, own, children, _started[1]))
 
 
 @hookimpl
 def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
-    global _started_rss_mb
-    _started_rss_mb = resident_mb()
+    global _started
+    _started = (_try_of(task_instance), resident_mb())
 
 
 @hookimpl

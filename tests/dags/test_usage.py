@@ -72,7 +72,7 @@ def test_a_forked_task_tells_what_it_began_with_from_what_it_grew_by() -> None:
             usage.on_task_instance_running(previous_state=None, task_instance=ti)
             own = bytearray(200 * 2**20)
             own[:: resource.getpagesize()] = b"\1" * len(own[:: resource.getpagesize()])
-            line = usage_line("t", 0, 1, "success", Usage.of(resource.RUSAGE_SELF), Usage(0, 0), usage._started_rss_mb)
+            line = usage_line("t", 0, 1, "success", Usage.of(resource.RUSAGE_SELF), Usage(0, 0), usage._started[1])  # type: ignore[index]
             os.write(write, line.encode())
         finally:
             os._exit(0)
@@ -84,6 +84,26 @@ def test_a_forked_task_tells_what_it_began_with_from_what_it_grew_by() -> None:
     assert parsed is not None
     assert parsed["start_rss_mb"] > 300
     assert 195 < parsed["peak_rss_mb"] - parsed["start_rss_mb"] < 260
+
+
+def test_no_line_where_no_task_began_the_scheduler_or_api_server_setting_a_state(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Airflow calls the failed and success hooks outside the task runner too (the scheduler failing a task whose
+    process died, models/taskinstance.py; the API server marking one by hand): those processes' usage is no task's.
+    Nor is a line logged for another try than the one that began here."""
+    began = SimpleNamespace(dag_id="eagle3_regen", run_id="r", task_id="generate_shard", map_index=2, try_number=1)
+    with caplog.at_level(logging.INFO, logger=usage.__name__):
+        monkeypatch.setattr(usage, "_started", None, raising=False)  # a scheduler: the running hook never fired here
+        usage.on_task_instance_failed(previous_state="running", task_instance=began, error="zombie")
+        usage.on_task_instance_success(previous_state=None, task_instance=began)
+        usage.on_task_instance_running(previous_state="queued", task_instance=began)
+        usage.on_task_instance_failed(
+            previous_state=None, task_instance=SimpleNamespace(**{**vars(began), "try_number": 2}), error="x"
+        )
+        usage.on_task_instance_success(previous_state="running", task_instance=began)
+    lines = [parse_usage_line(r.getMessage()) for r in caplog.records]
+    assert [(p["task"], p["try"], p["state"]) for p in lines if p] == [("generate_shard", 1, "success")]
 
 
 def test_the_plugin_registers_the_usage_listener() -> None:

@@ -148,7 +148,7 @@ def test_repeat_ejections_last_longer(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_backpressure_slows_the_sender_and_never_ejects() -> None:
     """A 503 or 429 halves the endpoint's in-flight limit (once a second at most): requests go elsewhere while it is
-    at its limit, a lone endpoint's requests wait for a release, and each answer grows the limit back by one."""
+    at its limit, a lone endpoint's requests wait for a release, and answers grow the limit back."""
 
     async def scenario() -> list[str]:
         async with aiohttp.ClientSession() as session:
@@ -173,7 +173,7 @@ def test_backpressure_slows_the_sender_and_never_ejects() -> None:
             waiting = asyncio.create_task(lone.acquire())
             await asyncio.sleep(0.05)
             events.append(f"waits:{not waiting.done()}")
-            lone.release(c, None)  # 1 outstanding, the limit 2.5
+            lone.release(c, None)  # 1 outstanding, the limit 1.5 + 1 / 1.5
             await asyncio.wait_for(waiting, 1)
             events.append(f"served:{c.outstanding}")
             await lone.close()
@@ -183,10 +183,40 @@ def test_backpressure_slows_the_sender_and_never_ejects() -> None:
         "spread:4,4",
         "limit:2 ejected:False outstanding:2",
         "to_b:3",
-        "limit:3 next_to_a:True",
+        "limit:2.5 next_to_a:True",
         "waits:True",
         "served:2",
     ]
+
+
+def test_after_backpressure_the_limit_grows_by_one_a_round_of_answers() -> None:
+    """Additive increase as TCP's congestion avoidance: a limit of 8 grows by about one over 8 answers (a round),
+    not by one an answer (which doubles the limit each round, straight back to the overload): from 8 to 16 takes
+    about (16^2 - 8^2) / 2 = 96 answers, not 8."""
+
+    async def scenario() -> tuple[float, int]:
+        async with aiohttp.ClientSession() as session:
+            pool = EndpointPool(["http://127.0.0.1:1"], session, FAST)
+            (a,) = pool.endpoints
+            for _ in range(16):
+                await pool.acquire()
+            pool.release(a, "http_503")  # 15 outstanding: the limit halves to (15 + 1) / 2
+            assert a.limit == 8
+            for _ in range(8):  # one round of answers
+                pool.release(a, None)
+            after_a_round, answers = a.limit, 8
+            while a.limit < 16:
+                if a.outstanding:
+                    pool.release(a, None)
+                else:
+                    pool.release(await pool.acquire(), None)
+                answers += 1
+            await pool.close()
+            return after_a_round, answers
+
+    after_a_round, answers = asyncio.run(scenario())
+    assert 8.9 < after_a_round < 9.0
+    assert 90 <= answers <= 100
 
 
 class NoSuchHost(AbstractResolver):

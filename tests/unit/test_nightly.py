@@ -186,6 +186,33 @@ def test_what_travels_between_tasks_does_not_grow_with_the_dataset(deployment: P
     assert pipeline.group_shards(run, {**group, "first": 2, "count": 1}) == [record.shards[2].to_dict()]
 
 
+def prepared_with_parts(deployment: Path, config: dict[str, Any], simulator: Simulator, run_id: str) -> Any:
+    (deployment / "regen.yaml").write_text(yaml.safe_dump(config))
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "shard_size": 5}, run_id))
+    return run, [pipeline.prepare_dataset(run, name) for name in run.datasets]
+
+
+def test_the_advice_for_too_many_parts_is_a_value_that_maps(
+    deployment: Path, simulator: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More parts than Airflow maps: the prepare_part_prompts the error asks for, set and run, is accepted. Under a
+    cap of 3, 72 prompts / 3 = 24 a part (the old advice) would be cut to 20 (whole shards of 5) for the first
+    dataset and to 10 prompts of 2 samples for the second: 6 parts."""
+    monkeypatch.setattr(pipeline, "MAX_MAP_LENGTH", 3)
+    config = yaml.safe_load((deployment / "regen.yaml").read_text())
+    config["datasets"]["second"] = {**config["datasets"][DATASET], "samples_per_prompt": 2}
+    config["defaults"]["prepare_part_prompts"] = 8
+    run, summaries = prepared_with_parts(deployment, config, simulator, "too-many")
+    with pytest.raises(ConfigError, match="more than Airflow maps") as advice:
+        pipeline.dataset_parts(run, summaries)
+
+    config["defaults"]["prepare_part_prompts"] = int(str(advice.value).rsplit(" ", 1)[1])
+    run, summaries = prepared_with_parts(deployment, config, simulator, "as-advised")
+    assert config["defaults"]["prepare_part_prompts"] == 40  # 35 would give the first 2 parts, the second 3
+    assert [s.get("parts") for s in summaries] == [None, 2]  # the first prepared whole (one part), the second in 2
+    assert pipeline.dataset_parts(run, summaries) == [[1, 0], [1, 1]]
+
+
 def test_a_dataset_in_parts_waits_for_every_part_and_then_publishes(deployment: Path, simulator: Simulator) -> None:
     """The DAG's path for a large dataset: one reader, a task per part, list_shards records the parts whole. A part
     that failed leaves the dataset out (verify names why) until it is run again."""
@@ -198,7 +225,8 @@ def test_a_dataset_in_parts_waits_for_every_part_and_then_publishes(deployment: 
     assert summary == {"dataset": DATASET, "parts": 5, "prompts": 36} and parts == [[0, p] for p in range(5)]
     counts = [pipeline.prepare_dataset_part(run, part) for part in parts[:-1]]
     assert counts[0] == {"dataset": DATASET, "part": 0, "shards": 2, "kept": 8}
-    with pytest.raises(ConfigError, match=r"set defaults\.prepare_part_prompts to at least 49"):
+    # 49 prompts a part would be cut to 48 (whole shards of 4), 1,042 parts: the advice is what part_layout cuts.
+    with pytest.raises(ConfigError, match=r"set defaults\.prepare_part_prompts to at least 52$"):
         pipeline.dataset_parts(run, [{"dataset": DATASET, "parts": 1025, "prompts": 50_000}])
     assert pipeline.finish_prepared(run, [summary]) == []  # the last part never ran
     with pytest.raises(pipeline.NotPrepared, match="one of its prepare_part tasks failed"):

@@ -56,6 +56,13 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
+def pool_size(configured: int | None, tasks_at_once: int = 1) -> int:
+    """Tokeniser processes for one task: as configured, or (None) its share of this machine's cores when
+    `tasks_at_once` tasks may run on it together, each starting a pool (a Celery worker's concurrency): C pools of
+    every core each would put C times the cores' work on them."""
+    return configured or max(1, available_cores() // max(1, tasks_at_once))
+
+
 def render(
     renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
 ) -> list[int] | Rejection:

@@ -9,7 +9,8 @@ the normal case and must be kept busy, while a dead one must be out within secon
   the cap, since every request sent there is an attempt burnt;
 - each repeat ejection lasts longer; after it, /health must answer 200 before the endpoint is admitted again;
 - a 503 or 429 is backpressure, not a fault: the endpoint's in-flight limit is halved (at most once a second) and
-  grows back by one with each answer, as TCP's congestion window does.
+  grows back by one with each round of answers (a limit's worth), as TCP's congestion window does in congestion
+  avoidance (RFC 5681: 1/cwnd a segment acknowledged, about one a round trip).
 If every endpoint is ejected, requests wait up to `fleet_wait_s` for one to come back, then the fleet is declared
 unavailable (the task fails and Airflow's retry resumes it).
 """
@@ -172,7 +173,7 @@ class EndpointPool:
         self._released = asyncio.Event()
         if cause is None:
             endpoint.consecutive_failures = 0
-            endpoint.limit += 1
+            endpoint.limit += 1 / endpoint.limit  # one a round: growing by one an answer doubles it each round
             self._record(endpoint, failed=False)
         elif cause in LOAD_SIGNALS:
             self._slow_down(endpoint)
