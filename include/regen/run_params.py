@@ -18,6 +18,7 @@ from regen.config import (
     ConfigError,
     CostConfig,
     DatasetConfig,
+    DecontaminationConfig,
     ExportConfig,
     RegenConfig,
     Sampling,
@@ -220,6 +221,7 @@ class RunSpec(BaseModel):
     prepare_part_prompts: int = 50_000
     shard_task_limit: int = 256
     cost: dict[str, Any] = Field(default_factory=lambda: CostConfig().model_dump())
+    decontamination: DecontaminationConfig = Field(default_factory=DecontaminationConfig)
 
     @classmethod
     def from_params(
@@ -291,6 +293,7 @@ class RunSpec(BaseModel):
             prepare_part_prompts=d.prepare_part_prompts,
             shard_task_limit=d.shard_task_limit,
             cost=d.cost.model_dump(),
+            decontamination=config.decontamination,
         )
 
     def to_dict(self) -> dict[str, Any]:

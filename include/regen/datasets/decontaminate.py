@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from regen.datasets.normalise import Rejection
+from regen.datasets.normalise import Conversation, Rejection
 from regen.reasons import Reason
 
 WORD = re.compile(r"[^\W_]+")  # letters and digits: `_`, markdown and punctuation separate words
@@ -147,3 +147,14 @@ class OverlapIndex:
                 if hash(tokens[start : start + short.length]) == short.whole:
                     return Overlap(*self.items[short.item], found=1, of=1, whole=True)
         return None
+
+
+def check_prompts(index: OverlapIndex, prompts: list[Conversation]) -> list[EvalOverlap | None]:
+    """Each prompt of a row checked: its turns and, on-policy, the later turns it will send. A row's prompts are
+    prefixes of its last, so when the last is clean (the common case), so is every other, unchecked."""
+    texts = [prompt_text([*p.messages, *p.later]) for p in prompts]
+    last = index.check(texts[-1]) if texts else None
+    if last is None:
+        return [None] * len(prompts)
+    found = [index.check(text) for text in texts[:-1]] + [last]
+    return [overlap.rejection(index.ngram) if overlap is not None else None for overlap in found]

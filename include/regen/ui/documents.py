@@ -46,6 +46,7 @@ class ManifestView(msgspec.Struct):
     retokenize_drift: Any = None
     verified: Any = None
     cost: Any = None
+    decontamination: dict[str, Any] = {}
 
 
 class ReportView(msgspec.Struct):
