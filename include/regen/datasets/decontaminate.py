@@ -30,6 +30,8 @@ CHECKED_ROLES = frozenset({"system", "developer", "user"})
 
 
 def words(text: str) -> tuple[str, ...]:
+    if text.isascii():  # most prompts: NFKC changes nothing, and casefold is lower
+        return tuple(WORD.findall(text.lower()))
     return tuple(WORD.findall(unicodedata.normalize("NFKC", text).casefold()))
 
 
