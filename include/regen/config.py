@@ -139,6 +139,35 @@ class DatasetConfig(BaseModel):
         return self
 
 
+class EvalSuite(BaseModel):
+    """An eval suite prompts are cleaned against (regen.datasets.eval_suites): a file's items, or a built-in one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(pattern=DATASET_NAME.pattern, description="how rejections and the manifest name the suite")
+    path: str = Field(description="a .jsonl, .json or .parquet file (local, or s3://), or builtin:humaneval")
+    field: str = Field("prompt", description="the item's text, a dotted path (turns; conversation.0.content)")
+    id_field: str | None = Field(None, description="the item's id, a dotted path; null: its position, #1 on")
+
+
+class DecontaminationConfig(BaseModel):
+    """Prompts holding an eval item are rejected at prepare (`eval_overlap`), compared by hashed word n-grams."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    suites: list[EvalSuite] = Field(default_factory=list, description="none: no prompt is checked")
+    ngram: int = Field(13, ge=4, le=64, description="words per n-gram (13, as GPT-3's contamination study)")
+    threshold: float = Field(0.5, gt=0.0, le=1.0, description="share of an item's n-grams in a prompt that rejects it")
+    min_item_words: int = Field(4, ge=1, description="items with fewer words are left out: too generic to judge by")
+
+    @model_validator(mode="after")
+    def _names_once(self) -> DecontaminationConfig:
+        names = [suite.name for suite in self.suites]
+        if len(set(names)) != len(names):
+            raise ValueError(f"decontamination.suites: each name once, got {names}")
+        if self.min_item_words > self.ngram:
+            raise ValueError("decontamination.min_item_words: at most ngram (shorter items are matched whole)")
+        return self
+
+
 class ExportConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     jsonl: bool = Field(False, description="also write each split as JSON Lines (input_ids, loss_mask)")
@@ -309,6 +338,9 @@ class RegenConfig(BaseModel):
     defaults: Defaults = Field(Defaults(), description="a run's settings where its params leave them out")
     alerts: AlertsConfig = Field(AlertsConfig(), description="failure mail")
     governance: Governance = Field(Governance(), description="what a run may choose: checked at plan")
+    decontamination: DecontaminationConfig = Field(
+        DecontaminationConfig(), description="eval suites whose items no prompt may hold: checked at prepare"
+    )
     datasets: dict[str, DatasetConfig] = Field(
         min_length=1, description="the datasets the trigger form offers, by name (a storage key)"
     )

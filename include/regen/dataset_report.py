@@ -158,6 +158,22 @@ def _rejected(report: dict[str, Any]) -> str:
     return f"{total} rejected" + (f" ({parts})" if parts else "")
 
 
+def _decontamination(report: dict[str, Any]) -> str:
+    """The eval suites the prompts were cleaned against, each with its sha256 and the prompts it rejected."""
+    cleaned = report.get("decontamination") or {}
+    if not cleaned.get("suites"):
+        return "<h2>Eval-set decontamination</h2><p>No eval suite configured: prompts were not checked.</p>"
+    rejected = cleaned.get("rejected_by_suite", {})
+    rows = "".join(
+        f"<tr><td>{html.escape(str(s['name']))}</td><td>{s['items']}</td><td>{rejected.get(s['name'], 0)}</td>"
+        f"<td><code>{html.escape(str(s['sha256']))}</code></td></tr>"
+        for s in cleaned["suites"]
+    )
+    return f"""<h2>Eval-set decontamination</h2><p>Prompts holding {cleaned.get("threshold")} of an item's
+{cleaned.get("ngram")}-word n-grams rejected (<code>eval_overlap</code>).</p>
+<table><tr><th>suite</th><th>items</th><th>prompts rejected</th><th>sha256</th></tr>{rows}</table>"""
+
+
 def _html(title: str, report: dict[str, Any], pngs: list[str]) -> str:
     drift = report.get("retokenize_drift", {})
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in report.get("verdicts", {}).items())
@@ -184,6 +200,7 @@ Re-tokenisation drift: {drift.get("drifted", 0)} of {drift.get("sampled", 0)} sa
 <h2>Verdicts</h2><table><tr><th>verdict</th><th>records</th></tr>{rows}</table>
 <h2>Token lengths (kept records)</h2>
 <table><tr><th></th><th>mean</th><th>p50</th><th>p90</th><th>p99</th></tr>{lengths}</table>
+{_decontamination(report)}
 {images}
 <h2>report.json</h2><pre>{html.escape(json.dumps(report, indent=1))}</pre>
 </body></html>"""

@@ -159,6 +159,8 @@ class PreparedDataset:
     rows_read: int = 0  # source rows; stats count prompts, several per row with turns: every_assistant_turn
     # regen.version_inputs.dataset_inputs: what the version is made from
     inputs: dict[str, Any] = field(default_factory=dict)
+    # regen.datasets.eval_suites: the suites prompts were cleaned against (name, sha256) and each one's rejections
+    decontamination: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -171,6 +173,7 @@ class PreparedDataset:
             "token_roles": self.token_roles,
             "files": self.files,
             "inputs": self.inputs,
+            "decontamination": self.decontamination,
         }
 
     @classmethod
@@ -185,4 +188,5 @@ class PreparedDataset:
             files=data.get("files", {}),
             rows_read=data.get("rows_read", data["stats"]["total"]),
             inputs=data.get("inputs", {}),
+            decontamination=data.get("decontamination", {}),
         )

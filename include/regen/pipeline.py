@@ -17,6 +17,7 @@ from typing import Any
 from regen.chat import ChatRenderer
 from regen.claims import held, release
 from regen.config import ConfigError, load_config
+from regen.datasets.eval_suites import load_suites
 from regen.datasets.prepare import PreparedParts, finish_parts, part_layout, prepare_part, run_prepare
 from regen.datasets.sources import source_digests
 from regen.datasets.tokenise import pool_size
@@ -51,6 +52,7 @@ def plan(params: dict[str, Any], run_id: str, s3_client: S3ClientFactory | None 
         raise ConfigError(why_tokenizer_fails(run.declared_profile.tokenizer_source, e)) from e
     except ValueError as e:  # a token role the tokenizer does not have
         raise ConfigError(str(e)) from e
+    load_suites(run.decontamination, run.resolve, s3_client)  # a missing suite or a bad field path: ConfigError
     try:
         check_writable(_storage(run, s3_client), write_check_key(run.profile, uuid.uuid4().hex))
     except PermissionError as e:
@@ -104,9 +106,11 @@ def prepare_dataset(
     `tasks_at_once`: the tasks this machine may run together, which share its cores when `tokenize_workers` is null."""
     location, storage, renderer = run.location(dataset), _storage(run, s3_client), renderer_for(run)
     source, inputs = run.dataset(dataset), {}
+    cleaning = load_suites(run.decontamination, run.resolve, s3_client)
     if not storage.exists(location.prepared):  # a new version, not a resumed one
         sources = source_digests(source, run.resolve, s3_client)
-        inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, sources)
+        suites = cleaning.record if cleaning else None
+        inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, sources, suites)
         latest = unchanged_since(storage, location, inputs) if run.skip_unchanged else None
         if latest is not None:
             return {"dataset": dataset, "unchanged_since": latest}
@@ -124,6 +128,7 @@ def prepare_dataset(
             inputs=inputs,
             run_id=run.run_id,
             part_prompts=run.prepare_part_prompts,
+            decontamination=cleaning,
         )
     if isinstance(prepared, PreparedParts):
         return {"dataset": dataset, "parts": prepared.parts, "prompts": prepared.prompts}

@@ -172,6 +172,7 @@ def _write_manifest(
     verdicts = read_verdicts(storage, shards)
     report = dataset_report(verdicts, generations)
     report["rejected_by_stage"] = {"prepare": prepared.stats.dropped, **{s: stages[s]["dropped"] for s in STAGES}}
+    report["decontamination"] = prepared.decontamination  # the suites, and each one's rejections at prepare
     report["cost"] = generation_cost(generations, fleet, report.get("train_tokens", 0), cost)
     title = f"{location.dataset} {location.version} ({location.profile})"
     writer = uuid.uuid4().hex[:16]  # this publisher's own report keys: a concurrent one never writes them
@@ -197,6 +198,7 @@ def _write_manifest(
         "cost": report["cost"],
         "sampling_params": sampling_params,
         "inputs": prepared.inputs,
+        "decontamination": prepared.decontamination,  # what the prompts were cleaned against (suites, sha256)
         "fleet": fleet,
         "verified": {k: verified[k] for k in ("bytes", "records_checked", "verified_at")},
         "shards": shard_entries(shards),

@@ -18,6 +18,7 @@ from regen.config import (
     ConfigError,
     CostConfig,
     DatasetConfig,
+    DecontaminationConfig,
     ExportConfig,
     RegenConfig,
     S3Config,
@@ -244,6 +245,7 @@ class RunSpec(BaseModel):
     # What the Airflow glue needs mid-run, frozen too: a task never reads the config file (ARCHITECTURE.md).
     s3: dict[str, Any] = Field(default_factory=lambda: S3Config().model_dump())
     sglang_conn_id: str = "sglang_default"
+    decontamination: DecontaminationConfig = Field(default_factory=DecontaminationConfig)
 
     @classmethod
     def from_params(
@@ -318,6 +320,7 @@ class RunSpec(BaseModel):
             cost=d.cost.model_dump(),
             s3=d.s3.model_dump(),
             sglang_conn_id=d.sglang_conn_id,
+            decontamination=config.decontamination,
         )
 
     def to_dict(self) -> dict[str, Any]:

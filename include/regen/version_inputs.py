@@ -30,10 +30,12 @@ def dataset_inputs(
     sampling: dict[str, Any],
     limit: int | None,
     sources: dict[str, str] | None,
+    decontamination: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything that decides what a version holds, and its digest (None when a source cannot be pinned).
     `profile`: the profile's record with its template and tokenizer-file hashes (ChatRenderer.fingerprint);
-    `sources`: each source's content identity (regen.datasets.sources.source_digests)."""
+    `sources`: each source's content identity (regen.datasets.sources.source_digests); `decontamination`: the eval
+    suites' record (regen.datasets.eval_suites), an input only when there are suites (earlier digests stand)."""
     # Library versions are recorded in manifests but are not inputs: an upgrade that renders the same ids is no change.
     pinned_profile = {k: v for k, v in profile.items() if not k.endswith("_version")}
     inputs = {
@@ -43,6 +45,8 @@ def dataset_inputs(
         "sampling": sampling,
         "limit": limit,
     }
+    if decontamination:
+        inputs["decontamination"] = {k: v for k, v in decontamination.items() if k != "rejected_by_suite"}
     return {**inputs, "digest": canonical_digest(inputs) if sources is not None else None}
 
 

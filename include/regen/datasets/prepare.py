@@ -37,6 +37,8 @@ import pyarrow.parquet as pq
 
 from regen.chat import ChatRenderer
 from regen.config import DatasetConfig
+from regen.datasets.decontaminate import EvalOverlap, check_prompts
+from regen.datasets.eval_suites import Decontamination
 from regen.datasets.formats import normalise_row
 from regen.datasets.normalise import Conversation, Rejection
 from regen.datasets.sources import BadRow, SourceRow, iter_rows
@@ -245,6 +247,7 @@ class _Tally:
         self.rows_read = 0
         self.duplicates = 0
         self.to_tokenise = 0  # prepared in parts: prompts passed on to the parts, which count them kept or dropped
+        self.by_suite: dict[str, int] = {}  # eval_overlap rejections per eval suite
         self._last_index = -1
         self._started = self._logged = time.monotonic()
 
@@ -259,6 +262,8 @@ class _Tally:
         else:
             self.stats.drop(result.reason)
             self.duplicates += result.reason == Reason.DUPLICATE
+            if isinstance(result, EvalOverlap):
+                self.by_suite[result.suite] = self.by_suite.get(result.suite, 0) + 1
         if time.monotonic() - self._logged >= PROGRESS_EVERY_S:
             self._logged = time.monotonic()
             self.log("preparing")
@@ -279,9 +284,14 @@ class _Tally:
 
 
 def _candidates(
-    rows: Iterable[SourceRow | BadRow], config: DatasetConfig, id_format: str, seen: _SeenIds
+    rows: Iterable[SourceRow | BadRow],
+    config: DatasetConfig,
+    id_format: str,
+    seen: _SeenIds,
+    decontamination: Decontamination | None = None,
 ) -> Iterator[tuple[Origin, Conversation | Rejection]]:
-    """Rows -> prompts to render, in order; rows that give none, and repeated prompts, as rejections."""
+    """Rows -> prompts to render, in order; rows that give none, prompts holding an eval item (before dedupe, so
+    that each copy names its suite), and repeated prompts, as rejections."""
     for row in rows:
         if isinstance(row, BadRow):
             yield Origin(row.index, row.source, None), Rejection(row.reason, row.detail)
@@ -290,18 +300,30 @@ def _candidates(
         if isinstance(result, Rejection):
             yield Origin(row.index, row.source, None), result
             continue
-        for conversation in result:
+        overlaps = check_prompts(decontamination.index, result) if decontamination else [None] * len(result)
+        for conversation, overlap in zip(result, overlaps, strict=True):
             origin = Origin(row.index, row.source, conversation.sample_id)
-            if seen.first(conversation.sample_id):
+            if overlap is not None:
+                yield origin, overlap
+            elif seen.first(conversation.sample_id):
                 yield origin, conversation
             else:
                 yield origin, Rejection(Reason.DUPLICATE, "same prompt as an earlier row")
 
 
 def _reject(rejections: RejectionWriter, origin: Origin, rejection: Rejection) -> None:
+    extra = {"suite": rejection.suite, "item": rejection.item} if isinstance(rejection, EvalOverlap) else {}
     rejections.add(
-        origin.sample_id, rejection.reason, rejection.detail, source_index=origin.index, source=origin.source
+        origin.sample_id, rejection.reason, rejection.detail, source_index=origin.index, source=origin.source, **extra
     )
+
+
+def _cleaned(decontamination: Decontamination | None, tally: _Tally) -> dict[str, Any]:
+    """What the prompts were cleaned against (suites, names and sha256) and what each suite rejected."""
+    if decontamination is None:
+        return {}
+    counts = {suite["name"]: tally.by_suite.get(suite["name"], 0) for suite in decontamination.record["suites"]}
+    return {**decontamination.record, "rejected_by_suite": counts}
 
 
 def _prepare_whole(
@@ -346,11 +368,13 @@ def run_prepare(
     inputs: dict[str, Any] | None = None,
     run_id: str | None = None,
     part_prompts: int | None = None,
+    decontamination: Decontamination | None = None,
 ) -> PreparedDataset | PreparedParts:
     """`s3_client` makes the boto3 client for `s3://` sources; `workers` tokenises in that many processes (None:
     all cores, 1: in this process); `inputs` (regen.version_inputs.dataset_inputs) is recorded as what the version
     is made from; `part_prompts`: a dataset with more prompts than this (and no limit) is left in parts for
-    `prepare_part`, returned as PreparedParts (None: always prepared whole)."""
+    `prepare_part`, returned as PreparedParts (None: always prepared whole); `decontamination`: the eval suites'
+    index, prompts holding an item rejected (`eval_overlap`)."""
     existing = location.prepared
     if storage.exists(existing):
         log.info("%s already prepared; reusing %s", location.dataset, storage.uri(existing))
@@ -383,7 +407,7 @@ def run_prepare(
 
         with closing(_SeenIds(workdir)) as seen:
             rows = iter_rows(config, resolve_path, s3_client)
-            candidates = _candidates(rows, config, renderer.profile.tool_call_id_format, seen)
+            candidates = _candidates(rows, config, renderer.profile.tool_call_id_format, seen, decontamination)
             if part_prompts is None or limit is not None:
                 _prepare_whole(candidates, renderer, workers, tally, shards, rejections, limit)
             else:
@@ -408,6 +432,7 @@ def run_prepare(
                 "stats": tally.stats.to_dict(),
                 "rows_read": tally.rows_read,
                 "duplicates": tally.duplicates,
+                "decontamination": _cleaned(decontamination, tally),
                 "files": files,
                 "shard_size": shard_size,
                 "profile": renderer.record,
@@ -434,6 +459,7 @@ def run_prepare(
         files=files,
         rows_read=tally.rows_read,
         inputs=inputs or {},
+        decontamination=_cleaned(decontamination, tally),
     )
     _record(storage, prepared, config, run_id)
     tally.log(f"prepared ({len(shards.shards)} shards)")
@@ -520,6 +546,7 @@ def finish_parts(config: DatasetConfig, location: DatasetLocation, storage: Stor
             files=dict(sorted(files.items())),
             rows_read=index["rows_read"],
             inputs=index["inputs"],
+            decontamination=index.get("decontamination", {}),
         )
         _record(storage, prepared, config, index["run_id"])
         log.info("prepared %s from %d parts (%d shards)", location.dataset, len(records), len(prepared.shards))

@@ -259,7 +259,17 @@ def published(
         "report": storage.uri(location.report_file("report.html", report_writer({"report": manifest.report}))),
         "verified": manifest.verified,
         "cost": manifest.cost or {},
+        "eval_suites": eval_suites(manifest.decontamination),
     }
+
+
+def eval_suites(cleaned: dict[str, Any]) -> list[dict[str, Any]]:
+    """The eval suites a version's prompts were cleaned against: name, sha256 and the prompts each rejected."""
+    rejected = cleaned.get("rejected_by_suite") or {}
+    return [
+        {"name": str(s["name"]), "sha256": str(s["sha256"]), "rejected": int(rejected.get(s["name"], 0))}
+        for s in cleaned.get("suites") or []
+    ]
 
 
 def comparison(dataset: str, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

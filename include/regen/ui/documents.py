@@ -48,6 +48,7 @@ class ManifestView(msgspec.Struct):
     verified: Any = None
     cost: Any = None
     report: dict[str, Any] = {}  # its `writer`: whose folder the report files are in (layout.report_file)
+    decontamination: dict[str, Any] = {}
 
 
 class ReportView(msgspec.Struct):
