@@ -97,7 +97,7 @@ def eagle3_regen() -> None:
         from regen import pipeline
 
         with final_errors_fail_now():  # the wrong fleet (or API key) stays wrong
-            return pipeline.check_server(_run(run), sglang_api_keys())
+            return pipeline.check_server(_run(run), sglang_api_keys(get_current_context()["params"]))
 
     # A dataset whose prepare failed must not hold back the others: shards are listed from the datasets that were
     # prepared, once the fleet check passed; a dataset prepared in parts is recorded whole here, once its parts are.
@@ -132,7 +132,7 @@ def eagle3_regen() -> None:
         from regen import pipeline
 
         _label(group["dataset"], group["first"], group["count"])
-        keys = sglang_api_keys()
+        keys = sglang_api_keys(get_current_context()["params"])  # logins of endpoint URLs too
         with final_errors_fail_now():  # a refused API key, a template changed mid-conversation
             spec = _run(run)
             shards = pipeline.group_shards(spec, group, s3_client)

@@ -16,8 +16,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from regen.endpoints import Endpoint, EndpointUrl
 from regen.errors import FinalError, did_you_mean
-from regen.governance import default_endpoint_patterns, endpoint_address, endpoint_allowed, storage_root_within
+from regen.governance import default_endpoint_patterns, endpoint_allowed, storage_root_within
 from regen.layout import RESERVED
 from regen.profiles import Profile, builtin_profiles, lookup
 from regen.storage import S3Config
@@ -143,7 +144,8 @@ class CostConfig(BaseModel):
 class Defaults(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     profile: str = "kimi-k2.5-mini"
-    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:30000"], min_length=1)
+    # A URL's user and password (a proxy's) are kept apart and never shown: regen.endpoints.
+    endpoints: list[EndpointUrl] = Field(default_factory=lambda: [Endpoint("http://127.0.0.1:30000")], min_length=1)
     storage_root: str = "var/storage"
     shard_size: int = Field(2000, ge=1)
     # Concurrency is set for the fleet: `shard_tasks` shard tasks generate at once (the sglang_fleet pool's slots),
@@ -180,13 +182,6 @@ class Defaults(BaseModel):
         description="Airflow connection with the fleet's API key (servers started with --api-key): its password for "
         "every endpoint, its extra's api_keys {base URL: key} per endpoint; no such connection: no key is sent",
     )
-
-    @field_validator("endpoints")
-    @classmethod
-    def _base_urls(cls, endpoints: list[str]) -> list[str]:
-        for url in endpoints:
-            endpoint_address(url)  # a ValueError says what is wrong with it
-        return [url.rstrip("/") for url in endpoints]
 
 
 class Governance(BaseModel):
@@ -240,7 +235,7 @@ class RegenConfig(BaseModel):
             if profile.name not in ("", name):
                 raise ValueError(f"profiles.{name}: its name is the key it is declared under, not {profile.name!r}")
             Profile.model_validate({**profile.model_dump(), "name": name})  # a name that is a safe storage key
-        outside = [url for url in self.defaults.endpoints if not endpoint_allowed(url, self.allowed_endpoints)]
+        outside = [str(e) for e in self.defaults.endpoints if not endpoint_allowed(e, self.allowed_endpoints)]
         if outside:
             raise ValueError(f"defaults.endpoints {outside} are outside governance.allowed_endpoints: allow them too")
         if not any(

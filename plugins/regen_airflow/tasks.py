@@ -3,7 +3,7 @@ retry cannot mend fails the task at once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -36,24 +36,28 @@ def s3_client() -> Any:
     return hook.get_client_type(region_name=hook.region_name, config=retries.merge(own) if own else retries)
 
 
-def sglang_api_keys() -> Any:
+def sglang_api_keys(params: Mapping[str, Any] | None = None) -> Any:
     """The fleet's API keys (servers started with --api-key) from the Airflow connection `defaults.sglang_conn_id`:
     its password is the key of every endpoint, its extra's `api_keys` ({"http://host:port": key}) those of single
-    endpoints. No such connection: no key is sent (servers without --api-key need none)."""
+    endpoints. No such connection: no key is sent (servers without --api-key need none). With them, the logins of
+    endpoint URLs (`http://user:pass@host`) from the config and from the run's `params`: the run spec a task gets
+    through XCom holds `***` in their place (regen.endpoints)."""
     from airflow.exceptions import AirflowNotFoundException
     from airflow.sdk import BaseHook
 
     from regen.config import load_config
+    from regen.endpoints import run_logins
     from regen.sglang.auth import ApiKeys
 
-    conn_id = load_config().defaults.sglang_conn_id
+    defaults = load_config().defaults
+    conn_id, logins = defaults.sglang_conn_id, run_logins(defaults.endpoints, (params or {}).get("endpoints"))
     source = f"the Airflow connection {conn_id!r} (password: every endpoint's key; extra api_keys: per endpoint)"
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
-        return ApiKeys(source=f"{source}, which does not exist")
+        return ApiKeys(source=f"{source}, which does not exist", logins=logins)
     per_endpoint = conn.extra_dejson.get("api_keys") or {}
-    return ApiKeys(conn.password, per_endpoint if isinstance(per_endpoint, dict) else {}, source)
+    return ApiKeys(conn.password, per_endpoint if isinstance(per_endpoint, dict) else {}, source, logins)
 
 
 @contextmanager
