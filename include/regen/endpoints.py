@@ -22,7 +22,7 @@ STAND_IN = "***"  # what a URL's user and password are shown as
 def redact_url(url: str) -> str:
     """A URL string as it may be shown: everything between `://` and its last `@` becomes `***`, whether or not
     the URL is well formed (an error about a malformed URL must not show the password in it either)."""
-    return re.sub(r"://[^\s]*@", f"://{STAND_IN}@", url)
+    return re.sub(r"://.*@", f"://{STAND_IN}@", url)
 
 
 class Endpoint:
