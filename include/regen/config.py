@@ -144,8 +144,12 @@ class CostConfig(BaseModel):
 class Defaults(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     profile: str = "kimi-k2.5-mini"
-    # A URL's user and password (a proxy's) are kept apart and never shown: regen.endpoints.
-    endpoints: list[EndpointUrl] = Field(default_factory=lambda: [Endpoint("http://127.0.0.1:30000")], min_length=1)
+    endpoints: list[EndpointUrl] = Field(
+        default_factory=lambda: [Endpoint("http://127.0.0.1:30000")],
+        min_length=1,
+        description="base URLs of SGLang servers, or one sglang-router's; a proxy's login in a URL "
+        "(http://user:password@host:port) is sent as basic auth and shown everywhere as http://***@host:port",
+    )
     storage_root: str = "var/storage"
     shard_size: int = Field(2000, ge=1)
     # Concurrency is set for the fleet: `shard_tasks` shard tasks generate at once (the sglang_fleet pool's slots),

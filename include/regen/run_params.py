@@ -82,7 +82,8 @@ class RunParams(BaseModel):
     endpoints: list[str] | None = _in(
         "Servers",
         "SGLang endpoints",
-        "Base URLs of SGLang servers, or one sglang-router URL; within the deployment's governance.allowed_endpoints.",
+        "Base URLs of SGLang servers, or one sglang-router URL; within the deployment's governance.allowed_endpoints. "
+        "http://***@host stands for the config's login for that host; a login typed here is stored in the run's conf.",
         min_length=1,
         items={"type": "string", "pattern": r"^https?://[^\s?#]+$"},
     )
