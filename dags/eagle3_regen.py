@@ -31,6 +31,8 @@ from regen_airflow.tasks import (
 # The deployment's config is a local file read at parse time: it fills the trigger form (no network, no storage).
 CONFIG = load_config()
 FLEET_POOL = "sglang_fleet"
+# The logins of the config's endpoint URLs: the run spec in XCom holds `***` in their place (regen.endpoints).
+ENDPOINTS = CONFIG.defaults.endpoints
 
 
 def _run(run: dict[str, Any]) -> Any:
@@ -104,7 +106,7 @@ def eagle3_regen() -> None:
         from regen import pipeline
 
         with final_errors_fail_now():  # the wrong fleet (or API key) stays wrong
-            return pipeline.check_server(_run(run), run_api_keys(run))
+            return pipeline.check_server(_run(run), run_api_keys(run, get_current_context()["params"], ENDPOINTS))
 
     # A dataset whose prepare failed must not hold back the others: shards are listed from the datasets that were
     # prepared, once the fleet check passed; a dataset prepared in parts is recorded whole here, once its parts are.
@@ -139,7 +141,7 @@ def eagle3_regen() -> None:
         from regen import pipeline
 
         _label(group["dataset"], group["first"], group["count"])
-        keys = run_api_keys(run)
+        keys = run_api_keys(run, get_current_context()["params"], ENDPOINTS)  # logins of endpoint URLs too
         with final_errors_fail_now():  # a refused API key, a template changed mid-conversation
             spec = _run(run)
             shards = pipeline.group_shards(spec, group, run_s3_client(run))

@@ -526,7 +526,7 @@ def ui(argv: list[str]) -> int:
     parser.add_argument("--port", type=int, default=8080, help="the UI's port on 127.0.0.1")
     parser.add_argument("--s3", action="store_true", help="also run a local S3 API (moto) with a bucket eagle3-regen")
     args = parser.parse_args(argv)
-    default_endpoint = urlparse(load_config().defaults.endpoints[0])  # the form's default: serve it there
+    default_endpoint = urlparse(load_config().defaults.endpoints[0].base)  # the form's default: serve it there
     stack = Stack(
         ROOT / "var" / "airflow",
         purpose="ui",

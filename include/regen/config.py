@@ -16,8 +16,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from regen.endpoints import Endpoint, EndpointUrl
 from regen.errors import FinalError, did_you_mean
-from regen.governance import default_endpoint_patterns, endpoint_address, endpoint_allowed, storage_root_within
+from regen.governance import default_endpoint_patterns, endpoint_allowed, storage_root_within
 from regen.layout import RESERVED
 from regen.profiles import Profile, builtin_profiles, lookup
 from regen.storage import S3Config
@@ -200,10 +201,11 @@ class Defaults(BaseModel):
     profile: str = Field(
         "kimi-k2.5-mini", description="model profile: built in (kimi-k2.5, kimi-k2.5-mini) or declared under profiles"
     )
-    endpoints: list[str] = Field(
-        default_factory=lambda: ["http://127.0.0.1:30000"],
+    endpoints: list[EndpointUrl] = Field(
+        default_factory=lambda: [Endpoint("http://127.0.0.1:30000")],
         min_length=1,
-        description="SGLang base URLs, or one sglang-router URL",
+        description="SGLang base URLs, or one sglang-router URL; a proxy's login in a URL "
+        "(http://user:password@host:port) is sent as basic auth and shown everywhere as http://***@host:port",
     )
     storage_root: str = Field("var/storage", description="s3://bucket/prefix or a directory (relative to this file)")
     shard_size: int = Field(
@@ -299,13 +301,6 @@ class Defaults(BaseModel):
         """The sglang_fleet pool's slots, as the deployment creates the pool."""
         return self.fleet_pool_slots or self.shard_tasks
 
-    @field_validator("endpoints")
-    @classmethod
-    def _base_urls(cls, endpoints: list[str]) -> list[str]:
-        for url in endpoints:
-            endpoint_address(url)  # a ValueError says what is wrong with it
-        return [url.rstrip("/") for url in endpoints]
-
 
 class Governance(BaseModel):
     """What a run may choose, decided by the deployment: whoever may trigger a run may publish training data
@@ -365,7 +360,7 @@ class RegenConfig(BaseModel):
             if profile.name not in ("", name):
                 raise ValueError(f"profiles.{name}: its name is the key it is declared under, not {profile.name!r}")
             Profile.model_validate({**profile.model_dump(), "name": name})  # a name that is a safe storage key
-        outside = [url for url in self.defaults.endpoints if not endpoint_allowed(url, self.allowed_endpoints)]
+        outside = [str(e) for e in self.defaults.endpoints if not endpoint_allowed(e, self.allowed_endpoints)]
         if outside:
             raise ValueError(f"defaults.endpoints {outside} are outside governance.allowed_endpoints: allow them too")
         if not any(

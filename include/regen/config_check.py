@@ -15,7 +15,6 @@ from pydantic import ValidationError
 
 from regen.config import ConfigError, RegenConfig, explain
 from regen.run_params import RunSpec, check_fleet_pool
-from regen.sglang.fleet import redact_url
 
 
 def config_problems(path: Path) -> tuple[RegenConfig | None, list[str]]:
@@ -45,7 +44,7 @@ def config_summary(config: RegenConfig) -> dict[str, Any]:
         "datasets": list(config.datasets),
         "profiles": config.profile_names,
         "default_profile": d.profile,
-        "endpoints": [redact_url(url) for url in d.endpoints],
+        "endpoints": [str(url) for url in d.endpoints],
         "storage_root": config.resolve(d.storage_root),
         "shard_tasks": d.shard_tasks,
         "fleet_pool_slots": d.pool_slots,
@@ -59,7 +58,7 @@ def plan_summary(params: dict[str, Any], config: RegenConfig, run_id: str) -> di
     return {
         "version": run.version,
         "profile": run.profile,
-        "endpoints": [redact_url(url) for url in run.endpoints],
+        "endpoints": [str(url) for url in run.endpoints],
         "storage_root": run.storage_root,
         "shard_size": run.shard_size,
         "in_flight": params.get("in_flight") or config.defaults.in_flight,

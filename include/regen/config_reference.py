@@ -84,7 +84,10 @@ def _type(annotation: Any) -> str:
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Literal:
         return " \\| ".join(f"`{a}`" for a in args)
-    if origin in (Union, types.UnionType, Annotated):
+    if origin is Annotated:  # a validated value (an endpoint URL): what its JSON schema says it is, else its type
+        uri = any(getattr(m, "json_schema", {}).get("format") == "uri" for m in args[1:])
+        return "URL" if uri else _type(args[0])
+    if origin in (Union, types.UnionType):
         names = [_type(a) for a in args if a is not type(None) and not isinstance(a, FieldInfo)]
         optional = " or null" if type(None) in args else ""
         return " \\| ".join(names) + optional

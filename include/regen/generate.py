@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -27,6 +27,7 @@ import msgspec
 from regen.chat import ChatRenderer
 from regen.checkpoints import OUTAGE_S, Checkpointer, Checkpoints, load_checkpoints, rejection_line
 from regen.conversations import Conversations, longest_first
+from regen.endpoints import Endpoint
 from regen.manifest import GenerationReport, ShardManifest, StageStats
 from regen.on_policy import turn_count
 from regen.progress import Progress
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class GenerateSettings:
-    endpoints: list[str]
+    endpoints: Sequence[str | Endpoint]  # a URL's login goes by the session, never in a URL (regen.sglang.auth)
     sampling_params: dict[str, Any]
     concurrency: int = 64  # this shard task's share of the fleet's in-flight budget
     request_timeout_s: float = 3600.0
@@ -145,8 +146,9 @@ async def _generate_missing(
 ) -> GenerationReport:
     """`todo`: the samples to answer, or the on-policy conversations to follow (`conversations`)."""
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    async with settings.api_keys.session(connector=connector) as session:
-        pool = EndpointPool(settings.endpoints, session, fleet_wait_s=settings.fleet_wait_s)
+    targets = [Endpoint.parse(url) for url in settings.endpoints]
+    async with settings.api_keys.session(targets, connector=connector) as session:
+        pool = EndpointPool([t.base for t in targets], session, fleet_wait_s=settings.fleet_wait_s)
         client = SGLangClient(pool, session, settings.request_timeout_s, settings.max_attempts, settings.backoff_max_s)
         queue = iter(todo)  # shared by the workers: each sample is taken exactly once
         work = (
@@ -171,8 +173,8 @@ async def _generate_missing(
             await _answer_all(workers, flusher)
         except TransientError as e:
             raise FleetUnavailable(
-                f"a sample failed {settings.max_attempts} attempts on {settings.endpoints} ({e}); finished answers "
-                "are checkpointed and a retry of this task resumes from them"
+                f"a sample failed {settings.max_attempts} attempts on {[str(t) for t in targets]} ({e}); finished "
+                "answers are checkpointed and a retry of this task resumes from them"
             ) from e
         finally:
             for task in [*workers, ticker]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Sequence
 from pathlib import PurePosixPath
-from urllib.parse import urlsplit
 
+from regen.endpoints import Endpoint
 from regen.errors import FinalError
 
 
@@ -21,27 +22,13 @@ class NotAllowed(FinalError):
     """A run chose an endpoint or a storage root outside the deployment's allowlists."""
 
 
-def endpoint_address(url: str) -> str:
+def endpoint_address(url: str | Endpoint) -> str:
     """`host:port` of an SGLang base URL (the scheme's port when none is given), lowercase; ValueError saying what
-    is wrong with a URL that is not a plain http(s) base URL."""
-    if any(c.isspace() for c in url):
-        raise ValueError(f"endpoint {url!r} contains whitespace")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"endpoint {url!r} must start with http:// or https://")
-    if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise ValueError(f"endpoint {url!r} must be a base URL, without '?' or '#'")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise ValueError(f"endpoint {url!r} has a port that is not a number from 0 to 65535") from None
-    host = (parts.hostname or "").lower()
-    if not host:
-        raise ValueError(f"endpoint {url!r} names no host")
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    is wrong with a URL that is not a plain http(s) base URL (regen.endpoints: the URL shown redacted)."""
+    return Endpoint.parse(url).address
 
 
-def endpoint_allowed(url: str, patterns: list[str]) -> bool:
+def endpoint_allowed(url: str | Endpoint, patterns: list[str]) -> bool:
     """Whether the endpoint's `host:port` matches a pattern: `*` and `?` as in the shell (`sglang-*.internal:30000`,
     `10.0.0.*`), brackets literal (`[::1]:30000`), a pattern without a port allowing any port of its hosts."""
     address = endpoint_address(url)
@@ -55,13 +42,13 @@ def endpoint_allowed(url: str, patterns: list[str]) -> bool:
     return False
 
 
-def default_endpoint_patterns(endpoints: list[str]) -> list[str]:
+def default_endpoint_patterns(endpoints: Sequence[str | Endpoint]) -> list[str]:
     """The config's own endpoints, exactly: their hosts and ports."""
     return [endpoint_address(url) for url in endpoints]
 
 
-def check_endpoints(urls: list[str], patterns: list[str]) -> None:
-    outside = [url for url in urls if not endpoint_allowed(url, patterns)]
+def check_endpoints(urls: Sequence[str | Endpoint], patterns: list[str]) -> None:
+    outside = [str(Endpoint.parse(url)) for url in urls if not endpoint_allowed(url, patterns)]
     if outside:
         raise NotAllowed(
             f"endpoints {outside} are outside governance.allowed_endpoints {patterns}: a run may send prompts only "

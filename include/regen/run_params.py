@@ -25,6 +25,7 @@ from regen.config import (
     Sampling,
     load_config,
 )
+from regen.endpoints import Endpoint, EndpointUrl
 from regen.errors import did_you_mean
 from regen.governance import check_endpoints, check_storage_root
 from regen.layout import DatasetLocation, checked_name, version_from_run_id
@@ -88,7 +89,8 @@ class RunParams(BaseModel):
     endpoints: list[str] | None = _in(
         "Servers",
         "SGLang endpoints",
-        "Base URLs of SGLang servers, or one sglang-router URL; within the deployment's governance.allowed_endpoints.",
+        "Base URLs of SGLang servers, or one sglang-router URL; within the deployment's governance.allowed_endpoints. "
+        "http://***@host stands for the config's login for that host; a login typed here is stored in the run's conf.",
         min_length=1,
         items={"type": "string", "pattern": r"^https?://[^\s?#]+$"},
     )
@@ -188,7 +190,7 @@ def _form_defaults(config: RegenConfig) -> dict[str, Any]:
         "profile": d.profile,
         "skip_unchanged": True,
         "overwrite_version": False,
-        "endpoints": list(d.endpoints),
+        "endpoints": [str(e) for e in d.endpoints],  # redacted: the form is shown, and a run's conf stored
         "storage_root": config.resolve(d.storage_root),
         **d.sampling.model_dump(),
         "shard_size": d.shard_size,
@@ -209,13 +211,32 @@ def check_fleet_pool(shard_tasks: int, pool_slots: int) -> None:
         )
 
 
+def _endpoints(given: list[str] | None, config: RegenConfig) -> list[Endpoint]:
+    """The run's endpoints: as given (a login typed in stays out of the run spec's JSON), or the config's. A
+    redacted one (`http://***@host`, as the form shows the config's) takes the config's login for its origin."""
+    if not given:
+        return list(config.defaults.endpoints)
+    logins = {e.origin: e for e in config.defaults.endpoints if e.login is not None}
+    try:
+        endpoints = [Endpoint.parse(url) for url in given]
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    unknown = [str(e) for e in endpoints if e.needs_login and e.login is None and e.origin not in logins]
+    if unknown:
+        raise ConfigError(
+            f"endpoints {unknown}: '***' stands for the login of the config's endpoint at that address, and the "
+            "config's defaults.endpoints has none there: give the URL with its user and password, or without '***@'"
+        )
+    return [Endpoint(e.base, logins[e.origin].login) if e.needs_login and e.login is None else e for e in endpoints]
+
+
 class RunSpec(BaseModel):
     """One run: its params over the config's defaults, checked once at plan, and everything of the config its tasks
     use, frozen. It travels between tasks as a small JSON dict (XCom); no task reads the config file again."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     datasets: list[str]
-    endpoints: list[str]
+    endpoints: list[EndpointUrl]  # in XCom and the run report redacted; a task gets logins at request time
     storage_root: str
     profile: str
     limit: int | None
@@ -276,11 +297,8 @@ class RunSpec(BaseModel):
         dataset_configs = {name: config.dataset(name) for name in datasets}
         profile = given.profile or d.profile
         declaration = config.profile(profile)  # known, and its declaration is sound
-        endpoints = [url.rstrip("/") for url in given.endpoints or d.endpoints]
-        try:
-            check_endpoints(endpoints, config.allowed_endpoints)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        endpoints = _endpoints(given.endpoints, config)
+        check_endpoints(endpoints, config.allowed_endpoints)
         storage_root = config.resolve(given.storage_root or d.storage_root)
         check_storage_root(storage_root, config.allowed_storage_roots)
         version = version_from_run_id(given.version or run_id)

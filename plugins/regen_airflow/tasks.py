@@ -4,7 +4,7 @@ retry cannot mend fails the task at once."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,30 +42,43 @@ def s3_client(settings: dict[str, Any] | None = None) -> Any:
     return hook.get_client_type(region_name=hook.region_name, config=retries.merge(own) if own else retries)
 
 
-def run_api_keys(run: dict[str, Any]) -> Any:
-    """A run's fleet API keys, from the connection plan froze in the run spec."""
-    return sglang_api_keys(run.get("sglang_conn_id") or "sglang_default")
+def run_api_keys(
+    run: dict[str, Any], params: Mapping[str, Any] | None = None, config_endpoints: Sequence[Any] = ()
+) -> Any:
+    """A run's fleet API keys, from the connection plan froze in the run spec, and the logins of its endpoint URLs:
+    the run spec in XCom holds `***` in their place, so they come from the run's `params` (its conf) and from
+    `config_endpoints` (the deployment's, as the DAG file parsed them), never from XCom."""
+    return sglang_api_keys(run.get("sglang_conn_id") or "sglang_default", params, config_endpoints)
 
 
-def sglang_api_keys(conn_id: str | None = None) -> Any:
+def sglang_api_keys(
+    conn_id: str | None = None, params: Mapping[str, Any] | None = None, config_endpoints: Sequence[Any] | None = None
+) -> Any:
     """The fleet's API keys (servers started with --api-key) from the Airflow connection `conn_id` (a run's
     `sglang_conn_id`; None: the config's `defaults.sglang_conn_id`, for the page): its password is the key of every
     endpoint, its extra's `api_keys` ({"http://host:port": key}) those of single endpoints. No such connection: no
-    key is sent (servers without --api-key need none)."""
+    key is sent (servers without --api-key need none). With them, the logins of endpoint URLs
+    (`http://user:pass@host`) from `config_endpoints` (None: the config's) and from the run's `params`
+    (regen.endpoints)."""
     from airflow.exceptions import AirflowNotFoundException
     from airflow.sdk import BaseHook
 
     from regen.config import load_config
+    from regen.endpoints import run_logins
     from regen.sglang.auth import ApiKeys
 
-    conn_id = conn_id or load_config().defaults.sglang_conn_id
+    if conn_id is None or config_endpoints is None:  # outside a run (the page): the config as it is now
+        defaults = load_config().defaults
+        conn_id = conn_id or defaults.sglang_conn_id
+        config_endpoints = defaults.endpoints if config_endpoints is None else config_endpoints
+    logins = run_logins(list(config_endpoints), (params or {}).get("endpoints"))
     source = f"the Airflow connection {conn_id!r} (password: every endpoint's key; extra api_keys: per endpoint)"
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
-        return ApiKeys(source=f"{source}, which does not exist")
+        return ApiKeys(source=f"{source}, which does not exist", logins=logins)
     per_endpoint = conn.extra_dejson.get("api_keys") or {}
-    return ApiKeys(conn.password, per_endpoint if isinstance(per_endpoint, dict) else {}, source)
+    return ApiKeys(conn.password, per_endpoint if isinstance(per_endpoint, dict) else {}, source, logins)
 
 
 def worker_task_slots() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from base64 import b64encode
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,51 @@ def test_a_running_task_uses_what_plan_froze_not_the_config_edited_since(
         client = run_s3_client(run)()
         assert client.meta.config.retries == {"mode": "standard", "total_max_attempts": 3}
         assert "'fleet_at_plan'" in run_api_keys(run).source
+
+
+def test_a_task_gets_endpoint_logins_from_the_config_and_the_runs_params(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The run spec in XCom holds `***` for a URL's login: the task's keys carry it, from the config or the run's
+    params (the trigger form's conf), and show it nowhere."""
+    import yaml
+
+    from tests.conftest import project_config_in
+
+    path = project_config_in(tmp_path, allowed_endpoints=["gpu-*"])
+    raw = yaml.safe_load(path.read_text())
+    raw["defaults"]["endpoints"] = ["http://alice:from-config@gpu-1:30000"]
+    path.write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("REGEN_CONFIG", str(path))
+    monkeypatch.delenv("AIRFLOW_CONN_SGLANG_DEFAULT", raising=False)
+    keys = sglang_api_keys(params={"endpoints": ["http://***@gpu-1:30000", "http://bob:from-run@gpu-2:30000"]})
+    assert keys.login_for(URL("http://gpu-1:30000/generate")) == "Basic " + b64encode(b"alice:from-config").decode()
+    assert keys.login_for(URL("http://gpu-2:30000/health")) == "Basic " + b64encode(b"bob:from-run").decode()
+    assert keys.login_for(URL("http://gpu-3:30000/health")) is None
+    assert "from-config" not in repr(keys) and "from-run" not in repr(keys)
+
+
+def test_the_alert_mail_and_log_line_show_no_login(tmp_path: Path) -> None:
+    """What a failed task says (its log line, its mail) quotes the exception: one about an endpoint shows it
+    redacted."""
+    from types import SimpleNamespace
+
+    import jinja2
+
+    from regen.chat import ChatRenderer
+    from regen.generate import GenerateSettings, run_generate
+    from regen.profiles import lookup
+    from regen_airflow.alerts import BODY, failure_message
+    from tests.conftest import free_port, prepare_sample
+
+    prepared, storage = prepare_sample(tmp_path, ChatRenderer(lookup("kimi-k2.5-mini")), "B1_glaive", 4, limit=4)
+    dead = f"http://alice:mail-secret@127.0.0.1:{free_port()}"
+    settings = GenerateSettings([dead], {}, max_attempts=1, fleet_wait_s=1, backoff_max_s=0.1)
+    with pytest.raises(Exception) as failed:
+        run_generate(prepared.shards[0], storage, settings)
+    ti = SimpleNamespace(task_id="generate_shard", rendered_map_index="B1_glaive/shard-00000", run_id="r", try_number=1)
+    context = {"ti": ti, "exception": failed.value, "dag": SimpleNamespace(dag_id="eagle3_regen"), "run_id": "r"}
+    body = jinja2.Environment(autoescape=True).from_string(BODY).render(**context, advice="")
+    line = failure_message(context)
+    assert "127.0.0.1" in body and "127.0.0.1" in line
+    assert "mail-secret" not in body and "mail-secret" not in line

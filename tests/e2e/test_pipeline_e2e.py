@@ -582,3 +582,33 @@ def test_the_drafter_data_page_in_a_real_browser(stack: Stack, finished_run: dic
     run = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
     stop_and_delete(stack, run_id)  # it would hold the one-run-at-a-time slot
     assert run["conf"] == {"datasets": ["B1_glaive"]} and run["run_type"] == "manual"
+
+
+def test_a_login_in_an_endpoint_url_reaches_the_server_and_nothing_the_run_leaves(stack: Stack) -> None:
+    """A run given `http://user:pass@host` (a proxy's login): every request carries it as basic auth (the proxy
+    refuses any other), and no task log, no XCom and no object the run wrote holds it (the run spec in XCom holds
+    `***`; the tasks get the login from the run's params)."""
+    from tests.login_proxy import SECRET, USER, LoginProxy
+
+    prefix = "login"
+    with LoginProxy(stack.simulator) as proxy:
+        conf = {"datasets": ["B1_glaive"], "endpoints": [proxy.with_login()], "storage_root": f"s3://{BUCKET}/{prefix}"}
+        run_id = stack.trigger({**conf, "limit": 8})
+        state = stack.wait_for_run(run_id, timeout_s=300)
+    assert state == "success", stack.task_states(run_id)
+    assert any(path == "/generate" for path, _ in proxy.seen) and all(ok for _, ok in proxy.seen)
+    assert stack.xcom(run_id, "plan")["endpoints"] == [proxy.url.replace("http://", "http://***@")]
+    texts = [json.dumps(stack.xcom(run_id, task)) for task in ("plan", "check_server", "report")]
+    ran = [(task, index) for task, index, state in stack.task_states(run_id) if state not in ("skipped", "removed")]
+    texts += [stack.task_log(run_id, task, index) for task, index in ran]
+    s3 = stack.s3_client()
+    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/")
+            for o in page.get("Contents", [])]  # fmt: skip
+    assert any(k.endswith(".jsonl.zst") for k in keys) and any("/runs/" in k for k in keys)
+    for key in keys:
+        body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        if key.endswith(".zst"):
+            body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+        texts.append(body.decode("utf-8", "replace"))
+    leaks = [text[max(0, text.find(SECRET) - 200) : text.find(SECRET) + 50] for text in texts if SECRET in text]
+    assert not leaks and not any(f"{USER}:" in text for text in texts)

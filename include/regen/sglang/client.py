@@ -22,7 +22,8 @@ import aiohttp
 import msgspec
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from regen.sglang.fleet import EndpointPool, FleetUnavailable, readiness, redact_url
+from regen.endpoints import redact_url
+from regen.sglang.fleet import EndpointPool, FleetUnavailable, readiness
 
 log = logging.getLogger(__name__)
 

@@ -26,19 +26,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from regen.endpoints import redact_url
+
 log = logging.getLogger(__name__)
-
-
-def redact_url(url: str) -> str:
-    """The URL as it may be shown or recorded: a user and password in it (`http://user:pass@host`) become `***`."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class FleetUnavailable(Exception):

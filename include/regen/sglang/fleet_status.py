@@ -9,11 +9,12 @@ an sglang-router they are summed over the workers that can be reached from here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
 
+from regen.endpoints import Endpoint
 from regen.sglang.auth import NO_KEYS, ApiKeys, Unauthorized
 from regen.sglang.client import get_json
 from regen.sglang.server_check import MODEL_INFO, SERVER_INFO, context_length_of, get_either, redacted, router_workers
@@ -104,7 +105,7 @@ def _sum_known(values: list[Any], expected: int) -> int | None:
 
 
 async def ask_fleet(
-    endpoints: list[str],
+    endpoints: Sequence[str | Endpoint],
     timeout_s: float = TIMEOUT_S,
     api_keys: ApiKeys = NO_KEYS,
     may_ask: Callable[[str], bool] = lambda url: True,
@@ -112,11 +113,12 @@ async def ask_fleet(
     """Every endpoint's status, asked at once; an endpoint that does not answer within `timeout_s` says so. A
     router's workers are asked only where `may_ask` allows it (the page asks from Airflow's API server: a router
     must not be able to send it anywhere)."""
-    async with api_keys.session() as session:
-        found = await asyncio.gather(*(endpoint_status(session, url, timeout_s, may_ask) for url in endpoints))
-    return [redacted(status) for status in found]
+    targets = [Endpoint.parse(url) for url in endpoints]  # asked at their base URLs; logins by the session
+    async with api_keys.session(targets) as session:
+        found = await asyncio.gather(*(endpoint_status(session, t.base, timeout_s, may_ask) for t in targets))
+    return [redacted({**status, "url": str(t)}) for status, t in zip(found, targets, strict=True)]  # `***@` shown
 
 
-def fleet_status(endpoints: list[str], timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
+def fleet_status(endpoints: Sequence[str | Endpoint], timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
     """`ask_fleet` outside an event loop."""
     return asyncio.run(ask_fleet(endpoints, timeout_s))

@@ -20,19 +20,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from regen.chat import ChatRenderer
+from regen.endpoints import Endpoint, redact_url
 from regen.errors import FinalError
 from regen.judge import judge
 from regen.reasons import Reason
 from regen.records import RawAnswer, text_digest
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
-from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens, redact_url
+from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens
 from regen.sglang.parity import sglang_version_warnings
 
 log = logging.getLogger(__name__)
@@ -303,18 +305,20 @@ async def _probe(
 
 
 async def _check_all(
-    endpoints: list[str], renderer: ChatRenderer, sampling: dict[str, Any], deadline_s: float, api_keys: ApiKeys
+    endpoints: Sequence[str | Endpoint],
+    renderer: ChatRenderer,
+    sampling: dict[str, Any],
+    deadline_s: float,
+    api_keys: ApiKeys,
 ) -> list[EndpointInfo]:
-    async with api_keys.session() as session:
-        return list(
-            await asyncio.gather(
-                *(_check_one(session, u.rstrip("/"), renderer, sampling, deadline_s) for u in endpoints)
-            )
-        )
+    targets = [Endpoint.parse(url) for url in endpoints]  # requests go to their base URLs; logins by the session
+    async with api_keys.session(targets) as session:
+        found = await asyncio.gather(*(_check_one(session, t.base, renderer, sampling, deadline_s) for t in targets))
+    return [dataclasses.replace(info, url=str(t)) for info, t in zip(found, targets, strict=True)]  # `***@` shown
 
 
 def check_fleet(
-    endpoints: list[str],
+    endpoints: Sequence[str | Endpoint],
     renderer: ChatRenderer,
     sampling: dict[str, Any],
     deadline_s: float = 600.0,
