@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -111,13 +111,6 @@ def check_response(body: bytes) -> _Response:
     return data
 
 
-@dataclass(frozen=True)
-class _Attempt:
-    """What tenacity's wait functions read of a try: its number (from 1)."""
-
-    attempt_number: int
-
-
 @dataclass
 class ClientStats:
     requests: int = 0
@@ -181,52 +174,36 @@ class SGLangClient:
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], rid: str) -> Generation:
         """One sample: transient faults retried with exponential backoff and jitter, on another endpoint if any.
 
-        The request body is encoded once per sample; only the rid changes between attempts. The first attempt goes
-        out bare, and only a failed sample enters tenacity's loop: its machinery cost 0.17 ms a request, more than
-        the rest of the client (0.405 against 0.231 CPU s per 1,000, bench/bench_generate.py cpu), and most samples
-        never retry."""
+        The request body is encoded once per sample; only the rid changes between attempts. Every attempt goes
+        through tenacity's loop: its machinery costs about 0.17 ms a request (bench/bench_generate.py cpu), nothing
+        beside answers that take seconds to minutes of GPU time."""
         nonce = f"{self._nonce_prefix}{next(self._samples):x}"
         body = _encoder.encode({"input_ids": prompt_ids, "sampling_params": sampling_params, "rid": ""})
         head, tail = body[: -len(b'""}')], b'"}'  # the body ends with the empty rid
-
-        async def send(attempt: int, avoid: str | None) -> Generation:
-            attempt_rid = f"{rid}-{nonce}-{attempt}"
-            payload = b"".join((head, b'"', attempt_rid.encode(), tail))
-            return dataclasses.replace(await self._attempt(payload, attempt_rid, avoid), attempts=attempt)
-
-        try:
-            return await send(1, None)
-        except TransientError as e:
-            if self.max_attempts == 1:
-                raise
-            self._count(e)
-            avoid = e.endpoint
-            await asyncio.sleep(self._wait(1))
-        retrying = AsyncRetrying(  # attempts 2 to max_attempts, on the same backoff schedule
+        avoid: str | None = None
+        retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientError),
-            stop=stop_after_attempt(self.max_attempts - 1),
-            wait=lambda state: self._wait(state.attempt_number + 1),
+            stop=stop_after_attempt(self.max_attempts),
+            wait=self._backoff,
             before_sleep=self._count_retry,
             reraise=True,
         )
         async for trial in retrying:
             with trial:
+                attempt = trial.retry_state.attempt_number
+                attempt_rid = f"{rid}-{nonce}-{attempt}"
+                payload = b"".join((head, b'"', attempt_rid.encode(), tail))
                 try:
-                    return await send(trial.retry_state.attempt_number + 1, avoid)
+                    generation = await self._attempt(payload, attempt_rid, avoid)
                 except TransientError as e:
-                    avoid = e.endpoint
+                    avoid = e.endpoint  # the next try goes elsewhere where the fleet has another endpoint
                     raise
+                return dataclasses.replace(generation, attempts=attempt)
         raise AssertionError("unreachable: tenacity reraises the last error")
 
-    def _wait(self, attempt: int) -> float:
-        """The backoff after try `attempt` failed (tenacity's wait reads only the try's number)."""
-        return self._backoff(cast(RetryCallState, _Attempt(attempt)))
-
     def _count_retry(self, state: RetryCallState) -> None:
-        self._count(state.outcome.exception() if state.outcome else None)
-
-    def _count(self, error: BaseException | None) -> None:
         """A failed try that will be tried again, by its cause."""
+        error = state.outcome.exception() if state.outcome else None
         self.stats.retries_by_cause[error.cause if isinstance(error, TransientError) else "other"] += 1
 
 
