@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.chat import ChatRenderer
-from regen.config import DatasetConfig
+from regen.config_datasets import DatasetConfig
 from regen.datasets.decontaminate import EvalOverlap, check_prompts
 from regen.datasets.eval_suites import Decontamination
 from regen.datasets.formats import normalise_row
