@@ -19,10 +19,11 @@ from regen.config import RegenConfig
 
 HEADER = """# Configuration reference
 
-Generated from the config models (`include/regen/config.py`, `profiles.py`, `storage/s3.py`) by
-`.venv/bin/regen config-reference --output docs/config-reference.md`; `tests/unit/test_config_reference.py` keeps this
-page equal to what the command writes. The defaults are the code's: a key the file leaves out takes this value (the
-project's demo `config/regen.yaml` sets some of them otherwise). The file itself: see [configuration](configuration.md).
+Generated from the config models (`include/regen/config.py`, `config_defaults.py`, `config_datasets.py`,
+`profiles.py`, `storage/s3.py`) by `.venv/bin/regen config-reference --output docs/config-reference.md`;
+`tests/unit/test_config_reference.py` keeps this page equal to what the command writes. The defaults are the code's: a
+key the file leaves out takes this value (the project's demo `config/regen.yaml` sets some of them otherwise). The
+file itself: see [configuration](configuration.md).
 """
 TABLE = "| key | type | default | what it is |\n| --- | --- | --- | --- |\n"
 SKIPPED = {"base_dir"}  # set by load_config from the file's folder, not written in the file

@@ -18,7 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from regen.config import ConfigError, DecontaminationConfig, EvalSuite
+from regen.config import ConfigError
+from regen.config_datasets import DecontaminationConfig, EvalSuite
 from regen.datasets.decontaminate import OverlapIndex
 from regen.datasets.sources import file_kind
 from regen.storage import LocalStorage, Locator, S3ClientFactory, sha256_file

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from regen.config import DatasetConfig, HubDataset
+from regen.config_datasets import DatasetConfig, HubDataset
 from regen.errors import FinalError
 from regen.reasons import Reason
 from regen.storage import READ_BUFFER, LocalStorage, Locator, S3ClientFactory, sha256_file
