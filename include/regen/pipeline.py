@@ -105,7 +105,7 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
         latest = unchanged_since(storage, location, inputs) if run.skip_unchanged else None
         if latest is not None:
             return {"dataset": dataset, "unchanged_since": latest}
-    with held(storage, location, run.run_id):
+    with held(storage, location, run.run_id, run.try_token):
         prepared = run_prepare(
             source,
             location,
@@ -154,7 +154,7 @@ def prepare_dataset_part(
     in parallel, and this process has the renderer already (the preload). Its counts."""
     dataset, part = run.datasets[reference[0]], reference[1]
     location, storage = run.location(dataset), _storage(run, s3_client)
-    with held(storage, location, run.run_id):
+    with held(storage, location, run.run_id, run.try_token):
         record = prepare_part(run.dataset(dataset), location, storage, renderer_for(run), part, 1)
     return {"dataset": dataset, "part": part, "shards": len(record["shards"]), "kept": record["stats"]["kept"]}
 
@@ -172,7 +172,7 @@ def finish_prepared(
             continue
         location = run.location(summary["dataset"])
         try:
-            with held(storage, location, run.run_id):
+            with held(storage, location, run.run_id, run.try_token):
                 dataset = finish_parts(run.dataset(summary["dataset"]), location, storage)
         except FinalError as e:
             log.error("%s", e)
@@ -240,7 +240,7 @@ def generate_shard(
     # tokenizer here.
     renderer = renderer_for(run) if manifest.num_answers is not None else None
     storage = _storage(run, s3_client)
-    with held(storage, manifest.location, run.run_id):
+    with held(storage, manifest.location, run.run_id, run.try_token):
         return run_generate(manifest, storage, settings, renderer).to_dict()
 
 
@@ -248,7 +248,7 @@ def validate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFacto
     renderer = renderer_for(run)
     settings = ValidateSettings(**run.validation)
     manifest, storage = ShardManifest.from_dict(shard), _storage(run, s3_client)
-    with held(storage, manifest.location, run.run_id):
+    with held(storage, manifest.location, run.run_id, run.try_token):
         return run_validate(manifest, storage, renderer, settings).to_dict()
 
 
@@ -256,7 +256,7 @@ def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory
     settings = ExportSettings(**run.export)
     decode = renderer_for(run).decode if settings.review_text else None
     manifest, storage = ShardManifest.from_dict(shard), _storage(run, s3_client)
-    with held(storage, manifest.location, run.run_id):
+    with held(storage, manifest.location, run.run_id, run.try_token):
         return run_export(manifest, storage, settings, decode).to_dict()
 
 
@@ -268,7 +268,7 @@ def verify_dataset(run: RunSpec, prepared: dict[str, Any], s3_client: S3ClientFa
         return {"dataset": prepared["dataset"], "unchanged": True}
     storage = _storage(run, s3_client)
     dataset = _prepared_in(storage, run, prepared["dataset"])
-    with held(storage, dataset.location, run.run_id):  # its verdict holds only while no other run writes
+    with held(storage, dataset.location, run.run_id, run.try_token):  # its verdict holds only while no other run writes
         return verify_contents(dataset, storage)
 
 
@@ -293,11 +293,13 @@ def publish_dataset(
     storage = _storage(run, s3_client)
     prepared_dataset = _prepared_in(storage, run, dataset)
     cost = run.cost
-    with held(storage, prepared_dataset.location, run.run_id):  # the manifest is written by the version's writer
+    with held(
+        storage, prepared_dataset.location, run.run_id, run.try_token
+    ):  # the manifest is written by the version's writer
         published = run_publish(
             prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run.run_id, cost
         )
-    release(storage, prepared_dataset.location, run.run_id)  # a published version is never written again
+    release(storage, prepared_dataset.location, run.run_id, run.try_token)  # a published version is never written again
     return published
 
 
@@ -317,5 +319,5 @@ def report(
     versions are released first, so a Resume of what it left may start at once. Red unless every dataset delivered."""
     storage = _storage(run, s3_client)
     for dataset in run.datasets:
-        release(storage, run.location(dataset), run.run_id)
+        release(storage, run.location(dataset), run.run_id, run.try_token)
     return write_run_report(storage, run.to_dict(), run.datasets, published, fleet, run.cost)

@@ -9,6 +9,7 @@ Adding a run setting is a field here and the code that uses it: the form, plan a
 from __future__ import annotations
 
 import copy
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -211,6 +212,9 @@ class RunSpec(BaseModel):
     skip_unchanged: bool = True
     overwrite_version: bool = False  # publish over a version that exists with other data (never by default)
     run_id: str = ""  # the Airflow run: recorded beside what it writes, so people find the run from the data
+    # This try of the run, made at plan: its tasks share the claims on its versions, and the tasks of a run planned
+    # again are told apart from those of its earlier try still writing (regen.claims).
+    try_token: str = Field(default_factory=lambda: uuid.uuid4().hex)
     # The config's slice, as it was at plan: each dataset as declared (its paths relative to the config's folder, as
     # the inputs digest has always seen them), the profile with its files resolved.
     dataset_configs: dict[str, DatasetConfig] = Field(default_factory=dict)

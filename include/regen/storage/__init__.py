@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 from regen.storage.base import (
     CHUNK,
     READ_BUFFER,
+    Changed,
     KeyExists,
     S3ClientFactory,
     Storage,
@@ -32,6 +33,7 @@ from regen.storage.s3 import S3Config, S3Storage, default_s3_client, explain_s3_
 __all__ = [
     "CHUNK",
     "READ_BUFFER",
+    "Changed",
     "KeyExists",
     "LocalStorage",
     "Locator",
