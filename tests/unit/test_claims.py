@@ -48,20 +48,22 @@ WRITES = ("put_bytes", "create", "replace", "delete", "delete_if")
 
 
 class Paused:
-    """A storage whose first write (of `methods`) waits until `go` is set: `waiting` is set once it does. What a
+    """A storage whose first write after a read waits until `go` is set: `waiting` is set once it does. What a
     slow claimant looks like: it read the claim, and writes only after others have acted."""
 
-    def __init__(self, inner: Storage, methods: tuple[str, ...] = WRITES) -> None:
-        self.inner, self.methods = inner, methods
+    def __init__(self, inner: Storage) -> None:
+        self.inner, self.read = inner, False
         self.waiting, self.go = threading.Event(), threading.Event()
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.inner, name)
-        if name not in self.methods:
+        if name in ("get_bytes", "get_tagged"):
+            self.read = True
+        if name not in WRITES:
             return attribute
 
         def paused(*args: Any, **kwargs: Any) -> Any:
-            if not self.waiting.is_set():
+            if self.read and not self.waiting.is_set():
                 self.waiting.set()
                 assert self.go.wait(30)
             return attribute(*args, **kwargs)
