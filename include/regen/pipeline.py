@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -33,16 +34,22 @@ from regen.sglang.server_check import check_fleet
 from regen.storage import S3ClientFactory, Storage, check_writable, open_storage
 from regen.tokenizers.loading import why_tokenizer_fails
 from regen.validate import ValidateSettings, run_validate
-from regen.version_inputs import dataset_inputs, unchanged_since
+from regen.version_inputs import dataset_inputs, dated, unchanged_since
 
 log = logging.getLogger(__name__)
 
 
-def plan(params: dict[str, Any], run_id: str, s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+def plan(
+    params: dict[str, Any],
+    run_id: str,
+    s3_client: S3ClientFactory | None = None,
+    logical_date: datetime | None = None,
+) -> dict[str, Any]:
     """The run's choices, checked in seconds before any work: params, the profile's tokenizer, a storage root that
     takes a write. The one place a run reads the deployment's config: what it uses travels in the run spec. Raises
-    ConfigError with what to fix."""
-    run = RunSpec.from_params(params, run_id, load_config())
+    ConfigError with what to fix. `logical_date`: the run's, or its run_after when it has none (now, outside
+    Airflow)."""
+    run = RunSpec.from_params(params, run_id, load_config(), logical_date=logical_date)
     try:
         renderer_for(run)
     except (OSError, ImportError) as e:
@@ -105,6 +112,7 @@ def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | Non
         latest = unchanged_since(storage, location, inputs) if run.skip_unchanged else None
         if latest is not None:
             return {"dataset": dataset, "unchanged_since": latest}
+        inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
     with held(storage, location, run.run_id, run.try_token):
         prepared = run_prepare(
             source,

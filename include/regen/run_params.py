@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -215,6 +216,9 @@ class RunSpec(BaseModel):
     # This try of the run, made at plan: its tasks share the claims on its versions, and the tasks of a run planned
     # again are told apart from those of its earlier try still writing (regen.claims).
     try_token: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    # The run's logical date (or, for a run with none, as a manual run may be, when it was due: run_after), UTC ISO:
+    # a version it makes is ordered by it among the dataset's versions (latest.json moves only forward).
+    logical_date: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
     # The config's slice, as it was at plan: each dataset as declared (its paths relative to the config's folder, as
     # the inputs digest has always seen them), the profile with its files resolved.
     dataset_configs: dict[str, DatasetConfig] = Field(default_factory=dict)
@@ -232,9 +236,11 @@ class RunSpec(BaseModel):
         run_id: str,
         config: RegenConfig | None = None,
         declared: type[RunParams] = RunParams,
+        logical_date: datetime | None = None,
     ) -> RunSpec:
         """Everything the trigger form cannot check, checked here; a bad value raises ConfigError saying what to fix.
-        `declared`: the params' declaration (RunParams; a test may extend it)."""
+        `declared`: the params' declaration (RunParams; a test may extend it). `logical_date`: the run's (or its
+        run_after); none given: now."""
         known = declared.model_fields
         unknown = sorted(set(params) - set(known))
         if unknown:  # Airflow 3.3 takes any key at trigger (ParamsDict.deep_merge adds it): refused here
@@ -245,7 +251,9 @@ class RunSpec(BaseModel):
         except ValidationError as e:
             problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'params'}: {err['msg']}" for err in e.errors())
             raise ConfigError(f"invalid run parameters: {problems.replace('Value error, ', '')}") from None
-        return cls._over_defaults(given, run_id, config or load_config())
+        run = cls._over_defaults(given, run_id, config or load_config())
+        when = (logical_date or datetime.now(UTC)).astimezone(UTC)
+        return run.model_copy(update={"logical_date": when.isoformat()})
 
     @classmethod
     def _over_defaults(cls, given: RunParams, run_id: str, config: RegenConfig) -> RunSpec:
