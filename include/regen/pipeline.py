@@ -94,9 +94,9 @@ def preload() -> None:
 
 
 def _storage(run: RunSpec, s3_client: S3ClientFactory | None) -> Storage:
-    if run.storage_root.startswith("s3://") and s3_client is not None:
+    if run.storage_root.kind == "s3" and s3_client is not None:
         return open_storage(run.storage_root, s3_client())
-    return open_storage(run.storage_root)
+    return open_storage(run.storage_root)  # the root plan checked, as it parsed it
 
 
 def prepare_dataset(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> dict[str, Any]:

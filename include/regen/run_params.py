@@ -30,6 +30,7 @@ from regen.errors import did_you_mean
 from regen.governance import check_endpoints, check_storage_root
 from regen.layout import DatasetLocation, checked_name, version_from_run_id
 from regen.profiles import Profile
+from regen.storage import StorageRoot, StorageRootField
 
 Section = Literal["What to run", "Servers", "Sampling", "Advanced"]
 
@@ -181,7 +182,7 @@ def _form_defaults(config: RegenConfig) -> dict[str, Any]:
         "skip_unchanged": True,
         "overwrite_version": False,
         "endpoints": list(d.endpoints),
-        "storage_root": config.resolve(d.storage_root),
+        "storage_root": str(config.storage_root),
         **d.sampling.model_dump(),
         "shard_size": d.shard_size,
         "in_flight": d.in_flight,
@@ -196,7 +197,7 @@ class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     datasets: list[str]
     endpoints: list[str]
-    storage_root: str
+    storage_root: StorageRootField  # travels as its canonical string (an absolute path, or s3://bucket/prefix)
     profile: str
     limit: int | None
     sampling: dict[str, Any]
@@ -267,7 +268,10 @@ class RunSpec(BaseModel):
             check_endpoints(endpoints, config.allowed_endpoints)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        storage_root = config.resolve(given.storage_root or d.storage_root)
+        try:  # parsed once: what is checked here is what every task opens
+            storage_root = StorageRoot.parse(given.storage_root or d.storage_root, config.base_dir.resolve())
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         check_storage_root(storage_root, config.allowed_storage_roots)
         version = version_from_run_id(given.version or run_id)
         try:
@@ -309,7 +313,7 @@ class RunSpec(BaseModel):
         return self.model_dump(mode="json")
 
     def location(self, dataset: str) -> DatasetLocation:
-        return DatasetLocation(self.storage_root, self.profile, dataset, self.version)
+        return DatasetLocation(str(self.storage_root), self.profile, dataset, self.version)
 
     def dataset(self, name: str) -> DatasetConfig:
         return self.dataset_configs[name]

@@ -105,7 +105,7 @@ def test_open_storage_parses_roots(tmp_path: Path) -> None:
     assert isinstance(open_storage(str(tmp_path)), LocalStorage)
     s3 = open_storage("s3://bucket/pre/fix", s3_client=object())
     assert isinstance(s3, S3Storage) and s3.uri("k") == "s3://bucket/pre/fix/k"
-    with pytest.raises(ValueError, match="only s3:// URIs and local directories"):
+    with pytest.raises(ValueError, match="only s3://bucket/prefix and local directories"):
         open_storage("gs://bucket/x")
 
 
