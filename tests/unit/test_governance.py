@@ -187,7 +187,7 @@ OUTSIDE = "outside"
     ],
 )
 def test_a_planted_root_writes_no_byte_outside_the_allowlist(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_client: Any, root: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_client: Any, s3_endpoint: str, root: str
 ) -> None:
     """The worker's working directory lies in the allowed root, where a spelling read as a relative local path
     would pass: every planted root is refused at plan, in seconds, and nothing appears outside the allowed root,
@@ -198,6 +198,11 @@ def test_a_planted_root_writes_no_byte_outside_the_allowlist(
     (allowed / "link").symlink_to(outside, target_is_directory=True)
     monkeypatch.chdir(allowed)
     s3_client.create_bucket(Bucket="other-bucket")
+    # boto3's own default client reaches the same S3 (as a worker's environment credentials would)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     started = time.monotonic()
     with pytest.raises((ConfigError, NotAllowed)):
         pipeline.plan({"storage_root": root.format(outside=outside, allowed=allowed)}, "manual__1", lambda: s3_client)
