@@ -233,7 +233,9 @@ def test_a_link_made_after_plan_checked_the_root_is_refused_when_a_task_opens_it
     [
         pytest.param(("sglang-1.internal:30000", "sglang-1.internal:30000/?"), "defaults.endpoints", id="not-a-base"),
         pytest.param(("allowed_endpoints: []", "allowed_endpoints: [gpu-*]"), "allow them too", id="fleet-outside"),
-        pytest.param(("allowed_storage_roots: []", "allowed_storage_roots: [s3://bucket-b]"), "allow it too", id="root"),
+        pytest.param(
+            ("allowed_storage_roots: []", "allowed_storage_roots: [s3://bucket-b]"), "allow it too", id="root"
+        ),
     ],
 )
 def test_a_config_at_odds_with_itself_fails_to_load(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
