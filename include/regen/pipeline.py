@@ -276,7 +276,8 @@ def verify_dataset(run: RunSpec, prepared: dict[str, Any], s3_client: S3ClientFa
         return {"dataset": prepared["dataset"], "unchanged": True}
     storage = _storage(run, s3_client)
     dataset = _prepared_in(storage, run, prepared["dataset"])
-    with held(storage, dataset.location, run.run_id, run.try_token):  # its verdict holds only while no other run writes
+    # Its verdict holds only while no other run writes.
+    with held(storage, dataset.location, run.run_id, run.try_token):
         return verify_contents(dataset, storage)
 
 
@@ -301,13 +302,13 @@ def publish_dataset(
     storage = _storage(run, s3_client)
     prepared_dataset = _prepared_in(storage, run, dataset)
     cost = run.cost
-    with held(
-        storage, prepared_dataset.location, run.run_id, run.try_token
-    ):  # the manifest is written by the version's writer
+    # The manifest is written by the version's writer.
+    with held(storage, prepared_dataset.location, run.run_id, run.try_token):
         published = run_publish(
             prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run.run_id, cost
         )
-    release(storage, prepared_dataset.location, run.run_id, run.try_token)  # a published version is never written again
+    # A published version is never written again.
+    release(storage, prepared_dataset.location, run.run_id, run.try_token)
     return published
 
 
