@@ -73,6 +73,8 @@ def claim(storage: Storage, location: DatasetLocation, run_id: str, token: str =
                 storage.create(key, body)
                 return
             holder, tag = found
+            if (holder.run_id, holder.token) == (run_id, token) and now - holder.renewed_at < RENEW_S / 6:
+                return  # another task of this try renewed it just now: a run's shard tasks do not queue on one key
             if (holder.run_id, holder.token) != (run_id, token):
                 age = now - holder.renewed_at
                 if age < EXPIRES_S:

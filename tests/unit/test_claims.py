@@ -330,3 +330,20 @@ def test_two_processes_writing_one_version_at_once_publish_it_exactly_once(
     winner = next(f"manual__writer-{i}" for i, o in enumerate(outcomes) if "published" in o)
     assert json.loads(Path(published[0]).read_text())["run_id"] == winner
     assert not (root / "kimi-k2.5-mini" / "B1_glaive" / "shared" / "writer.json").exists()  # released once published
+
+
+def test_many_tasks_of_one_try_claiming_at_once_all_hold_it(location: tuple[LocalStorage, DatasetLocation]) -> None:
+    """A run's shard tasks start together and all claim the version: none is refused for the claim changing under
+    it (a sibling's renewal is as good as its own), and the claim names the try."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    storage, where = location
+    barrier = threading.Barrier(32)
+
+    def task(_: int) -> None:
+        barrier.wait()
+        claim(storage, where, "run-a", "try-1")
+
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(task, range(32)))  # raises if any was refused
+    assert json.loads(storage.get_bytes(where.writer))["token"] == "try-1"
