@@ -216,10 +216,10 @@ class RunSpec(BaseModel):
     run_id: str = ""  # the Airflow run: recorded beside what it writes, so people find the run from the data
     # This try of the run, made at plan: its tasks share the claims on its versions, and the tasks of a run planned
     # again are told apart from those of its earlier try still writing (regen.claims).
-    try_token: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    try_token: str = ""  # (a spec planned before tokens existed: its tasks share "")
     # The run's logical date (or, for a run with none, as a manual run may be, when it was due: run_after), UTC ISO:
     # a version it makes is ordered by it among the dataset's versions (latest.json moves only forward).
-    logical_date: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
+    logical_date: str = ""  # (a spec planned before dates: its versions are ordered by when they were published)
     # The config's slice, as it was at plan: each dataset as declared (its paths relative to the config's folder, as
     # the inputs digest has always seen them), the profile with its files resolved.
     dataset_configs: dict[str, DatasetConfig] = Field(default_factory=dict)
@@ -254,7 +254,7 @@ class RunSpec(BaseModel):
             raise ConfigError(f"invalid run parameters: {problems.replace('Value error, ', '')}") from None
         run = cls._over_defaults(given, run_id, config or load_config())
         when = (logical_date or datetime.now(UTC)).astimezone(UTC)
-        return run.model_copy(update={"logical_date": when.isoformat()})
+        return run.model_copy(update={"logical_date": when.isoformat(), "try_token": uuid.uuid4().hex})
 
     @classmethod
     def _over_defaults(cls, given: RunParams, run_id: str, config: RegenConfig) -> RunSpec:
