@@ -347,3 +347,17 @@ def test_many_tasks_of_one_try_claiming_at_once_all_hold_it(location: tuple[Loca
     with ThreadPoolExecutor(32) as pool:
         list(pool.map(task, range(32)))  # raises if any was refused
     assert json.loads(storage.get_bytes(where.writer))["token"] == "try-1"
+
+
+def test_each_plan_of_a_run_is_a_try_of_its_own(tmp_roots_allowed: Path) -> None:
+    """A run planned again (cleared whole) gets a new try token; its tasks then claim as a try of their own, and
+    are refused while the earlier try's claim is fresh."""
+    from regen import pipeline
+
+    params = {"storage_root": str(tmp_roots_allowed / "store"), "datasets": ["B1_glaive"]}
+    first, again = (pipeline.RunSpec(**pipeline.plan(params, "manual__1")) for _ in range(2))
+    assert first.run_id == again.run_id and first.try_token != again.try_token
+    storage, where = LocalStorage(tmp_roots_allowed / "store"), first.location("B1_glaive")
+    claim(storage, where, first.run_id, first.try_token)
+    with pytest.raises(VersionBusy, match="another try of this run manual__1"):
+        claim(storage, where, again.run_id, again.try_token)
