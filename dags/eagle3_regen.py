@@ -66,7 +66,10 @@ def eagle3_regen() -> None:
         from regen import pipeline
 
         with final_errors_fail_now():  # a user error: say what to fix, at once
-            return pipeline.plan(context["params"], context["dag_run"].run_id, s3_client)
+            dag_run = context["dag_run"]  # a manual run may have no logical date: then when it was due
+            return pipeline.plan(
+                context["params"], dag_run.run_id, s3_client, dag_run.logical_date or dag_run.run_after
+            )
 
     @task
     def dataset_names(run: dict[str, Any]) -> list[str]:

@@ -69,7 +69,10 @@ def project_config_in(folder: Path, **governance: list[str]) -> Path:
             dataset["paths"] = [config.resolve(path) for path in config.datasets[name].paths or []]
     raw["governance"] = {
         "allowed_endpoints": governance.get("allowed_endpoints", config.allowed_endpoints),
-        "allowed_storage_roots": [*config.allowed_storage_roots, *governance.get("allowed_storage_roots", [])],
+        "allowed_storage_roots": [
+            *map(str, config.allowed_storage_roots),
+            *governance.get("allowed_storage_roots", []),
+        ],
     }
     path = folder / "regen.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -31,7 +31,7 @@ from regen.errors import FinalError, did_you_mean
 from regen.governance import default_endpoint_patterns, endpoint_allowed, storage_root_within
 from regen.layout import RESERVED
 from regen.profiles import Profile, builtin_profiles, lookup
-from regen.storage import S3Config
+from regen.storage import S3Config, StorageRoot
 
 __all__ = [
     "DATASET_NAME",
@@ -125,9 +125,7 @@ class RegenConfig(BaseModel):
         outside = [str(e) for e in self.defaults.endpoints if not endpoint_allowed(e, self.allowed_endpoints)]
         if outside:
             raise ValueError(f"defaults.endpoints {outside} are outside governance.allowed_endpoints: allow them too")
-        if not any(
-            storage_root_within(self.resolve(self.defaults.storage_root), r) for r in self.allowed_storage_roots
-        ):
+        if not any(storage_root_within(self.storage_root, r) for r in self.allowed_storage_roots):
             raise ValueError("defaults.storage_root is outside governance.allowed_storage_roots: allow it too")
         if self.defaults.profile not in self.profile_names:
             raise ValueError(
@@ -154,8 +152,15 @@ class RegenConfig(BaseModel):
         return list(self.governance.allowed_endpoints) or default_endpoint_patterns(self.defaults.endpoints)
 
     @property
-    def allowed_storage_roots(self) -> list[str]:
-        return [self.resolve(root) for root in self.governance.allowed_storage_roots or [self.defaults.storage_root]]
+    def allowed_storage_roots(self) -> list[StorageRoot]:
+        """Each parsed once (regen.storage.root), a local one against this file's folder."""
+        roots = self.governance.allowed_storage_roots or [self.defaults.storage_root]
+        return [StorageRoot.parse(root, self.base_dir.resolve()) for root in roots]
+
+    @property
+    def storage_root(self) -> StorageRoot:
+        """defaults.storage_root, parsed (a local one against this file's folder)."""
+        return StorageRoot.parse(self.defaults.storage_root, self.base_dir.resolve())
 
     def dataset(self, name: str) -> DatasetConfig:
         try:

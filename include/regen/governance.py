@@ -3,6 +3,9 @@ decides where prompts go and where answers land. A run's endpoints must be withi
 and its storage root within `governance.allowed_storage_roots` (by default, the config's own); `plan` checks both
 before anything is written or sent.
 
+A storage root is checked as one parsed value (regen.storage.root.StorageRoot), the very value storage opens: no
+spelling (`file://`, `S3://`, `..`, a link) can pass the check as one place and be opened as another.
+
 An endpoint is an http(s) base URL: a query or fragment is refused, since `/generate` appended to `http://host/x?`
 would become part of the query and reach another path on that host.
 """
@@ -12,10 +15,10 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Sequence
-from pathlib import PurePosixPath
 
 from regen.endpoints import Endpoint
 from regen.errors import FinalError
+from regen.storage import StorageRoot
 
 
 class NotAllowed(FinalError):
@@ -56,27 +59,17 @@ def check_endpoints(urls: Sequence[str | Endpoint], patterns: list[str]) -> None
         )
 
 
-def storage_root_within(root: str, allowed: str) -> bool:
-    """Whether `root` is `allowed` or below it, folder by folder (`s3://b/data2` is not within `s3://b/data`).
-    Both are absolute: local paths resolved (`..` and links followed), S3 URIs as written."""
-    if root.startswith("s3://") != allowed.startswith("s3://"):
-        return False
-    if root.startswith("s3://"):
-        return _segments(allowed[5:]) == _segments(root[5:])[: len(_segments(allowed[5:]))]
-    from pathlib import Path
-
-    return Path(root).resolve().is_relative_to(Path(allowed).resolve())
+def storage_root_within(root: StorageRoot, allowed: StorageRoot) -> bool:
+    """Whether `root` is `allowed` or below it, folder by folder (`s3://b/data2` is not within `s3://b/data`); both
+    parsed (regen.storage.root), local ones resolved (`..` and links followed)."""
+    return root.within(allowed)
 
 
-def _segments(path: str) -> list[str]:
-    return [part for part in PurePosixPath(path).parts if part != "/"]
-
-
-def check_storage_root(root: str, allowed: list[str]) -> None:
-    if root.startswith("s3://") and any(part in (".", "..") for part in root[5:].split("/")):
-        raise NotAllowed(f"storage_root {root!r}: '.' and '..' are not folders on S3; write the prefix out")
-    if not any(storage_root_within(root, prefix) for prefix in allowed):
+def check_storage_root(root: StorageRoot, allowed: list[StorageRoot]) -> None:
+    """The root that storage will open is within an allowed one; NotAllowed saying how to allow it."""
+    if not any(root.within(prefix) for prefix in allowed):
         raise NotAllowed(
-            f"storage_root {root!r} is outside governance.allowed_storage_roots {allowed}: a run may publish only "
-            "where the deployment allows (add the root to the config's governance.allowed_storage_roots)"
+            f"storage_root {str(root)!r} is outside governance.allowed_storage_roots {[str(a) for a in allowed]}: a "
+            "run may publish only where the deployment allows (add the root to the config's "
+            "governance.allowed_storage_roots)"
         )

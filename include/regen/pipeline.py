@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -36,16 +37,22 @@ from regen.sglang.server_check import check_fleet
 from regen.storage import S3ClientFactory, Storage, check_writable, open_storage
 from regen.tokenizers.loading import why_tokenizer_fails
 from regen.validate import ValidateSettings, run_validate
-from regen.version_inputs import dataset_inputs, unchanged_since
+from regen.version_inputs import dataset_inputs, dated, unchanged_since
 
 log = logging.getLogger(__name__)
 
 
-def plan(params: dict[str, Any], run_id: str, s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+def plan(
+    params: dict[str, Any],
+    run_id: str,
+    s3_client: S3ClientFactory | None = None,
+    logical_date: datetime | None = None,
+) -> dict[str, Any]:
     """The run's choices, checked in seconds before any work: params, the profile's tokenizer, a storage root that
     takes a write. The one place a run reads the deployment's config: what it uses travels in the run spec. Raises
-    ConfigError with what to fix."""
-    run = RunSpec.from_params(params, run_id, load_config())
+    ConfigError with what to fix. `logical_date`: the run's, or its run_after when it has none (now, outside
+    Airflow)."""
+    run = RunSpec.from_params(params, run_id, load_config(), logical_date=logical_date)
     try:
         renderer_for(run)
     except (OSError, ImportError) as e:
@@ -91,9 +98,9 @@ def preload() -> None:
 
 
 def _storage(run: RunSpec, s3_client: S3ClientFactory | None) -> Storage:
-    if run.storage_root.startswith("s3://") and s3_client is not None:
+    if run.storage_root.kind == "s3" and s3_client is not None:
         return open_storage(run.storage_root, s3_client())
-    return open_storage(run.storage_root)
+    return open_storage(run.storage_root)  # the root plan checked, as it parsed it
 
 
 def prepare_dataset(
@@ -114,7 +121,8 @@ def prepare_dataset(
         latest = unchanged_since(storage, location, inputs) if run.skip_unchanged else None
         if latest is not None:
             return {"dataset": dataset, "unchanged_since": latest}
-    with held(storage, location, run.run_id):
+        inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
+    with held(storage, location, run.run_id, run.try_token):
         prepared = run_prepare(
             source,
             location,
@@ -183,7 +191,7 @@ def prepare_dataset_part(
     in parallel, and this process has the renderer already (the preload). Its counts."""
     dataset, part = run.datasets[reference[0]], reference[1]
     location, storage = run.location(dataset), _storage(run, s3_client)
-    with held(storage, location, run.run_id):
+    with held(storage, location, run.run_id, run.try_token):
         record = prepare_part(run.dataset(dataset), location, storage, renderer_for(run), part, 1)
     return {"dataset": dataset, "part": part, "shards": len(record["shards"]), "kept": record["stats"]["kept"]}
 
@@ -201,7 +209,7 @@ def finish_prepared(
             continue
         location = run.location(summary["dataset"])
         try:
-            with held(storage, location, run.run_id):
+            with held(storage, location, run.run_id, run.try_token):
                 dataset = finish_parts(run.dataset(summary["dataset"]), location, storage)
         except FinalError as e:
             log.error("%s", e)
@@ -269,7 +277,7 @@ def generate_shard(
     # tokenizer here.
     renderer = renderer_for(run) if manifest.num_answers is not None else None
     storage = _storage(run, s3_client)
-    with held(storage, manifest.location, run.run_id):
+    with held(storage, manifest.location, run.run_id, run.try_token):
         return run_generate(manifest, storage, settings, renderer).to_dict()
 
 
@@ -277,7 +285,7 @@ def validate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFacto
     renderer = renderer_for(run)
     settings = ValidateSettings(**run.validation)
     manifest, storage = ShardManifest.from_dict(shard), _storage(run, s3_client)
-    with held(storage, manifest.location, run.run_id):
+    with held(storage, manifest.location, run.run_id, run.try_token):
         return run_validate(manifest, storage, renderer, settings).to_dict()
 
 
@@ -285,7 +293,7 @@ def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory
     settings = ExportSettings(**run.export)
     decode = renderer_for(run).decode if settings.review_text else None
     manifest, storage = ShardManifest.from_dict(shard), _storage(run, s3_client)
-    with held(storage, manifest.location, run.run_id):
+    with held(storage, manifest.location, run.run_id, run.try_token):
         return run_export(manifest, storage, settings, decode).to_dict()
 
 
@@ -297,7 +305,8 @@ def verify_dataset(run: RunSpec, prepared: dict[str, Any], s3_client: S3ClientFa
         return {"dataset": prepared["dataset"], "unchanged": True}
     storage = _storage(run, s3_client)
     dataset = _prepared_in(storage, run, prepared["dataset"])
-    with held(storage, dataset.location, run.run_id):  # its verdict holds only while no other run writes
+    # Its verdict holds only while no other run writes.
+    with held(storage, dataset.location, run.run_id, run.try_token):
         return verify_contents(dataset, storage)
 
 
@@ -322,11 +331,13 @@ def publish_dataset(
     storage = _storage(run, s3_client)
     prepared_dataset = _prepared_in(storage, run, dataset)
     cost = run.cost
-    with held(storage, prepared_dataset.location, run.run_id):  # the manifest is written by the version's writer
+    # The manifest is written by the version's writer.
+    with held(storage, prepared_dataset.location, run.run_id, run.try_token):
         published = run_publish(
             prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run.run_id, cost
         )
-    release(storage, prepared_dataset.location, run.run_id)  # a published version is never written again
+    # A published version is never written again.
+    release(storage, prepared_dataset.location, run.run_id, run.try_token)
     return published
 
 
@@ -346,5 +357,5 @@ def report(
     versions are released first, so a Resume of what it left may start at once. Red unless every dataset delivered."""
     storage = _storage(run, s3_client)
     for dataset in run.datasets:
-        release(storage, run.location(dataset), run.run_id)
+        release(storage, run.location(dataset), run.run_id, run.try_token)
     return write_run_report(storage, run.to_dict(), run.datasets, published, fleet, run.cost)

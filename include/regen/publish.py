@@ -297,6 +297,7 @@ def run_publish(
         "manifest": manifest_uri,
         "manifest_sha256": hashlib.sha256(body).hexdigest(),
         "inputs_digest": prepared.inputs.get("digest"),
+        "logical_date": prepared.inputs.get("logical_date"),  # orders the versions: latest.json only moves forward
         "published_at": manifest["published_at"],
         "records": manifest["records"],
     }

@@ -9,6 +9,8 @@ Adding a run setting is a field here and the code that uses it: the form, plan a
 from __future__ import annotations
 
 import copy
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +32,7 @@ from regen.errors import did_you_mean
 from regen.governance import check_endpoints, check_storage_root
 from regen.layout import DatasetLocation, checked_name, version_from_run_id
 from regen.profiles import Profile
+from regen.storage import StorageRoot, StorageRootField
 
 Section = Literal["What to run", "Servers", "Sampling", "Advanced"]
 
@@ -191,7 +194,7 @@ def _form_defaults(config: RegenConfig) -> dict[str, Any]:
         "skip_unchanged": True,
         "overwrite_version": False,
         "endpoints": [str(e) for e in d.endpoints],  # redacted: the form is shown, and a run's conf stored
-        "storage_root": config.resolve(d.storage_root),
+        "storage_root": str(config.storage_root),
         **d.sampling.model_dump(),
         "shard_size": d.shard_size,
         "in_flight": d.in_flight,
@@ -237,7 +240,7 @@ class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     datasets: list[str]
     endpoints: list[EndpointUrl]  # in XCom and the run report redacted; a task gets logins at request time
-    storage_root: str
+    storage_root: StorageRootField  # travels as its canonical string (an absolute path, or s3://bucket/prefix)
     profile: str
     limit: int | None
     sampling: dict[str, Any]
@@ -254,6 +257,12 @@ class RunSpec(BaseModel):
     skip_unchanged: bool = True
     overwrite_version: bool = False  # publish over a version that exists with other data (never by default)
     run_id: str = ""  # the Airflow run: recorded beside what it writes, so people find the run from the data
+    # This try of the run, made at plan: its tasks share the claims on its versions, and the tasks of a run planned
+    # again are told apart from those of its earlier try still writing (regen.claims).
+    try_token: str = ""  # (a spec planned before tokens existed: its tasks share "")
+    # The run's logical date (or, for a run with none, as a manual run may be, when it was due: run_after), UTC ISO:
+    # a version it makes is ordered by it among the dataset's versions (latest.json moves only forward).
+    logical_date: str = ""  # (a spec planned before dates: its versions are ordered by when they were published)
     # The config's slice, as it was at plan: each dataset as declared (its paths relative to the config's folder, as
     # the inputs digest has always seen them), the profile with its files resolved.
     dataset_configs: dict[str, DatasetConfig] = Field(default_factory=dict)
@@ -275,9 +284,11 @@ class RunSpec(BaseModel):
         run_id: str,
         config: RegenConfig | None = None,
         declared: type[RunParams] = RunParams,
+        logical_date: datetime | None = None,
     ) -> RunSpec:
         """Everything the trigger form cannot check, checked here; a bad value raises ConfigError saying what to fix.
-        `declared`: the params' declaration (RunParams; a test may extend it)."""
+        `declared`: the params' declaration (RunParams; a test may extend it). `logical_date`: the run's (or its
+        run_after); none given: now."""
         known = declared.model_fields
         unknown = sorted(set(params) - set(known))
         if unknown:  # Airflow 3.3 takes any key at trigger (ParamsDict.deep_merge adds it): refused here
@@ -288,7 +299,9 @@ class RunSpec(BaseModel):
         except ValidationError as e:
             problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'params'}: {err['msg']}" for err in e.errors())
             raise ConfigError(f"invalid run parameters: {problems.replace('Value error, ', '')}") from None
-        return cls._over_defaults(given, run_id, config or load_config())
+        run = cls._over_defaults(given, run_id, config or load_config())
+        when = (logical_date or datetime.now(UTC)).astimezone(UTC)
+        return run.model_copy(update={"logical_date": when.isoformat(), "try_token": uuid.uuid4().hex})
 
     @classmethod
     def _over_defaults(cls, given: RunParams, run_id: str, config: RegenConfig) -> RunSpec:
@@ -299,7 +312,10 @@ class RunSpec(BaseModel):
         declaration = config.profile(profile)  # known, and its declaration is sound
         endpoints = _endpoints(given.endpoints, config)
         check_endpoints(endpoints, config.allowed_endpoints)
-        storage_root = config.resolve(given.storage_root or d.storage_root)
+        try:  # parsed once: what is checked here is what every task opens
+            storage_root = StorageRoot.parse(given.storage_root or d.storage_root, config.base_dir.resolve())
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         check_storage_root(storage_root, config.allowed_storage_roots)
         version = version_from_run_id(given.version or run_id)
         try:
@@ -345,7 +361,7 @@ class RunSpec(BaseModel):
         return self.model_dump(mode="json")
 
     def location(self, dataset: str) -> DatasetLocation:
-        return DatasetLocation(self.storage_root, self.profile, dataset, self.version)
+        return DatasetLocation(str(self.storage_root), self.profile, dataset, self.version)
 
     def dataset(self, name: str) -> DatasetConfig:
         return self.dataset_configs[name]

@@ -3,7 +3,10 @@ its template and tokenizer files, the sampling and the limit.
 
 A nightly run skips a dataset whose digest equals that of its last published version: the same inputs would only
 spend GPU time on another draw of the same distribution. `latest.json` beside a dataset's versions names the last
-published one and its digest.
+published one and its digest. It only moves forward, by the logical date of the run that made the version (recorded
+with its inputs when it was first prepared, so a version resumed later keeps its own date): a resumed older version
+never repoints it, and two publishers racing cannot move it back either (every change is conditional on the
+latest.json it read).
 """
 
 from __future__ import annotations
@@ -11,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from regen.config import DatasetConfig
 from regen.layout import DatasetLocation, latest_key
-from regen.storage import Storage
+from regen.storage import Changed, KeyExists, Storage, is_not_found
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +102,60 @@ def unchanged_since(storage: Storage, location: DatasetLocation, inputs: dict[st
     return latest
 
 
-def record_published(storage: Storage, profile: str, dataset: str, entry: dict[str, Any]) -> None:
-    """Written after the manifest: `entry` holds version, manifest, manifest_sha256, inputs_digest, published_at,
-    records."""
-    storage.put_bytes(latest_key(profile, dataset), json.dumps(entry, indent=1).encode())
+def dated(inputs: dict[str, Any], logical_date: str) -> dict[str, Any]:
+    """The inputs with the logical date of the run making the version: what orders it among the dataset's versions
+    (not an input: the digest is not changed by it)."""
+    return {**inputs, "logical_date": logical_date}
+
+
+def _order(entry: dict[str, Any]) -> tuple[datetime, str]:
+    """Where a latest.json entry stands: its version's logical date (an entry written before dates were recorded:
+    when it was published), then its version's name."""
+    for field in ("logical_date", "published_at"):
+        try:
+            when = datetime.fromisoformat(str(entry[field]))
+        except (KeyError, ValueError, TypeError):
+            continue
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)), str(entry.get("version", ""))
+    return datetime.min.replace(tzinfo=UTC), str(entry.get("version", ""))
+
+
+ROUNDS = 20  # reads of a latest.json that keeps changing before a publisher gives up
+
+
+def record_published(storage: Storage, profile: str, dataset: str, entry: dict[str, Any]) -> bool:
+    """Written after the manifest, only forward: `entry` (version, manifest, manifest_sha256, inputs_digest,
+    published_at, records, logical_date) replaces latest.json unless that names a later version. Whether it did."""
+    key, body = latest_key(profile, dataset), json.dumps(entry, indent=1).encode()
+    for _ in range(ROUNDS):
+        try:
+            data, tag = storage.get_tagged(key)
+        except Exception as e:
+            if not is_not_found(e):
+                raise
+            try:
+                storage.create(key, body)
+                return True
+            except KeyExists:
+                continue
+        try:
+            current = json.loads(data)
+        except ValueError:
+            current = None
+        current = current if isinstance(current, dict) else {}  # unreadable: any entry is ahead of it
+        if _order(entry) < _order(current):
+            log.info(
+                "%s: latest.json stays at version %s, later than %s (logical dates %s, %s)",
+                dataset,
+                current.get("version"),
+                entry["version"],
+                current.get("logical_date"),
+                entry.get("logical_date"),
+            )
+            return False
+        try:
+            storage.replace(key, body, tag)
+            return True
+        except Changed:
+            continue  # another publisher changed it since it was read: compare again
+    raise Changed(f"{storage.uri(key)} kept changing under {ROUNDS} tries to update it; publish again")

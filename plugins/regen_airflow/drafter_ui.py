@@ -68,7 +68,7 @@ def _storage(config: Any) -> Any:
     from regen.storage import open_storage
     from regen_airflow.tasks import s3_client_for
 
-    root = config.resolve(config.defaults.storage_root)
+    root = str(config.storage_root)  # parsed once, as a run's root is: what is shown is what is opened
     return open_storage(root, s3_client_for(root))
 
 
@@ -206,5 +206,5 @@ async def drafter_page(
             detail = await _version(chosen, dataset, version)
         except HTTPException as e:
             detail_error = str(e.detail)
-    root = config.resolve(config.defaults.storage_root)
+    root = str(config.storage_root)  # parsed once, as a run's root is: what is shown is what is opened
     return render(root, chosen, overview, page, comparison, compare_error, detail, detail_error)

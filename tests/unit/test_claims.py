@@ -3,6 +3,7 @@ never both write it; a run that died leaves a claim that expires, and a Resume t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -11,13 +12,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from regen import claims
 from regen.claims import VersionBusy, claim, held
 from regen.layout import DatasetLocation
-from regen.storage import LocalStorage
+from regen.storage import LocalStorage, S3Storage, Storage
 from regen.verify import verify_published
 from tests.conftest import ROOT, project_config_in
 from tools.devstack import Simulator, start_simulator
@@ -27,6 +29,178 @@ from tools.devstack import Simulator, start_simulator
 def location(tmp_path: Path) -> tuple[LocalStorage, DatasetLocation]:
     storage = LocalStorage(tmp_path)
     return storage, DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "B1_glaive", "night-1")
+
+
+@pytest.fixture(params=["local", "s3"])
+def either(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Storage, DatasetLocation]:
+    """A version's location on local storage or on S3 (boto3 over HTTP to moto's server)."""
+    if request.param == "local":
+        storage: Storage = LocalStorage(tmp_path / "root")
+    else:
+        client: Any = request.getfixturevalue("s3_client")
+        bucket = f"claims-{tmp_path.name.lower().replace('_', '-')[-40:]}"
+        client.create_bucket(Bucket=bucket)
+        storage = S3Storage(bucket, "regen", client)
+    return storage, DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "B1_glaive", "night-1")
+
+
+WRITES = ("put_bytes", "create", "replace", "delete", "delete_if")
+
+
+class Paused:
+    """A storage whose first write after a read waits until `go` is set: `waiting` is set once it does. What a
+    slow claimant looks like: it read the claim, and writes only after others have acted."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner, self.read = inner, False
+        self.waiting, self.go = threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        if name in ("get_bytes", "get_tagged"):
+            self.read = True
+        if name not in WRITES:
+            return attribute
+
+        def paused(*args: Any, **kwargs: Any) -> Any:
+            if self.read and not self.waiting.is_set():
+                self.waiting.set()
+                assert self.go.wait(30)
+            return attribute(*args, **kwargs)
+
+        return paused
+
+
+def in_thread(call: Any) -> tuple[threading.Thread, list[Any]]:
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_slow_taker_of_a_stale_claim_cannot_take_it_from_the_one_that_took_it(
+    either: tuple[Storage, DatasetLocation],
+) -> None:
+    """B reads a stale claim, A takes it over, then B writes: B's write was conditional on the claim it read, so B
+    is refused and A is the one holder (an unconditional takeover would leave both believing they hold it)."""
+    storage, where = either
+    storage.put_bytes(where.writer, json.dumps({"run_id": "dead", "renewed_at": 0}).encode())
+    slow = Paused(storage)
+    thread, outcome = in_thread(lambda: claim(cast(Storage, slow), where, "run-b"))
+    assert slow.waiting.wait(30)  # B has read the stale claim and is about to write
+    claim(storage, where, "run-a")
+    slow.go.set()
+    thread.join(30)
+    assert isinstance(outcome[0], VersionBusy) and "run run-a" in str(outcome[0]), outcome
+    assert json.loads(storage.get_bytes(where.writer))["run_id"] == "run-a"
+
+
+def test_a_release_never_deletes_the_claim_another_took_over_meanwhile(
+    either: tuple[Storage, DatasetLocation],
+) -> None:
+    """A's release reads its own (stale) claim; B takes it over; A's delete comes after: B's claim stays."""
+    storage, where = either
+    storage.put_bytes(where.writer, json.dumps({"run_id": "run-a", "renewed_at": 0}).encode())
+    slow = Paused(storage)
+    thread, outcome = in_thread(lambda: claims.release(cast(Storage, slow), where, "run-a"))
+    assert slow.waiting.wait(30)
+    claim(storage, where, "run-b")
+    slow.go.set()
+    thread.join(30)
+    assert outcome == [None]
+    assert json.loads(storage.get_bytes(where.writer))["run_id"] == "run-b"
+    with pytest.raises(VersionBusy, match="run run-b"):
+        claim(storage, where, "run-a")
+
+
+def test_two_tries_of_one_run_are_told_apart(either: tuple[Storage, DatasetLocation]) -> None:
+    """A run planned again (a new try token) does not share the claim of its earlier try while that is fresh, and
+    once it took the claim over, the earlier try's renewal is refused (its block fails, nothing it wrote is
+    published) and its release leaves the new try's claim."""
+    storage, where = either
+    claim(storage, where, "run-a", "try-1")
+    claim(storage, where, "run-a", "try-1")  # the tasks of one try share it
+    with pytest.raises(VersionBusy, match="another try of this run run-a"):
+        claim(storage, where, "run-a", "try-2")
+    stale = {"run_id": "run-a", "token": "try-1", "renewed_at": time.time() - claims.EXPIRES_S - 1}
+    storage.put_bytes(where.writer, json.dumps(stale).encode())
+    claim(storage, where, "run-a", "try-2")
+    with pytest.raises(VersionBusy, match="another try"):
+        claim(storage, where, "run-a", "try-1")
+    claims.release(storage, where, "run-a", "try-1")
+    assert json.loads(storage.get_bytes(where.writer))["token"] == "try-2"
+    claims.release(storage, where, "run-a", "try-2")
+    assert not storage.exists(where.writer)
+
+
+CONTENDER = """
+import json, os, sys, time
+from regen import claims
+from regen.layout import DatasetLocation
+from regen.storage import LocalStorage, S3Storage, Storage
+
+class Logged(LocalStorage):
+    def replace(self, key, data, tag):  # every change that took effect, with the tag it replaced
+        digest = super().replace(key, data, tag)
+        with open(sys.argv[2], "a") as log:
+            log.write(json.dumps([tag, digest]) + "\\n")
+        return digest
+
+claims.EXPIRES_S = 0.0  # every claim is stale at once: each call is a takeover, all contenders at once
+storage = Logged(__import__("pathlib").Path(sys.argv[1]))
+where = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "B1_glaive", "night-1")
+while not os.path.exists(sys.argv[1] + "/go"):
+    time.sleep(0.001)
+held = 0
+for i in range(150):
+    try:
+        claims.claim(storage, where, sys.argv[3], f"try-{i}")
+        held += 1
+    except claims.VersionBusy:
+        pass
+print(held)
+"""
+
+
+def test_processes_taking_one_claim_over_and_over_leave_one_history(tmp_path: Path) -> None:
+    """Four processes take one claim over 150 times each, all at once (every claim stale at once): every change
+    that took effect replaced a different version of the claim, so the changes form one line, each from the one
+    before: never two holders from one state. The claim at the end is the last change's."""
+    root, log = tmp_path / "root", tmp_path / "changes.jsonl"
+    storage = LocalStorage(root)
+    where = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "B1_glaive", "night-1")
+    storage.put_bytes(where.writer, json.dumps({"run_id": "dead", "renewed_at": 0}).encode())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "include"), str(ROOT)])}
+    contenders = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONTENDER, str(root), str(log), f"run-{i}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    time.sleep(1.0)
+    (root / "go").touch()
+    held = [int(c.communicate(timeout=120)[0]) for c in contenders]
+    changes = [tuple(json.loads(line)) for line in log.read_text().splitlines()]
+    assert sum(held) == len(changes) > 150
+    replaced = [tag for tag, _ in changes]
+    assert len(set(replaced)) == len(replaced)  # no state was replaced twice
+    chain = dict(changes)
+    start = hashlib.sha256(json.dumps({"run_id": "dead", "renewed_at": 0}).encode()).hexdigest()
+    walked = [start]
+    while walked[-1] in chain:
+        walked.append(chain[walked[-1]])
+    assert len(walked) == len(changes) + 1  # one line through every change
+    assert hashlib.sha256(storage.get_bytes(where.writer)).hexdigest() == walked[-1]
 
 
 def test_a_fresh_claim_of_another_run_refuses_and_a_stale_one_is_taken_over(
@@ -39,7 +213,7 @@ def test_a_fresh_claim_of_another_run_refuses_and_a_stale_one_is_taken_over(
         claim(storage, where, "run-b")
     stale = {"run_id": "run-a", "renewed_at": time.time() - claims.EXPIRES_S - 1}
     storage.put_bytes(where.writer, json.dumps(stale).encode())
-    claim(storage, where, "run-b", settle_s=0)  # run-a went silent: a Resume continues the version
+    claim(storage, where, "run-b")  # run-a went silent: a Resume continues the version
     assert json.loads(storage.get_bytes(where.writer))["run_id"] == "run-b"
     with pytest.raises(VersionBusy, match="run run-b"):
         claim(storage, where, "run-a")  # and the run that went silent may not write again
@@ -59,7 +233,7 @@ def test_a_released_claim_lets_another_run_write_at_once(location: tuple[LocalSt
 def test_an_unreadable_claim_counts_as_expired(location: tuple[LocalStorage, DatasetLocation]) -> None:
     storage, where = location
     storage.put_bytes(where.writer, b"{not json")
-    claim(storage, where, "run-b", settle_s=0)
+    claim(storage, where, "run-b")
     assert json.loads(storage.get_bytes(where.writer))["run_id"] == "run-b"
 
 
@@ -86,7 +260,7 @@ def test_takers_of_one_stale_claim_at_once_leave_exactly_one_holder(
 
     def take(run_id: str) -> None:
         try:
-            claim(storage, where, run_id, settle_s=0.5)
+            claim(storage, where, run_id)
             outcomes[run_id] = "holds"
         except VersionBusy:
             outcomes[run_id] = "busy"
@@ -156,3 +330,34 @@ def test_two_processes_writing_one_version_at_once_publish_it_exactly_once(
     winner = next(f"manual__writer-{i}" for i, o in enumerate(outcomes) if "published" in o)
     assert json.loads(Path(published[0]).read_text())["run_id"] == winner
     assert not (root / "kimi-k2.5-mini" / "B1_glaive" / "shared" / "writer.json").exists()  # released once published
+
+
+def test_many_tasks_of_one_try_claiming_at_once_all_hold_it(location: tuple[LocalStorage, DatasetLocation]) -> None:
+    """A run's shard tasks start together and all claim the version: none is refused for the claim changing under
+    it (a sibling's renewal is as good as its own), and the claim names the try."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    storage, where = location
+    barrier = threading.Barrier(32)
+
+    def task(_: int) -> None:
+        barrier.wait()
+        claim(storage, where, "run-a", "try-1")
+
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(task, range(32)))  # raises if any was refused
+    assert json.loads(storage.get_bytes(where.writer))["token"] == "try-1"
+
+
+def test_each_plan_of_a_run_is_a_try_of_its_own(tmp_roots_allowed: Path) -> None:
+    """A run planned again (cleared whole) gets a new try token; its tasks then claim as a try of their own, and
+    are refused while the earlier try's claim is fresh."""
+    from regen import pipeline
+
+    params = {"storage_root": str(tmp_roots_allowed / "store"), "datasets": ["B1_glaive"]}
+    first, again = (pipeline.RunSpec(**pipeline.plan(params, "manual__1")) for _ in range(2))
+    assert first.run_id == again.run_id and first.try_token != again.try_token
+    storage, where = LocalStorage(tmp_roots_allowed / "store"), first.location("B1_glaive")
+    claim(storage, where, first.run_id, first.try_token)
+    with pytest.raises(VersionBusy, match="another try of this run manual__1"):
+        claim(storage, where, again.run_id, again.try_token)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from regen.storage import KeyExists, LocalStorage, S3Storage, Storage, is_not_found, open_storage
+from regen.storage import Changed, KeyExists, LocalStorage, S3Storage, Storage, is_not_found, open_storage
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -105,7 +106,7 @@ def test_open_storage_parses_roots(tmp_path: Path) -> None:
     assert isinstance(open_storage(str(tmp_path)), LocalStorage)
     s3 = open_storage("s3://bucket/pre/fix", s3_client=object())
     assert isinstance(s3, S3Storage) and s3.uri("k") == "s3://bucket/pre/fix/k"
-    with pytest.raises(ValueError, match="only s3:// URIs and local directories"):
+    with pytest.raises(ValueError, match="only s3://bucket/prefix and local directories"):
         open_storage("gs://bucket/x")
 
 
@@ -147,3 +148,52 @@ def test_local_files_honour_the_umask_and_deletes_leave_no_empty_folder(tmp_path
     storage.delete("v/raw/shard-00000/progress.json")
     assert not (tmp_path / "root" / "v" / "raw").exists() and (tmp_path / "root" / "v" / "train").is_dir()
     assert (tmp_path / "root").is_dir()  # never the root itself
+
+
+def test_a_conditional_replace_or_delete_acts_only_on_what_was_read(storage: Storage) -> None:
+    """`replace` and `delete_if` take the tag `get_tagged` gave (S3's ETag, sent as If-Match; locally the file's
+    sha256, compared under the folder's lock): a change made since, or a key gone since, is Changed, and the
+    object is left as the other writer made it."""
+    storage.create("v/writer.json", b"first")
+    data, tag = storage.get_tagged("v/writer.json")
+    assert data == b"first"
+    storage.replace("v/writer.json", b"second", tag)
+    with pytest.raises(Changed):
+        storage.replace("v/writer.json", b"stale", tag)  # the tag of what is no longer there
+    with pytest.raises(Changed):
+        storage.delete_if("v/writer.json", tag)
+    assert storage.get_bytes("v/writer.json") == b"second"
+    _, tag = storage.get_tagged("v/writer.json")
+    storage.delete_if("v/writer.json", tag)
+    assert not storage.exists("v/writer.json") and storage.list_keys("v/") == []
+    with pytest.raises(Changed):
+        storage.replace("v/writer.json", b"gone", tag)
+    with pytest.raises(Changed):
+        storage.delete_if("v/writer.json", tag)
+    assert not storage.exists("v/writer.json")
+
+
+def test_of_writers_replacing_what_they_read_at_once_exactly_one_wins(tmp_path: Path) -> None:
+    """Sixteen threads read one file and replace it at once, each with its own bytes, 20 rounds: each round exactly
+    one replaces it, and the file holds that writer's bytes whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    storage = LocalStorage(tmp_path / "root")
+    storage.put_bytes("v/latest.json", b"round -1")
+    for round_ in range(20):
+        _, tag = storage.get_tagged("v/latest.json")
+        barrier = threading.Barrier(16)
+
+        def attempt(i: int, tag: str = tag, round_: int = round_, barrier: threading.Barrier = barrier) -> int | None:
+            barrier.wait()
+            try:
+                storage.replace("v/latest.json", f"round {round_} writer {i} ".encode() * 500, tag)
+            except Changed:
+                return None
+            return i
+
+        with ThreadPoolExecutor(16) as pool:
+            winners = [i for i in pool.map(attempt, range(16)) if i is not None]
+        assert len(winners) == 1, (round_, winners)
+        assert storage.get_bytes("v/latest.json") == f"round {round_} writer {winners[0]} ".encode() * 500
+    assert storage.list_keys("v/") == ["v/latest.json"]  # no temporary file left behind

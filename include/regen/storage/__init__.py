@@ -12,11 +12,11 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from regen.storage.base import (
     CHUNK,
     READ_BUFFER,
+    Changed,
     KeyExists,
     S3ClientFactory,
     Storage,
@@ -27,11 +27,13 @@ from regen.storage.base import (
     write_table,
 )
 from regen.storage.local import LocalStorage
+from regen.storage.root import StorageRoot, StorageRootField
 from regen.storage.s3 import S3Config, S3Storage, default_s3_client, explain_s3_error, s3_client_config
 
 __all__ = [
     "CHUNK",
     "READ_BUFFER",
+    "Changed",
     "KeyExists",
     "LocalStorage",
     "Locator",
@@ -39,6 +41,8 @@ __all__ = [
     "S3Config",
     "S3Storage",
     "Storage",
+    "StorageRoot",
+    "StorageRootField",
     "StoredObject",
     "check_writable",
     "default_s3_client",
@@ -52,16 +56,21 @@ __all__ = [
 ]
 
 
-def open_storage(root_uri: str, s3_client: Any = None) -> Storage:
-    """`s3://bucket/prefix` or a local directory. S3 needs a boto3 client (from an Airflow connection, say)."""
-    parsed = urlparse(root_uri)
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise ValueError(f"storage root {root_uri!r}: write s3://bucket/prefix")
-        return S3Storage(parsed.netloc, parsed.path, s3_client or default_s3_client())
-    if parsed.scheme not in ("", "file"):
-        raise ValueError(f"storage root {root_uri!r}: only s3:// URIs and local directories are supported")
-    return LocalStorage(Path(parsed.path if parsed.scheme == "file" else root_uri))
+def open_storage(root: StorageRoot | str, s3_client: Any = None) -> Storage:
+    """The storage of a root (regen.storage.root: the value the allowlist checked; a string is parsed the same way).
+    S3 needs a boto3 client (from an Airflow connection, say). A local root that leads elsewhere now than when it
+    was parsed (a link made since) is refused: it would write outside what was checked."""
+    if isinstance(root, str):
+        root = StorageRoot.parse(root)
+    if root.kind == "s3":
+        return S3Storage(root.bucket, "/".join(root.prefix), s3_client or default_s3_client())
+    opened = LocalStorage(Path(root.path))
+    if opened.root != Path(root.path):
+        raise ValueError(
+            f"storage root {root} now leads to {opened.root} (a link made since it was checked): refused, as it "
+            "would write outside what the allowlist checked"
+        )
+    return opened
 
 
 class Locator:
@@ -76,6 +85,7 @@ class Locator:
     def __call__(self, uri: str) -> tuple[Storage, str]:
         # Split by hand: urlparse would read a glob's `?` as the start of a query.
         scheme, _, rest = uri.partition("://") if "://" in uri else ("", "", uri)
+        scheme = scheme.lower()  # URI schemes are case-insensitive: S3:// is s3://, as a storage root's parse reads it
         if scheme == "s3":
             bucket, _, key = rest.partition("/")
             if not bucket:

@@ -1,8 +1,12 @@
 """A storage root on a local (or mounted) file system. A file appears whole by an atomic rename of a synced
-temporary file beside it; `create` links it into place, which fails if a file of that name exists."""
+temporary file beside it; `create` links it into place, which fails if a file of that name exists. A conditional
+`replace` or `delete_if` compares and changes the file holding an exclusive lock on its folder (flock, which the kernel
+drops when its holder dies: a crashed writer never leaves the folder locked); its tag is the file's sha256."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import hashlib
 import os
@@ -12,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from regen.storage.base import CHUNK, KeyExists, StoredObject, sha256_file
+from regen.storage.base import CHUNK, Changed, KeyExists, StoredObject, sha256_file
 
 
 def _staged(target: Path, chunks: Iterable[bytes]) -> tuple[str, str]:
@@ -54,6 +58,29 @@ def _file_mode() -> int:
 
 
 FILE_MODE = _file_mode()
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: Path) -> Iterator[None]:
+    """The folder held under an exclusive flock (threads and processes alike: each open is its own lock). The
+    folder is the one at that path still: one removed (left empty by a delete) and made again is locked anew."""
+    for _ in range(100):
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            raise Changed(f"{folder} is gone") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.stat(folder).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                yield
+                return
+        finally:
+            os.close(fd)  # releases the lock
+    raise Changed(f"{folder} keeps being removed and made again")
 
 
 class LocalStorage:
@@ -103,6 +130,40 @@ class LocalStorage:
     def get_bytes(self, key: str) -> bytes:
         return self._path(key).read_bytes()
 
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        """The file and its tag (its sha256), for a `replace` or `delete_if` of exactly this content."""
+        data = self._path(key).read_bytes()
+        return data, hashlib.sha256(data).hexdigest()
+
+    def _unchanged(self, target: Path, tag: str) -> None:
+        try:
+            current = hashlib.sha256(target.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            raise Changed(f"{target} is gone") from None
+        if current != tag:
+            raise Changed(f"{target} changed since it was read")
+
+    def replace(self, key: str, data: bytes, tag: str) -> str:
+        """Written only if the file is still the one read with `tag` (`get_tagged`), else Changed: of two writers
+        that read one file, exactly one replaces it."""
+        target = self._path(key)
+        tmp, digest = _staged(target, [data])
+        try:
+            with _folder_locked(target.parent):
+                self._unchanged(target, tag)
+                os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return digest
+
+    def delete_if(self, key: str, tag: str) -> None:
+        """Deleted only if the file is still the one read with `tag`, else Changed."""
+        target = self._path(key)
+        with _folder_locked(target.parent):
+            self._unchanged(target, tag)
+            target.unlink()
+        self._prune(target)
+
     def read_start(self, key: str, size: int) -> bytes:
         """The file's first `size` bytes (all of it when it is shorter): a reader that caps what it takes asks
         for one byte more than its cap, and never holds more."""
@@ -150,6 +211,10 @@ class LocalStorage:
         """The file, and the folders it leaves empty (a shard's checkpoints, once merged), up to the root."""
         path = self._path(key)
         path.unlink(missing_ok=True)
+        self._prune(path)
+
+    def _prune(self, path: Path) -> None:
+        """The folders a deleted file leaves empty, up to the root."""
         for folder in path.parents:
             if folder == self.root or not folder.is_relative_to(self.root):
                 break

@@ -15,7 +15,16 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from regen.storage.base import CHUNK, READ_BUFFER, KeyExists, StoredObject, is_not_found, segments_match, sha256_file
+from regen.storage.base import (
+    CHUNK,
+    READ_BUFFER,
+    Changed,
+    KeyExists,
+    StoredObject,
+    is_not_found,
+    segments_match,
+    sha256_file,
+)
 
 
 class S3Config(BaseModel):
@@ -72,6 +81,23 @@ def explain_s3_error(root_uri: str, error: Exception) -> str:
     if code in ("AccessDenied", "AllAccessDisabled", "403"):
         return f"{root_uri}: access denied; the credentials of connection aws_default may not write there"
     return f"storage root {root_uri} does not take writes: {error}"
+
+
+CONDITION_FAILED = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+
+
+@contextlib.contextmanager
+def _changed_on_precondition(uri: str) -> Iterator[None]:
+    """S3's answers to a conditional request whose object changed or went (412, 409 on a concurrent write, 404) as
+    Changed."""
+    from botocore.exceptions import ClientError
+
+    try:
+        yield
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in CONDITION_FAILED or is_not_found(e):
+            raise Changed(f"{uri} changed since it was read") from None
+        raise
 
 
 class S3Storage:
@@ -134,6 +160,31 @@ class S3Storage:
 
     def get_bytes(self, key: str) -> bytes:
         return bytes(self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read())
+
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        """The object and its ETag, for a `replace` or `delete_if` of exactly this version of it."""
+        answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        with contextlib.closing(answer["Body"]) as body:
+            return bytes(body.read()), str(answer["ETag"])
+
+    def replace(self, key: str, data: bytes, tag: str) -> str:
+        """Written only if the object still has the ETag read (`If-Match`), else Changed: of two writers that read
+        one object, exactly one replaces it."""
+        digest = hashlib.sha256(data)
+        with _changed_on_precondition(self.uri(key)):
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=self._key(key),
+                Body=data,
+                ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
+                IfMatch=tag,
+            )
+        return digest.hexdigest()
+
+    def delete_if(self, key: str, tag: str) -> None:
+        """Deleted only if the object still has the ETag read (`If-Match` on DELETE), else Changed."""
+        with _changed_on_precondition(self.uri(key)):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key), IfMatch=tag)
 
     def read_start(self, key: str, size: int) -> bytes:
         """The object's first `size` bytes (all of it when it is shorter), with one ranged GET: a bigger object is
