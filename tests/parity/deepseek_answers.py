@@ -1,4 +1,3 @@
-# ruff: noqa: RUF001  (DeepSeek's token strings are fullwidth by design)
 """Answers in DeepSeek-V3.1's grammar, valid and defective, drawn by hypothesis: single and parallel calls, calls to
 undeclared or empty names, arguments that are and are not JSON (objects or not), a call missing its separator or its
 end, calls outside a section, sections left open, text before, between and after; reasoning with and without its end,
