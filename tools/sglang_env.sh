@@ -22,6 +22,7 @@ modules=(
   sglang.srt.entrypoints.openai.serving_chat
   sglang.srt.function_call.utils
   sglang.srt.function_call.kimik2_detector
+  sglang.srt.function_call.deepseekv31_detector
   sglang.srt.function_call.qwen3_coder_detector
   sglang.srt.parser.reasoning_parser
   sglang.srt.parser.template_manager

@@ -116,6 +116,7 @@ class ChatRenderer:
                 **{role: self.token_id(token, f"tool_calls.{role}") for role, token in grammar.tokens().items()},
                 call_id=p.call_id_pattern() if grammar.format == "sections" else None,
                 parser=p.tool_call_parser,
+                ends_reasoning=p.reasoning_tool_start == grammar.tokens().get("section_begin", grammar.call_begin),
             )
             if grammar
             else None,

@@ -42,7 +42,7 @@ from regen.chat import TokenRoles
 from regen.chat_request import standard_tools
 from regen.reasons import OK, Reason, split_of
 from regen.records import RawAnswer, text_digest
-from regen.tool_calls import BadCall, read_section_call_id, read_tagged, read_xml_calls
+from regen.tool_calls import BadCall, read_section_call_id, read_tagged, read_xml_calls, redumped_arguments
 
 FLAG_NO_REASONING_END = "tool_call_without_reasoning_end"
 FLAG_START_REPEATED = "reasoning_start_repeated"
@@ -166,9 +166,8 @@ class _Walk:
         if calls.sectioned:
             return self._section_token(pos, mark)
         if mark == Mark.CALL_BEGIN and not self.call:
-            self._tools_start(pos)
             self.call, self.call_start = "body", pos
-            return None
+            return self._tools_start(pos)
         if mark == Mark.CALL_END and self.call == "body":
             self.call = ""
             return self._tagged(self.output[self.call_start + 1 : pos], pos, calls.format)
@@ -189,7 +188,8 @@ class _Walk:
             self.call = ""
             return self._arguments(self.output[self.call_start + 1 : pos], pos)
         if mark == Mark.SECTION_BEGIN:
-            self._tools_start(pos)
+            if (rejected := self._tools_start(pos)) is not None:
+                return rejected
             if self.in_section:  # the one before was never closed
                 self._flag(FLAG_SECTION_UNCLOSED if self.section_calls else FLAG_SECTION_EMPTY)
             self.in_section, self.sections, self.section_calls = True, True, 0
@@ -216,10 +216,16 @@ class _Walk:
         if flag not in self.flags:
             self.flags.append(flag)
 
-    def _tools_start(self, pos: int) -> None:
-        if self.phase == "reasoning":  # the first call marker ends reasoning implicitly
-            self.phase, self.reasoning_len, self.ended_by_section = "answer", pos, True
-            self._flag(FLAG_NO_REASONING_END)
+    def _tools_start(self, pos: int) -> Judgement | None:
+        if self.phase != "reasoning":
+            return None
+        calls = self.roles.tool_calls
+        if calls is not None and not calls.ends_reasoning:  # e.g. deepseek-v3's parser ends reasoning at <tool_call>
+            return _reject(Reason.TOOL_CALL_IN_REASONING, f"tool call at {pos}: SGLang reads it as reasoning")
+        # The first call marker ends reasoning implicitly.
+        self.phase, self.reasoning_len, self.ended_by_section = "answer", pos, True
+        self._flag(FLAG_NO_REASONING_END)
+        return None
 
     def _call_id(self, ids: list[int], pos: int) -> Judgement | None:
         self.id_text, self.call_start = self.decode(ids), pos
@@ -229,6 +235,13 @@ class _Walk:
         """The arguments must be what SGLang can send back in the next turn: a JSON object to orjson (its detector
         keeps the text as it is; the next request with it in the history is answered with a 400 otherwise)."""
         text = self.decode(ids)
+        grammar = self.roles.tool_calls
+        assert grammar is not None
+        if grammar.parser == "deepseekv31":  # its detector re-dumps what Python's json reads: judge what it returns
+            try:
+                text = redumped_arguments(text)
+            except BadCall as e:
+                return _reject(e.reason, f"arguments of call at {pos}: {e.detail}")
         try:
             arguments = orjson.loads(text)
         except orjson.JSONDecodeError as e:
@@ -236,8 +249,6 @@ class _Walk:
         if not isinstance(arguments, dict):
             return _reject(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of call at {pos} are not a JSON object")
         try:
-            grammar = self.roles.tool_calls
-            assert grammar is not None
             name, flags = read_section_call_id(self.id_text, self.schemas, text, grammar.parser, grammar.call_id)
         except BadCall as e:
             return _reject(e.reason, f"call at {self.call_start}: {e.detail}")

@@ -183,7 +183,8 @@ def read_message(text: str, forced: bool, profile: Profile, history: list[Messag
     when the request declares tools. `forced`: the prompt opened the reasoning."""
     grammar = profile.tool_calls
     tool_start = None if grammar is None else grammar.tokens().get("section_begin", grammar.call_begin)
-    reasoning, normal = split_reasoning(text, forced, profile.reasoning_start, profile.reasoning_end, tool_start)
+    interrupt = profile.reasoning_tool_start
+    reasoning, normal = split_reasoning(text, forced, profile.reasoning_start, profile.reasoning_end, interrupt)
     content, calls = normal, []
     if grammar is not None and tool_start is not None and tools and tool_start in normal:
         content = normal[: normal.index(tool_start)]

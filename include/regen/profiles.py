@@ -60,6 +60,14 @@ FORMATS = ("sections", "tagged_json", "tagged_xml")
 # SGLang's tool-call parsers (--tool-call-parser) this project reads as SGLang 0.5.23 does (tests/parity/ proves each),
 # and the grammar each reads. A profile that names none is read by its declared grammar, literally.
 TOOL_CALL_PARSERS = {"kimi_k2": "sections", "deepseekv31": "sections", "qwen3_coder": "tagged_xml"}
+# SGLang's reasoning parsers (--reasoning-parser) and the text that ends reasoning without its end token (their
+# `tool_start_token`, parser/reasoning_parser.py): deepseek-v3 is Qwen3's detector, so DeepSeek's own tool section
+# does NOT end it. A profile naming none of these: its grammar's first call marker does.
+REASONING_TOOL_STARTS = {
+    "kimi_k2": "<|tool_calls_section_begin|>",
+    "qwen3": "<tool_call>",
+    "deepseek-v3": "<tool_call>",
+}
 
 
 class Profile(BaseModel):
@@ -140,6 +148,17 @@ class Profile(BaseModel):
     def tool_call_id_format(self) -> str:
         """How a dataset's tool-call ids are rewritten before rendering: {name}, {index}, {id}."""
         return self.tool_calls.call_id_format if isinstance(self.tool_calls, SectionCalls) else "{id}"
+
+    @property
+    def reasoning_tool_start(self) -> str | None:
+        """The text that ends reasoning without its end token, as the profile's reasoning parser reads it."""
+        if self.reasoning_parser in REASONING_TOOL_STARTS:
+            return REASONING_TOOL_STARTS[self.reasoning_parser]
+        return (
+            None
+            if self.tool_calls is None
+            else self.tool_calls.tokens().get("section_begin") or self.tool_calls.call_begin
+        )
 
     def call_id_pattern(self) -> re.Pattern[str]:
         """The ids the format produces: `functions.{name}:{index}` -> `functions\\.(?P<name>.+):\\d+`."""

@@ -54,6 +54,7 @@ class ToolCallIds:
     argument_begin: int | None = None
     call_id: re.Pattern[str] | None = None
     parser: str | None = None  # the profile's tool_call_parser: whose reading of the calls this is
+    ends_reasoning: bool = True  # the first call marker ends reasoning (the reasoning parser's tool start)
 
     @property
     def sectioned(self) -> bool:
@@ -61,7 +62,7 @@ class ToolCallIds:
 
     def as_record(self) -> dict[str, Any]:
         fields = dataclasses.asdict(self)
-        return {k: v for k, v in fields.items() if k not in ("call_id", "parser") and v is not None}
+        return {k: v for k, v in fields.items() if k not in ("call_id", "parser", "ends_reasoning") and v is not None}
 
 
 class BadCall(ValueError):
@@ -245,6 +246,18 @@ def read_xml_calls(text: str, begin: str, end: str, tools: list[dict[str, Any]])
     return calls
 
 
+def redumped_arguments(text: str) -> str:
+    """A deepseekv31 call's arguments as its detector returns them: Python's `json.loads`, re-dumped (a falsy value
+    as {}, `parse_base_json`); a BadCall where they do not load (the detector then drops every call)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise BadCall(
+            Reason.TOOL_CALL_BAD_ARGUMENTS, f"not JSON to Python's json ({e}): SGLang drops every call"
+        ) from e
+    return json.dumps(value or {}, ensure_ascii=False)
+
+
 def read_deepseek_calls(
     text: str, begin: str, call_begin: str, separator: str, call_end: str, tools: list[dict[str, Any]]
 ) -> tuple[str, list[tuple[str, str]]]:
@@ -263,11 +276,11 @@ def read_deepseek_calls(
         if parts is None:
             return text, []
         try:
-            arguments = json.loads(parts.group(2))
-        except (ValueError, RecursionError):
+            arguments = redumped_arguments(parts.group(2))
+        except BadCall:
             return text, []
         if parts.group(1) and parts.group(1) in names:
-            calls.append((parts.group(1), json.dumps(arguments or {}, ensure_ascii=False)))
+            calls.append((parts.group(1), arguments))
     return content, calls
 
 

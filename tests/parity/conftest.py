@@ -4,6 +4,7 @@ tokenizer directory, a Kimi-K2.5-shaped one loaded as remote code on both sides,
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +93,38 @@ def qwen_renderers() -> dict[bool, ChatRenderer]:
         generation_suffix="<|im_start|>assistant\n<think>\n\n</think>\n\n",
     )
     return {True: ChatRenderer(base), False: ChatRenderer(off)}
+
+
+@pytest.fixture(scope="session")
+def deepseek_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The DeepSeek-style profile's tokenizer and template (tests/deepseek_style.py), DeepSeek's own token strings."""
+    from tests.deepseek_style import deepseek_profile
+
+    folder = tmp_path_factory.mktemp("deepseek")
+    deepseek_profile(folder, "deepseek-parity", parser=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def deepseek_renderer(deepseek_folder: Path) -> ChatRenderer:
+    """The project's renderer for a profile naming SGLang's deepseekv31 and deepseek-v3 parsers."""
+    from regen.profiles import Profile
+    from tests.deepseek_style import deepseek_profile
+
+    declared = deepseek_profile(deepseek_folder, "deepseek-parity", parser=True)
+    profile = Profile.model_validate({**declared, "name": "deepseek-parity"})
+    return ChatRenderer(profile.with_paths(lambda p: str(deepseek_folder / p)))
+
+
+@pytest.fixture(scope="session")
+def deepseek_oracle(deepseek_folder: Path) -> Iterator[Oracle]:
+    served = Served(
+        tokenizer=deepseek_folder / "tokenizer",
+        tool_call_parser="deepseekv31",
+        reasoning_parser="deepseek-v3",
+        model_type="deepseek_v3",
+        architecture="DeepseekV3ForCausalLM",
+    )
+    oracle = Oracle(served)
+    yield oracle
+    oracle.close()

@@ -119,6 +119,53 @@ def test_a_config_only_profiles_calls_read_back_with_their_own_ids(deepseek: Cha
     }
 
 
+@pytest.fixture(scope="module")
+def deepseek_parsers(tmp_path_factory: pytest.TempPathFactory) -> ChatRenderer:
+    """The same profile naming SGLang's parsers: deepseekv31 and deepseek-v3."""
+    folder = tmp_path_factory.mktemp("deepseek-parsers")
+    declared = deepseek_profile(folder, "my-deepseek", parser=True)
+    return ChatRenderer(
+        Profile.model_validate({**declared, "name": "my-deepseek"}).with_paths(lambda p: str(folder / p))
+    )
+
+
+SECTION_IN_REASONING = f"Thinking.{ds.SECTION_BEGIN}{ds_call('get_weather')}{ds.SECTION_END}"
+
+
+def test_deepseek_v3s_reasoning_parser_does_not_end_reasoning_at_a_tool_section(
+    deepseek: ChatRenderer, deepseek_parsers: ChatRenderer
+) -> None:
+    """SGLang's deepseek-v3 reasoning parser is Qwen3's: it ends reasoning without `</think>` only at `<tool_call>`,
+    so a DeepSeek section in the reasoning is reasoning, its calls lost (tests/parity/test_deepseek_parity.py proves
+    the reading); with no parser named the grammar's section ends it, as before."""
+    tools, history = [TOOL], [{"role": "user", "content": "Weather?"}]
+    assert ds_verdict(deepseek_parsers, SECTION_IN_REASONING)[0] == "tool_call_in_reasoning"
+    message = read_message(SECTION_IN_REASONING, True, deepseek_parsers.profile, history, tools)
+    assert message == {"role": "assistant", "content": "", "reasoning_content": SECTION_IN_REASONING}
+    message = read_message("Hm\n<tool_call>x", True, deepseek_parsers.profile, history, tools)
+    assert message == {"role": "assistant", "content": "<tool_call>x", "reasoning_content": "Hm\n"}
+    assert ds_verdict(deepseek, SECTION_IN_REASONING)[:2] == (OK, ("tool_call_without_reasoning_end",))
+
+
+@pytest.mark.parametrize(
+    "arguments,expected",
+    [
+        ("null", OK),
+        ("0", OK),
+        (" {}\n", OK),
+        ('{"a": NaN}', "tool_call_bad_arguments"),
+        ("{} {}", "tool_call_bad_arguments"),
+    ],
+)
+def test_deepseekv31_arguments_are_judged_as_its_detector_returns_them(
+    deepseek_parsers: ChatRenderer, arguments: str, expected: str
+) -> None:
+    """deepseekv31 re-dumps what Python's json reads, a falsy value as {} (a usable call); NaN loads but cannot be
+    sent back; text json cannot read drops every call."""
+    text = f"x</think>{ds.SECTION_BEGIN}{ds_call('get_weather', arguments)}{ds.SECTION_END}"
+    assert ds_verdict(deepseek_parsers, text)[0] == expected
+
+
 def test_a_named_parser_reads_by_its_own_rule() -> None:
     """kimi_k2's rule where the profile names it; deepseekv31's (the id is the name); the literal format otherwise."""
     kimi = re.compile(r"functions\.(?P<name>.+):\d+")
