@@ -57,17 +57,12 @@ class TaggedCalls(BaseModel):
 
 ToolCallGrammar = Annotated[SectionCalls | TaggedCalls, Field(discriminator="format")]
 FORMATS = ("sections", "tagged_json", "tagged_xml")
-# SGLang's tool-call parsers (--tool-call-parser) this project reads as SGLang 0.5.23 does (tests/parity/ proves each),
-# and the grammar each reads. A profile that names none is read by its declared grammar, literally.
-TOOL_CALL_PARSERS = {"kimi_k2": "sections", "deepseekv31": "sections", "qwen3_coder": "tagged_xml"}
-# SGLang's reasoning parsers (--reasoning-parser) and the text that ends reasoning without its end token (their
-# `tool_start_token`, parser/reasoning_parser.py): deepseek-v3 is Qwen3's detector, so DeepSeek's own tool section
-# does NOT end it. A profile naming none of these: its grammar's first call marker does.
-REASONING_TOOL_STARTS = {
-    "kimi_k2": "<|tool_calls_section_begin|>",
-    "qwen3": "<tool_call>",
-    "deepseek-v3": "<tool_call>",
-}
+# SGLang's parsers this project reads as SGLang 0.5.23 does, as data (sglang_parsers.yaml, beside this module): the
+# grammar format each tool-call parser reads, and the text that ends reasoning without its end token for each
+# reasoning parser. A profile that names none is read by its declared grammar, literally.
+_PARSERS = yaml.safe_load(resources.files("regen").joinpath("sglang_parsers.yaml").read_text(encoding="utf-8"))
+TOOL_CALL_PARSERS: dict[str, str] = _PARSERS["tool_call_parsers"]
+REASONING_TOOL_STARTS: dict[str, str] = _PARSERS["reasoning_tool_starts"]
 
 
 class Profile(BaseModel):
