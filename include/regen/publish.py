@@ -25,7 +25,7 @@ from regen.layout import DatasetLocation, dataset_prefix, is_report_file, report
 from regen.manifest import GenerationReport, PreparedDataset, ShardManifest, StageStats
 from regen.reasons import OK
 from regen.run_report import generation_cost
-from regen.storage import KeyExists, Storage
+from regen.storage import KeyExists, Storage, get_json
 from regen.verify import verify_manifest
 from regen.version_inputs import record_published
 
@@ -207,7 +207,7 @@ def _write_manifest(
     }
     body = json.dumps(manifest, indent=1).encode()
     if overwrite:
-        replaced = json.loads(storage.get_bytes(location.manifest)) if storage.exists(location.manifest) else None
+        replaced = get_json(storage, location.manifest) if storage.exists(location.manifest) else None
         storage.put_bytes(location.manifest, body)
         if replaced is not None:  # the replaced version's report: named by nothing now
             _discard(storage, [k for k in replaced["files"] if is_report_file(k) and k not in report_files])
@@ -244,7 +244,7 @@ def _discard(storage: Storage, keys: list[str]) -> None:
 
 def report_of(storage: Storage, location: DatasetLocation, manifest: dict[str, Any]) -> dict[str, Any]:
     """The report.json a published manifest names."""
-    return dict(json.loads(storage.get_bytes(location.report_file("report.json", report_writer(manifest)))))
+    return dict(get_json(storage, location.report_file("report.json", report_writer(manifest))))
 
 
 def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], list[str]]:
@@ -252,7 +252,7 @@ def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[S
     for shard in prepared.shards:
         key = shard.keys.report
         if storage.exists(key):
-            finished.append(ShardManifest.from_dict(json.loads(storage.get_bytes(key))))
+            finished.append(ShardManifest.from_dict(get_json(storage, key)))
         else:
             missing.append(shard.name)
     return finished, missing

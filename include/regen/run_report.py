@@ -10,7 +10,7 @@ from regen.errors import FinalError
 from regen.layout import run_report_key
 from regen.manifest import GenerationReport
 from regen.sglang.parity import sglang_version_warnings
-from regen.storage import Storage
+from regen.storage import Storage, get_json
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def _report_key(storage: Storage, profile: str, version: str, run_id: str) -> st
     if not storage.exists(key):
         return key
     try:
-        earlier = json.loads(storage.get_bytes(key)).get("run", {}).get("run_id")
+        earlier = get_json(storage, key).get("run", {}).get("run_id")
     except (ValueError, AttributeError):  # not a run report this pipeline wrote: keep it too
         earlier = None
     return key if earlier == run_id else run_report_key(profile, version, run_id)

@@ -32,7 +32,7 @@ import numpy as np
 from regen.errors import FinalError
 from regen.layout import MANIFEST, DatasetLocation, latest_key
 from regen.reasons import OK
-from regen.storage import Storage, is_not_found, open_storage
+from regen.storage import Storage, get_json, is_not_found, open_storage
 
 log = logging.getLogger(__name__)
 MAX_PROBLEMS_PER_FILE = 5  # beyond these, a file's problems are counted, not listed
@@ -95,7 +95,7 @@ def manifest_uri_of(
     key = latest_key(profile, parts[0])
     if not storage.exists(key):
         raise ValueError(f"{storage.uri(key)} is not there: {parts[0]} has no published version under {root}/{profile}")
-    latest = json.loads(storage.get_bytes(key))
+    latest = get_json(storage, key)
     return latest["manifest"], latest.get("manifest_sha256")
 
 

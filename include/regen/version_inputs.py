@@ -19,7 +19,7 @@ from typing import Any
 
 from regen.config import DatasetConfig
 from regen.layout import DatasetLocation, latest_key
-from regen.storage import Changed, KeyExists, Storage, is_not_found
+from regen.storage import Changed, KeyExists, Storage, get_json, is_not_found
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def latest_published(storage: Storage, profile: str, dataset: str) -> dict[str, 
     key = latest_key(profile, dataset)
     if not storage.exists(key):
         return None
-    latest = json.loads(storage.get_bytes(key))
+    latest = get_json(storage, key)
     manifest = DatasetLocation(storage.root_uri, profile, dataset, latest["version"]).manifest
     if not storage.exists(manifest):
         log.warning("%s: latest.json names version %s, whose manifest is gone; ignoring it", dataset, latest["version"])

@@ -30,7 +30,7 @@ from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.on_policy import dataset_turns
 from regen.rejections import RejectionWriter
-from regen.storage import Storage, sha256_file
+from regen.storage import Storage, get_json, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class PartsIndex:
 
     @classmethod
     def read(cls, storage: Storage, location: DatasetLocation) -> Self:
-        return cls.from_dict(json.loads(storage.get_bytes(location.prepare_index)))
+        return cls.from_dict(get_json(storage, location.prepare_index))
 
     def write(self, storage: Storage, location: DatasetLocation) -> None:
         storage.put_bytes(location.prepare_index, json.dumps(self.to_dict(), indent=1).encode())
@@ -228,7 +228,7 @@ def prepare_part(
     stored beside it, where a retry finds it."""
     record_key = location.prepare_part(part, ".json")
     if storage.exists(record_key):
-        return dict(json.loads(storage.get_bytes(record_key)))
+        return dict(get_json(storage, record_key))
     index = PartsIndex.read(storage, location)
     entry = index.parts[part]
     started = time.monotonic()
@@ -260,14 +260,14 @@ def finish_parts(config: DatasetConfig, location: DatasetLocation, storage: Stor
     """A dataset prepared in parts, recorded whole in `prompts/prepare.json` once every part has its shards; the
     parts themselves are deleted then. Raises PartsNotPrepared naming the parts that did not finish."""
     if storage.exists(location.prepared):
-        prepared = PreparedDataset.from_dict(json.loads(storage.get_bytes(location.prepared)))
+        prepared = PreparedDataset.from_dict(get_json(storage, location.prepared))
     else:
         index = PartsIndex.read(storage, location)
         records, missing = [], []
         for part in range(len(index.parts)):
             key = location.prepare_part(part, ".json")
             if storage.exists(key):
-                records.append(json.loads(storage.get_bytes(key)))
+                records.append(get_json(storage, key))
             else:
                 missing.append(part)
         if missing:

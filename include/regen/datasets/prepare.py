@@ -22,7 +22,6 @@ Here: the stage's entry (`run_prepare`) and a dataset prepared whole; the reader
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from collections.abc import Callable, Iterable
@@ -56,7 +55,7 @@ from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, StageStats
 from regen.rejections import RejectionWriter
 from regen.samples import samples_of
-from regen.storage import S3ClientFactory, Storage
+from regen.storage import S3ClientFactory, Storage, get_json
 
 # The names callers know the stage by, wherever they live now.
 __all__ = [
@@ -119,7 +118,7 @@ def run_prepare(
     existing = location.prepared
     if storage.exists(existing):
         log.info("%s already prepared; reusing %s", location.dataset, storage.uri(existing))
-        return PreparedDataset.from_dict(json.loads(storage.get_bytes(existing)))
+        return PreparedDataset.from_dict(get_json(storage, existing))
     if storage.exists(location.prepare_index):
         index = PartsIndex.read(storage, location)
         log.info("%s already read into %d parts; reusing them", location.dataset, len(index.parts))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -79,6 +80,11 @@ def segments_match(pattern: list[str], key: list[str]) -> bool:
     if pattern[0] == "**":
         return any(segments_match(pattern[1:], key[i:]) for i in range(len(key) + 1))
     return bool(key) and fnmatch.fnmatchcase(key[0], pattern[0]) and segments_match(pattern[1:], key[1:])
+
+
+def get_json(storage: Storage, key: str) -> Any:
+    """A JSON document in storage (a manifest, a record, an index), parsed."""
+    return json.loads(storage.get_bytes(key))
 
 
 def read_table(storage: Storage, key: str, columns: list[str] | None = None, optional: tuple[str, ...] = ()) -> Any:
