@@ -118,40 +118,37 @@ def eagle3_regen() -> None:
         return pipeline.shard_groups(finished, run["shard_task_limit"])
 
     # Each mapped task handles one shard, or a group of consecutive shards in turn when a run has more shards than
-    # the config's shard_task_limit. The group arrives as a range; generate reads its shards' manifests from prepare's
-    # record and passes them on, so each task's XCom holds its own shards' manifests only.
-    def _label(dataset: str, first: int, count: int) -> None:
-        label = f"{dataset}/shard-{first:05d}" + (f" +{count - 1}" if count > 1 else "")
+    # the config's shard_task_limit. The group travels as a range, whatever its size: each stage keeps its shards'
+    # manifests in storage, where the next stage reads them.
+    def _label(group: dict[str, Any]) -> None:
+        first, count = group["first"], group["count"]
+        label = f"{group['dataset']}/shard-{first:05d}" + (f" +{count - 1}" if count > 1 else "")
         get_current_context()["label"] = label  # type: ignore[typeddict-unknown-key]
 
-    def _label_shards(shards: list[dict[str, Any]]) -> None:
-        _label(shards[0]["location"]["dataset"], shards[0]["shard"], len(shards))
-
     @task(pool=FLEET_POOL, map_index_template="{{ label }}")
-    def generate_shard(run: dict[str, Any], group: dict[str, Any]) -> list[dict[str, Any]]:
+    def generate_shard(run: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
         from regen import pipeline
 
-        _label(group["dataset"], group["first"], group["count"])
+        _label(group)
         keys = sglang_api_keys()
         with final_errors_fail_now():  # a refused API key, a template changed mid-conversation
-            spec = _run(run)
-            shards = pipeline.group_shards(spec, group, s3_client)
-            return [pipeline.generate_shard(spec, shard, s3_client, keys) for shard in shards]
+            return pipeline.generate_group(_run(run), group, s3_client, keys)
 
     @task(map_index_template="{{ label }}")
-    def validate_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def validate_shard(run: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
         from regen import pipeline
 
-        _label_shards(shards)
+        _label(group)
         with final_errors_fail_now():  # a changed template renders the same way on a retry
-            return [pipeline.validate_shard(_run(run), shard, s3_client) for shard in shards]
+            return pipeline.validate_group(_run(run), group, s3_client)
 
     @task(map_index_template="{{ label }}")
-    def export_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def export_shard(run: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
         from regen import pipeline
 
-        _label_shards(shards)
-        return [pipeline.export_shard(_run(run), shard, s3_client) for shard in shards]
+        _label(group)
+        with final_errors_fail_now():  # a stage's manifest missing: that stage is the one to run again
+            return pipeline.export_group(_run(run), group, s3_client)
 
     @task_group
     def process_shard(run: dict[str, Any], group: dict[str, Any]) -> Any:

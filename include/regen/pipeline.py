@@ -225,6 +225,56 @@ def group_shards(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory
     return [shard.to_dict() for shard in shards[group["first"] : group["first"] + group["count"]]]
 
 
+def generate_group(
+    run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None, api_keys: ApiKeys = NO_KEYS
+) -> dict[str, Any]:
+    """A group's shards (`shard_groups`) generated in turn, each one's manifest kept in storage for validate. The
+    group again: what the next task reads, the same few bytes at any number of shards."""
+    for shard in group_shards(run, group, s3_client):
+        _pass_on(run, generate_shard(run, shard, s3_client, api_keys), "generate", s3_client)
+    return _range(group)
+
+
+def validate_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    """A generated group's shards validated in turn, each one's manifest kept in storage for export; the group."""
+    for shard in _passed_on(run, group, "generate", s3_client):
+        _pass_on(run, validate_shard(run, shard, s3_client), "validate", s3_client)
+    return _range(group)
+
+
+def export_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    """A validated group's shards exported in turn (each writes its final manifest, reports/shard-*.json, which
+    verify reads); the group."""
+    for shard in _passed_on(run, group, "validate", s3_client):
+        export_shard(run, shard, s3_client)
+    return _range(group)
+
+
+def _range(group: dict[str, Any]) -> dict[str, Any]:
+    return {"dataset": group["dataset"], "first": group["first"], "count": group["count"]}
+
+
+def _pass_on(run: RunSpec, shard: dict[str, Any], stage: str, s3_client: S3ClientFactory | None) -> None:
+    # Right after the stage's own claimed block: a run that lost the claim failed there and never gets here.
+    manifest = ShardManifest.from_dict(shard)
+    _storage(run, s3_client).put_bytes(manifest.keys.stage_manifest(stage), json.dumps(shard).encode())
+
+
+def _passed_on(
+    run: RunSpec, group: dict[str, Any], stage: str, s3_client: S3ClientFactory | None
+) -> list[dict[str, Any]]:
+    """The manifests `stage` kept of a group's shards. Raises FinalError when one is missing: that stage's task
+    did not finish it (cleared alone, or its files deleted), so it is the task to run again."""
+    storage, location = _storage(run, s3_client), run.location(group["dataset"])
+    manifests = []
+    for number in range(group["first"], group["first"] + group["count"]):
+        key = location.shard(number).stage_manifest(stage)
+        if not storage.exists(key):
+            raise FinalError(f"{storage.uri(key)} is missing: run {stage}_shard for this group again")
+        manifests.append(json.loads(storage.get_bytes(key)))
+    return manifests
+
+
 def check_server(run: RunSpec, api_keys: ApiKeys = NO_KEYS) -> list[dict[str, Any]]:
     return check_fleet(run.endpoints, renderer_for(run), run.sampling, api_keys=api_keys)
 

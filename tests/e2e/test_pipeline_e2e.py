@@ -31,7 +31,7 @@ EXPECTED_PROMPTS = {"B1_glaive": 36, "B2_opencodeinstruct": 48}
 GOOD = list(EXPECTED_PROMPTS)
 # Files of a version besides those its manifest lists: the bookkeeping that makes each stage idempotent.
 BOOKKEEPING = re.compile(
-    r"(manifest\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json|reports/shard-\d+\.json)$"
+    r"(manifest\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json|reports/shard-\d+(\.generate|\.validate)?\.json)$"
 )  # the config also has B3_missing, whose source does not exist
 USER_PROFILE = "my-model"
 # A user's own template over the mini vocabulary: ChatML-shaped, no reasoning, tools as JSON, and calls as tagged JSON
