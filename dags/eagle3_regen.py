@@ -4,7 +4,8 @@ Wiring only: every task calls one function of `regen.pipeline`, and tasks pass s
 XCom grows with the number of prompts (a prepared dataset is its shard count, a group of shards a range).
 plan -> check_server -> prepare (per dataset; a large one's tokenising in parts, per part) ->
 [generate -> validate -> export] (per shard, pool-limited) ->
-[verify -> publish] (per dataset: every file and record read back, then manifest.json last and one asset event)
+[verify -> publish] (per dataset, once its own shards finished: every file and record read back, then manifest.json
+last and one asset event)
 -> report. The run is red unless every selected
 dataset was published or is unchanged since its last version.
 """
@@ -19,6 +20,7 @@ from airflow.sdk import Asset, Param, TriggerRule, dag, get_current_context, tas
 from regen.config import load_config
 from regen.run_params import form
 from regen_airflow.alerts import failure_notifiers
+from regen_airflow.shard_states import group_label, own_shards_finished, run_shard_states
 from regen_airflow.tasks import PUBLISHED_DATASETS, final_errors_fail_now, s3_client, sglang_api_keys
 
 # The deployment's config is a local file read at parse time: it fills the trigger form (no network, no storage).
@@ -121,9 +123,7 @@ def eagle3_regen() -> None:
     # the config's shard_task_limit. The group travels as a range, whatever its size: each stage keeps its shards'
     # manifests in storage, where the next stage reads them.
     def _label(group: dict[str, Any]) -> None:
-        first, count = group["first"], group["count"]
-        label = f"{group['dataset']}/shard-{first:05d}" + (f" +{count - 1}" if count > 1 else "")
-        get_current_context()["label"] = label  # type: ignore[typeddict-unknown-key]
+        get_current_context()["label"] = group_label(group)  # type: ignore[typeddict-unknown-key]
 
     @task(pool=FLEET_POOL, map_index_template="{{ label }}")
     def generate_shard(run: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
@@ -155,13 +155,26 @@ def eagle3_regen() -> None:
         return export_shard(run, validate_shard(run, generate_shard(run, group)))
 
     # Verify, publish and report run even when some shards failed: complete datasets are published, the rest say why.
-    @task(trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
-    def verify_dataset(run: dict[str, Any], prepared: dict[str, Any]) -> dict[str, Any]:
+    # A dataset's verify waits for its own shards only (Airflow maps the shards of every dataset as one): rescheduled,
+    # holding no slot, until they succeeded, and failing at once, naming them, when one of them failed.
+    @task.sensor(
+        mode="reschedule",
+        poke_interval=CONFIG.defaults.verify_poll_s,
+        timeout=timedelta(days=7),
+        trigger_rule=TriggerRule.ALL_DONE,  # list_shards failed: nothing to wait for, and verify says what is missing
+        map_index_template="{{ label }}",
+    )
+    def verify_dataset(run: dict[str, Any], prepared: dict[str, Any], groups: list[dict[str, Any]] | None) -> Any:
+        from airflow.sdk import PokeReturnValue
+
         from regen import pipeline
 
-        get_current_context()["label"] = prepared["dataset"]  # type: ignore[typeddict-unknown-key]
-        with final_errors_fail_now():  # unfinished shards, or data that does not read back as written
-            return pipeline.verify_dataset(_run(run), prepared, s3_client)
+        context = get_current_context()
+        context["label"] = prepared["dataset"]  # type: ignore[typeddict-unknown-key]
+        with final_errors_fail_now():  # a failed shard; unfinished shards, or data that does not read back as written
+            if groups and not own_shards_finished(prepared["dataset"], groups, run_shard_states(context["ti"])):
+                return PokeReturnValue(is_done=False)
+            return PokeReturnValue(is_done=True, xcom_value=pipeline.verify_dataset(_run(run), prepared, s3_client))
 
     # `verified` is None when this dataset's verify_dataset failed: publish then refuses, and says so.
     @task(outlets=[PUBLISHED_DATASETS], trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
@@ -181,10 +194,10 @@ def eagle3_regen() -> None:
 
     # One group per dataset: its publish waits for its own verify only, never for another dataset's.
     @task_group
-    def deliver_dataset(run: dict[str, Any], prepared: dict[str, Any], fleet: list[dict[str, Any]]) -> Any:
-        verified = verify_dataset(run, prepared)
-        processed >> verified
-        return publish_dataset(run, prepared, fleet, verified)
+    def deliver_dataset(
+        run: dict[str, Any], prepared: dict[str, Any], fleet: list[dict[str, Any]], groups: list[dict[str, Any]]
+    ) -> Any:
+        return publish_dataset(run, prepared, fleet, verify_dataset(run, prepared, groups))
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
     def report(
@@ -208,8 +221,8 @@ def eagle3_regen() -> None:
     parts = prepare_part.partial(run=run).expand(part=list_prepare_parts(run, prepared))
     shards = list_shards(run, prepared, fleet)
     parts >> shards
-    processed = process_shard.partial(run=run).expand(group=shards)
-    published = deliver_dataset.partial(run=run, fleet=fleet).expand(prepared=prepared)
+    process_shard.partial(run=run).expand(group=shards)
+    published = deliver_dataset.partial(run=run, fleet=fleet, groups=shards).expand(prepared=prepared)
     report(run, published, fleet)
 
 

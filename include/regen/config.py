@@ -170,6 +170,9 @@ class Defaults(BaseModel):
     # Airflow's retries for transient faults (user errors never retry); the delay doubles each try, up to 10 min.
     task_retries: int = Field(3, ge=0)
     retry_delay_s: float = Field(30.0, gt=0)
+    verify_poll_s: float = Field(
+        30.0, gt=0, description="how often a dataset's verify asks whether its own shards finished (between, no slot)"
+    )
     # Mapped shard tasks per stage in one run. Beyond it, consecutive shards are grouped, several per task, handled
     # in turn: the scheduler's work per loop grows with a run's task instances (bench/bench_scheduler.py), and Airflow
     # maps at most [core] max_map_length (1024) anyway.

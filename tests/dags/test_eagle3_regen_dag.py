@@ -46,7 +46,8 @@ def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
         "process_shard.generate_shard": ["list_shards", "plan"],
         "process_shard.validate_shard": ["plan", "process_shard.generate_shard"],
         "process_shard.export_shard": ["plan", "process_shard.validate_shard"],
-        "deliver_dataset.verify_dataset": ["plan", "prepare_dataset", "process_shard.export_shard"],
+        # A dataset's verify waits for its own shards only, as a sensor (below), never for every dataset's.
+        "deliver_dataset.verify_dataset": ["list_shards", "plan", "prepare_dataset"],
         "deliver_dataset.publish_dataset": [
             "check_server",
             "deliver_dataset.verify_dataset",
@@ -69,6 +70,8 @@ def test_policy_pool_one_run_at_a_time_and_an_asset_per_dataset(dag) -> None:  #
     assert publish.outlets == [AssetAlias("eagle3_regen_datasets")] and verify.outlets == []
     # Both run after failed shards (complete datasets are published); publish refuses when its own verify failed.
     assert publish.trigger_rule == verify.trigger_rule == "all_done"
+    # It waits for its shards rescheduled, holding no worker slot between looks.
+    assert verify.mode == "reschedule" and verify.poke_interval == 30
     assert all(any(isinstance(n, FailureLog) for n in t.on_failure_callback) for t in dag.tasks)
 
 

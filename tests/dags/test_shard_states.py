@@ -1,0 +1,40 @@
+"""A dataset's verify waits for its own shard tasks only: what it reads of Airflow's task states."""
+
+from __future__ import annotations
+
+import pytest
+
+from regen_airflow.shard_states import SHARD_TASKS, ShardsFailed, own_shards_finished
+
+GROUPS = [  # list_shards' groups: a group's map index is its place here
+    {"dataset": "small", "first": 0, "count": 1},
+    {"dataset": "large", "first": 0, "count": 2},
+    {"dataset": "large", "first": 2, "count": 2},
+]
+
+
+def states(**by_index: str | None) -> dict[str, str | None]:
+    """Every shard task of map index i in the state given as i<N>=state; 'success' for the ones not named."""
+    named = {int(key[1:]): state for key, state in by_index.items()}
+    return {f"{task}_{i}": named.get(i, "success") for task in SHARD_TASKS for i in range(len(GROUPS))}
+
+
+def test_a_dataset_whose_own_shards_succeeded_is_finished_whatever_the_others_do() -> None:
+    running = states(i1="running", i2=None)
+    assert own_shards_finished("small", GROUPS, running)
+    assert not own_shards_finished("large", GROUPS, running)
+    assert not own_shards_finished("large", GROUPS, {})  # not expanded yet: still to run, not failed
+    assert not own_shards_finished("large", GROUPS, states(i2="up_for_retry"))
+    assert own_shards_finished("large", GROUPS, states())
+    assert own_shards_finished("absent", GROUPS, {})  # no shards of its own (unchanged, or not prepared)
+
+
+def test_a_failed_shard_fails_its_own_dataset_at_once_naming_it_and_no_other() -> None:
+    failed = {**states(i0="running"), f"{SHARD_TASKS[1]}_2": "failed", f"{SHARD_TASKS[2]}_2": "upstream_failed"}
+    with pytest.raises(ShardsFailed) as raised:
+        own_shards_finished("large", GROUPS, failed)
+    message = str(raised.value)
+    assert "large/shard-00002 +1 (validate_shard: failed)" in message
+    assert "large/shard-00002 +1 (export_shard: upstream_failed)" in message
+    assert "shard-00000" not in message and "Clear the run's failed tasks" in message
+    assert not own_shards_finished("small", GROUPS, failed)  # the other dataset still waits for its own only
