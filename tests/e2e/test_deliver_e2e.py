@@ -1,0 +1,73 @@
+"""Each dataset is delivered once its own shards are: through the real scheduler, a small dataset is published
+while a large one's shards are still generating, and a failed shard fails its own dataset's verify at once, naming
+it, while the other dataset is published."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tools.devstack import DAG_ID, Stack
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+# About 2 s an answer; twelve shards of four through two pool slots take a minute, one shard a few seconds.
+SLOW_FLEET = ("--decode-ms-per-token", "20", "--max-running", "8")
+POOL_SLOTS = 2
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    folder = tmp_path_factory.mktemp("deliver")
+    samples = ROOT / "data" / "samples"
+    (folder / "small.jsonl").write_text("".join((samples / "B1_glaive.jsonl").read_text().splitlines(True)[:4]))
+    config = yaml.safe_load((ROOT / "config" / "regen.yaml").read_text())
+    config["datasets"] = {  # the small one first: its group is map index 0, the first the pool takes
+        "small": {"format": "openai_messages", "paths": [str(folder / "small.jsonl")]},
+        "large": {"format": "input_output", "paths": [str(samples / "B2_opencodeinstruct.jsonl")]},
+    }
+    config["governance"]["allowed_storage_roots"] = [str(folder / "storage")]
+    config["defaults"].update(
+        storage_root=str(folder / "storage"),
+        shard_size=4,  # small: one shard; large: twelve
+        task_retries=0,
+        verify_poll_s=2,
+    )
+    (folder / "regen.yaml").write_text(yaml.safe_dump(config))
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setenv("REGEN_CONFIG", str(folder / "regen.yaml"))
+        with Stack(folder / "airflow", purpose="deliver", simulator_args=list(SLOW_FLEET), pool_slots=POOL_SLOTS) as s:
+            yield s
+
+
+def instances(stack: Stack, run_id: str) -> list[dict[str, Any]]:
+    found = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
+    return list(found["task_instances"])
+
+
+def ended(ti: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(ti["end_date"])
+
+
+def test_a_small_dataset_is_published_before_a_large_ones_shards_finish(stack: Stack) -> None:
+    run_id = stack.trigger({"endpoints": [stack.simulator], "datasets": ["small", "large"]})
+    assert stack.wait_for_run(run_id, 900) == "success", stack.failures(run_id)
+    tis = instances(stack, run_id)
+    groups = stack.xcom(run_id, "list_shards")
+    large = {i for i, group in enumerate(groups) if group["dataset"] == "large"}
+    assert len(large) == 12
+    large_shards = [t for t in tis if t["task_id"] == "process_shard.export_shard" and t["map_index"] in large]
+    published = {t["rendered_map_index"]: t for t in tis if t["task_id"] == "deliver_dataset.publish_dataset"}
+    assert {name: t["state"] for name, t in published.items()} == {"small": "success", "large": "success"}
+    # The small dataset's version was published while the large one's shards were still running.
+    last_large_shard = max(ended(t) for t in large_shards)
+    assert ended(published["small"]) < last_large_shard, (published["small"]["end_date"], last_large_shard)
+    assert ended(published["large"]) > last_large_shard
+    # Waiting, each verify held no slot: rescheduled (its one try), never retried.
+    verifies = [t for t in tis if t["task_id"] == "deliver_dataset.verify_dataset"]
+    assert [t["try_number"] for t in verifies] == [1, 1]
