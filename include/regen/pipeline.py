@@ -2,8 +2,9 @@
 
 This is the seam between the orchestrator and the library: DAG tasks call exactly one of these each, and pass only
 what they return (small JSON dicts) to each other. No value passed grows with the number of prompts: a prepared
-dataset travels as its name and shard count, a group of shards as a range (the manifests are in the version's
-prompts/prepare.json), a shard as its own manifest. Anything here runs the same without Airflow.
+dataset travels as its name and shard count, a group of shards as a range between every stage (its shards'
+manifests stay in storage: prompts/prepare.json, then each stage's reports/shard-*.{stage}.json). Anything here runs
+the same without Airflow.
 """
 
 from __future__ import annotations
