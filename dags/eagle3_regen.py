@@ -20,7 +20,7 @@ from airflow.sdk import Asset, Param, TriggerRule, dag, get_current_context, tas
 from regen.config import load_config
 from regen.run_params import form
 from regen_airflow.alerts import failure_notifiers
-from regen_airflow.shard_states import group_label, own_shards_finished, run_shard_states
+from regen_airflow.shard_states import WaitForOwnShards, group_label
 from regen_airflow.tasks import PUBLISHED_DATASETS, final_errors_fail_now, s3_client, sglang_api_keys
 
 # The deployment's config is a local file read at parse time: it fills the trigger form (no network, no storage).
@@ -155,26 +155,13 @@ def eagle3_regen() -> None:
         return export_shard(run, validate_shard(run, generate_shard(run, group)))
 
     # Verify, publish and report run even when some shards failed: complete datasets are published, the rest say why.
-    # A dataset's verify waits for its own shards only (Airflow maps the shards of every dataset as one): rescheduled,
-    # holding no slot, until they succeeded, and failing at once, naming them, when one of them failed.
-    @task.sensor(
-        mode="reschedule",
-        poke_interval=CONFIG.defaults.verify_poll_s,
-        timeout=timedelta(days=7),
-        trigger_rule=TriggerRule.ALL_DONE,  # list_shards failed: nothing to wait for, and verify says what is missing
-        map_index_template="{{ label }}",
-    )
-    def verify_dataset(run: dict[str, Any], prepared: dict[str, Any], groups: list[dict[str, Any]] | None) -> Any:
-        from airflow.sdk import PokeReturnValue
-
+    @task(trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
+    def verify_dataset(run: dict[str, Any], prepared: dict[str, Any]) -> dict[str, Any]:
         from regen import pipeline
 
-        context = get_current_context()
-        context["label"] = prepared["dataset"]  # type: ignore[typeddict-unknown-key]
-        with final_errors_fail_now():  # a failed shard; unfinished shards, or data that does not read back as written
-            if groups and not own_shards_finished(prepared["dataset"], groups, run_shard_states(context["ti"])):
-                return PokeReturnValue(is_done=False)
-            return PokeReturnValue(is_done=True, xcom_value=pipeline.verify_dataset(_run(run), prepared, s3_client))
+        get_current_context()["label"] = prepared["dataset"]  # type: ignore[typeddict-unknown-key]
+        with final_errors_fail_now():  # unfinished shards, or data that does not read back as written
+            return pipeline.verify_dataset(_run(run), prepared, s3_client)
 
     # `verified` is None when this dataset's verify_dataset failed: publish then refuses, and says so.
     @task(outlets=[PUBLISHED_DATASETS], trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
@@ -192,12 +179,23 @@ def eagle3_regen() -> None:
             context["outlet_events"][PUBLISHED_DATASETS].add(asset, extra=pipeline.asset_event(published))
         return published
 
-    # One group per dataset: its publish waits for its own verify only, never for another dataset's.
+    # One group per dataset: its verify waits for its own shards only (deferred in the triggerer, no slot held; at
+    # once failed, naming them, when one failed), and its publish for its own verify, never for another dataset's.
     @task_group
     def deliver_dataset(
         run: dict[str, Any], prepared: dict[str, Any], fleet: list[dict[str, Any]], groups: list[dict[str, Any]]
     ) -> Any:
-        return publish_dataset(run, prepared, fleet, verify_dataset(run, prepared, groups))
+        waited = WaitForOwnShards(
+            task_id="wait_for_shards",
+            prepared=prepared,
+            groups=groups,
+            poll_s=CONFIG.defaults.verify_poll_s,
+            trigger_rule=TriggerRule.ALL_DONE,  # list_shards failed: nothing to wait for, and verify says why
+            map_index_template="{{ task.prepared.dataset }}",
+        )
+        verified = verify_dataset(run, prepared)
+        waited >> verified
+        return publish_dataset(run, prepared, fleet, verified)
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
     def report(

@@ -1,13 +1,21 @@
-"""Whether one dataset's shards are finished, asked of Airflow: what its verify_dataset waits for.
+"""Whether one dataset's shards are finished, asked of Airflow: what its delivery waits for.
 
 Airflow maps the shard tasks once over the groups of every dataset (it cannot map within a mapped group), so no
-dependency can say "this dataset's shards": verify_dataset is a sensor instead, rescheduled (no worker slot held)
-until every shard task of its own groups succeeded, and failing at once, naming them, when one of them failed.
+dependency can say "this dataset's shards". A small deferrable task waits instead: `WaitForOwnShards` defers to
+`OwnShardsTrigger`, which polls, in the triggerer (no worker slot held), the states of the dataset's own shard tasks,
+and fires once every one succeeded, or at once when one failed, naming it. Not reschedule mode: Airflow 3.3 may fail
+a rescheduled sensor on a stale executor event (apache/airflow#71172).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from regen.errors import FinalError
 
@@ -26,26 +34,99 @@ def group_label(group: dict[str, Any]) -> str:
     return f"{group['dataset']}/shard-{first:05d}" + (f" +{count - 1}" if count > 1 else "")
 
 
-def own_shards_finished(dataset: str, groups: list[dict[str, Any]], states: dict[str, str | None]) -> bool:
-    """True once every shard task of `dataset`'s groups (`list_shards`' groups; a group's map index is its place
-    there) succeeded, False while any is still to run. `states`: Airflow's task states of the run, keyed
-    `{task_id}_{map_index}`. Raises ShardsFailed naming every group whose task failed."""
-    own = [(index, group) for index, group in enumerate(groups) if group["dataset"] == dataset]
-    failed = [
-        f"{group_label(group)} ({task.rsplit('.', 1)[-1]}: {state})"
-        for index, group in own
+def own_indexes(dataset: str, groups: list[dict[str, Any]]) -> list[int]:
+    """The map indexes of `dataset`'s shard tasks: a group's map index is its place in `list_shards`' groups."""
+    return [index for index, group in enumerate(groups) if group["dataset"] == dataset]
+
+
+def shard_failures(indexes: list[int], states: dict[str, str | None]) -> list[list[Any]]:
+    """[map index, "task: state"] for every shard task of `indexes` that did not succeed and never will.
+    `states`: Airflow's task states of the run, keyed `{task_id}_{map_index}`."""
+    return [
+        [index, f"{task.rsplit('.', 1)[-1]}: {state}"]
+        for index in indexes
         for task in SHARD_TASKS
         if (state := states.get(f"{task}_{index}")) in NOT_SUCCEEDED
     ]
-    if failed:
-        raise ShardsFailed(
-            f"{dataset}: not verified, shards did not finish: {', '.join(failed)}. Clear the run's failed tasks "
-            "(finished answers are kept): the shards run again and this task waits for them"
-        )
-    return all(states.get(f"{SHARD_TASKS[-1]}_{index}") == "success" for index, _ in own)
 
 
-def run_shard_states(ti: Any) -> dict[str, str | None]:
-    """The states of this run's shard tasks, from Airflow's execution API (one query, whatever the count)."""
-    states = ti.get_task_states(dag_id=ti.dag_id, task_ids=list(SHARD_TASKS), run_ids=[ti.run_id])
-    return dict(states.get(ti.run_id, {}))
+def shards_succeeded(indexes: list[int], states: dict[str, str | None]) -> bool:
+    return all(states.get(f"{SHARD_TASKS[-1]}_{index}") == "success" for index in indexes)
+
+
+def failed_message(dataset: str, groups: list[dict[str, Any]], failures: list[list[Any]]) -> str:
+    named = ", ".join(f"{group_label(groups[index])} ({what})" for index, what in failures)
+    return (
+        f"{dataset}: not verified, shards did not finish: {named}. Clear the run's failed tasks (finished answers "
+        "are kept): the shards run again and this task waits for them"
+    )
+
+
+def own_shards_finished(dataset: str, groups: list[dict[str, Any]], states: dict[str, str | None]) -> bool:
+    """True once every shard task of `dataset`'s groups succeeded, False while any is still to run. Raises
+    ShardsFailed naming every group whose task failed."""
+    indexes = own_indexes(dataset, groups)
+    if failures := shard_failures(indexes, states):
+        raise ShardsFailed(failed_message(dataset, groups, failures))
+    return shards_succeeded(indexes, states)
+
+
+class OwnShardsTrigger(BaseTrigger):
+    """Polls the states of one run's shard tasks of the given map indexes (the triggerer reaches Airflow's execution
+    API as a task does); fires {"status": "success"} once all succeeded, {"status": "failed", "failures": [...]} as
+    soon as one failed."""
+
+    def __init__(self, dag_id: str, run_id: str, indexes: list[int], poll_s: float) -> None:
+        super().__init__()
+        self.dag_id, self.run_id, self.indexes, self.poll_s = dag_id, run_id, list(indexes), poll_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        kwargs = {"dag_id": self.dag_id, "run_id": self.run_id, "indexes": self.indexes, "poll_s": self.poll_s}
+        return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+        from asgiref.sync import sync_to_async
+
+        while True:
+            found = await sync_to_async(RuntimeTaskInstance.get_task_states)(
+                dag_id=self.dag_id, task_ids=list(SHARD_TASKS), run_ids=[self.run_id]
+            )
+            states = dict(found.get(self.run_id, {}))
+            if failures := shard_failures(self.indexes, states):
+                yield TriggerEvent({"status": "failed", "failures": failures})
+                return
+            if shards_succeeded(self.indexes, states):
+                yield TriggerEvent({"status": "success"})
+                return
+            await asyncio.sleep(self.poll_s)
+
+
+class WaitForOwnShards(BaseOperator):
+    """Waits, deferred (no worker slot held), until the shard tasks of `prepared`'s dataset finished; fails naming
+    the shards when one of them failed. Nothing to wait for (no groups: list_shards failed; no shards of its own)
+    returns at once: verify_dataset then says what is missing."""
+
+    template_fields = ("prepared", "groups")
+
+    def __init__(
+        self, *, prepared: Any, groups: Any, poll_s: float, wait_limit: timedelta = timedelta(days=7), **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.prepared, self.groups, self.poll_s, self.wait_limit = prepared, groups, poll_s, wait_limit
+
+    def execute(self, context: Any) -> None:
+        if not self.prepared or not self.groups:
+            return
+        indexes = own_indexes(self.prepared["dataset"], self.groups)
+        if not indexes:  # unchanged since its last version, or no shards listed for it
+            return
+        ti = context["ti"]
+        trigger = OwnShardsTrigger(ti.dag_id, ti.run_id, indexes, self.poll_s)
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=self.wait_limit)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        if event["status"] != "success":
+            raise AirflowFailException(failed_message(self.prepared["dataset"], self.groups, event["failures"]))

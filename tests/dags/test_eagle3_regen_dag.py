@@ -46,8 +46,9 @@ def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
         "process_shard.generate_shard": ["list_shards", "plan"],
         "process_shard.validate_shard": ["plan", "process_shard.generate_shard"],
         "process_shard.export_shard": ["plan", "process_shard.validate_shard"],
-        # A dataset's verify waits for its own shards only, as a sensor (below), never for every dataset's.
-        "deliver_dataset.verify_dataset": ["list_shards", "plan", "prepare_dataset"],
+        # A dataset's verify waits for its own shards only, deferred (below), never for every dataset's.
+        "deliver_dataset.wait_for_shards": ["list_shards", "prepare_dataset"],
+        "deliver_dataset.verify_dataset": ["deliver_dataset.wait_for_shards", "plan", "prepare_dataset"],
         "deliver_dataset.publish_dataset": [
             "check_server",
             "deliver_dataset.verify_dataset",
@@ -62,6 +63,7 @@ def test_policy_pool_one_run_at_a_time_and_an_asset_per_dataset(dag) -> None:  #
     from airflow.sdk import AssetAlias
 
     from regen_airflow.alerts import FailureLog
+    from regen_airflow.shard_states import WaitForOwnShards
 
     assert set(dag.tags) >= {"eagle3", "sglang"}
     assert dag.max_active_runs == 1
@@ -70,8 +72,10 @@ def test_policy_pool_one_run_at_a_time_and_an_asset_per_dataset(dag) -> None:  #
     assert publish.outlets == [AssetAlias("eagle3_regen_datasets")] and verify.outlets == []
     # Both run after failed shards (complete datasets are published); publish refuses when its own verify failed.
     assert publish.trigger_rule == verify.trigger_rule == "all_done"
-    # It waits for its shards rescheduled, holding no worker slot between looks.
-    assert verify.mode == "reschedule" and verify.poke_interval == 30
+    # Its wait for its own shards is deferred to the triggerer, holding no worker slot, and runs after a failed
+    # list_shards too (nothing to wait for: verify says what is missing).
+    wait = dag.get_task("deliver_dataset.wait_for_shards")
+    assert isinstance(wait, WaitForOwnShards) and wait.trigger_rule == "all_done" and wait.poll_s == 30
     assert all(any(isinstance(n, FailureLog) for n in t.on_failure_callback) for t in dag.tasks)
 
 

@@ -38,3 +38,36 @@ def test_a_failed_shard_fails_its_own_dataset_at_once_naming_it_and_no_other() -
     assert "large/shard-00002 +1 (export_shard: upstream_failed)" in message
     assert "shard-00000" not in message and "Clear the run's failed tasks" in message
     assert not own_shards_finished("small", GROUPS, failed)  # the other dataset still waits for its own only
+
+
+def test_the_wait_defers_to_a_trigger_the_triggerer_rebuilds_from_its_classpath() -> None:
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import TaskDeferred
+    from airflow._shared.module_loading import import_string
+
+    from regen_airflow.shard_states import OwnShardsTrigger, WaitForOwnShards
+
+    wait = WaitForOwnShards(task_id="wait", prepared={"dataset": "large"}, groups=GROUPS, poll_s=2)
+    ti = SimpleNamespace(dag_id="eagle3_regen", run_id="manual__1")
+    with pytest.raises(TaskDeferred) as deferred:
+        wait.execute({"ti": ti})
+    assert deferred.value.method_name == "execute_complete"
+    classpath, kwargs = deferred.value.trigger.serialize()
+    rebuilt = import_string(classpath)(**kwargs)  # what the triggerer does with the stored trigger
+    assert isinstance(rebuilt, OwnShardsTrigger) and rebuilt.serialize() == (classpath, kwargs)
+    assert kwargs == {"dag_id": "eagle3_regen", "run_id": "manual__1", "indexes": [1, 2], "poll_s": 2}
+    # Nothing to wait for: no shards of its own, or no groups at all (list_shards failed): no deferral.
+    assert WaitForOwnShards(task_id="w", prepared={"dataset": "absent"}, groups=GROUPS, poll_s=2).execute({}) is None
+    assert WaitForOwnShards(task_id="w", prepared={"dataset": "large"}, groups=None, poll_s=2).execute({}) is None
+
+
+def test_the_wait_fails_naming_the_failed_shard_when_the_trigger_says_so() -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from regen_airflow.shard_states import WaitForOwnShards
+
+    wait = WaitForOwnShards(task_id="wait", prepared={"dataset": "large"}, groups=GROUPS, poll_s=2)
+    assert wait.execute_complete({}, {"status": "success"}) is None
+    with pytest.raises(AirflowFailException, match=r"large/shard-00002 \+1 \(validate_shard: failed\)"):
+        wait.execute_complete({}, {"status": "failed", "failures": [[2, "validate_shard: failed"]]})
