@@ -43,8 +43,8 @@ def test_a_failed_shard_fails_its_own_dataset_at_once_naming_it_and_no_other() -
 def test_the_wait_defers_to_a_trigger_the_triggerer_rebuilds_from_its_classpath() -> None:
     from types import SimpleNamespace
 
-    from airflow.sdk.exceptions import TaskDeferred
     from airflow._shared.module_loading import import_string
+    from airflow.sdk.exceptions import TaskDeferred
 
     from regen_airflow.shard_states import OwnShardsTrigger, WaitForOwnShards
 

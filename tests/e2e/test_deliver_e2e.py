@@ -1,6 +1,6 @@
 """Each dataset is delivered once its own shards are: through the real scheduler, a small dataset is published
 while a large one's shards are still generating (each dataset's wait for its own shards deferred to the
-triggerer)."""
+triggerer); a failed shard fails its own dataset's wait at once, naming it, and clearing the failed tasks resumes it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tools.devstack import DAG_ID, Stack
+from tools.devstack import DAG_ID, Stack, start_simulator, wait_until
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,3 +74,51 @@ def test_a_small_dataset_is_published_before_a_large_ones_shards_finish(stack: S
     assert ended(waits["small"]) < last_large_shard < ended(waits["large"])
     delivered = [t for t in tis if t["task_id"].startswith("deliver_dataset.")]
     assert {(t["state"], t["try_number"]) for t in delivered} == {("success", 1)}, delivered
+
+
+def test_a_failed_shard_fails_its_own_wait_at_once_and_clearing_the_failed_tasks_resumes_it(stack: Stack) -> None:
+    folder = stack.home.parent
+    sim = start_simulator(folder, *SLOW_FLEET)  # a fleet of this test's own, to kill mid-run
+    port = sim.url.rsplit(":", 1)[-1]
+    try:
+        conf = {"endpoints": [sim.url], "datasets": ["small", "large"], "storage_root": str(folder / "storage/cut")}
+        run_id = stack.trigger(conf)
+
+        def small_published() -> bool:
+            done = {(t["task_id"], t["rendered_map_index"]): t["state"] for t in instances(stack, run_id)}
+            return done.get(("deliver_dataset.publish_dataset", "small")) == "success"
+
+        wait_until("the small dataset published", small_published, 300)
+        sim.stop()  # the large dataset's remaining shards fail: their fleet is gone
+        assert stack.wait_for_run(run_id, 300) == "failed"
+        tis = instances(stack, run_id)
+        waits = {t["rendered_map_index"]: t for t in tis if t["task_id"] == "deliver_dataset.wait_for_shards"}
+        assert (waits["small"]["state"], waits["large"]["state"], waits["large"]["try_number"]) == (
+            "success",
+            "failed",
+            1,
+        )
+        failed_shards = [t for t in tis if t["task_id"].startswith("process_shard.") and t["state"] == "failed"]
+        assert failed_shards
+        # At once: within a few polls of the first failed shard, not once every shard ended.
+        first_failed = min(ended(t) for t in failed_shards)
+        assert (ended(waits["large"]) - first_failed).total_seconds() < 30, (waits["large"], first_failed)
+        log = stack.task_log(run_id, "deliver_dataset.wait_for_shards", waits["large"]["map_index"])
+        assert "large: not verified, shards did not finish: large/shard-" in log and "generate_shard: failed" in log
+
+        sim = start_simulator(folder, *SLOW_FLEET, port=int(port))  # the fleet is back
+        stack.call("POST", f"/dags/{DAG_ID}/dagRuns/{run_id}/clear", json={"dry_run": False, "only_failed": True})
+        wait_until(
+            f"{run_id} re-queued",
+            lambda: stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"] != "failed",
+            60,
+        )
+        assert stack.wait_for_run(run_id, 900) == "success", stack.failures(run_id)
+    finally:
+        sim.stop()
+    published = {
+        t["rendered_map_index"]: t["state"]
+        for t in instances(stack, run_id)
+        if t["task_id"] == "deliver_dataset.publish_dataset"
+    }
+    assert published == {"small": "success", "large": "success"}
