@@ -171,7 +171,7 @@ class Defaults(BaseModel):
     task_retries: int = Field(3, ge=0)
     retry_delay_s: float = Field(30.0, gt=0)
     verify_poll_s: float = Field(
-        30.0, gt=0, description="how often a dataset's verify asks whether its own shards finished (between, no slot)"
+        30.0, gt=0, description="how often the triggerer asks whether a dataset's own shards finished (no slot held)"
     )
     # Mapped shard tasks per stage in one run. Beyond it, consecutive shards are grouped, several per task, handled
     # in turn: the scheduler's work per loop grows with a run's task instances (bench/bench_scheduler.py), and Airflow

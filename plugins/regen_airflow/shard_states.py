@@ -15,17 +15,12 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-
-from regen.errors import FinalError
 
 SHARD_TASKS = ("process_shard.generate_shard", "process_shard.validate_shard", "process_shard.export_shard")
 # A shard task in any other state (none yet, queued, running, up_for_retry, restarting) is still to finish.
 NOT_SUCCEEDED = frozenset({"failed", "upstream_failed", "skipped", "removed"})
-
-
-class ShardsFailed(FinalError):
-    """A dataset whose shard failed is not verified: clearing the failed tasks runs both again."""
 
 
 def group_label(group: dict[str, Any]) -> str:
@@ -62,13 +57,11 @@ def failed_message(dataset: str, groups: list[dict[str, Any]], failures: list[li
     )
 
 
-def own_shards_finished(dataset: str, groups: list[dict[str, Any]], states: dict[str, str | None]) -> bool:
-    """True once every shard task of `dataset`'s groups succeeded, False while any is still to run. Raises
-    ShardsFailed naming every group whose task failed."""
-    indexes = own_indexes(dataset, groups)
-    if failures := shard_failures(indexes, states):
-        raise ShardsFailed(failed_message(dataset, groups, failures))
-    return shards_succeeded(indexes, states)
+class ShardsDidNotFinish(AirflowFailException):
+    """The wait fails at once, never retried: its shards stay failed until cleared. Unlike a user error, clearing the
+    run's failed tasks mends it, and the failure alert says so (regen_airflow.alerts)."""
+
+    mended_by_clearing = True
 
 
 class OwnShardsTrigger(BaseTrigger):
@@ -126,7 +119,5 @@ class WaitForOwnShards(BaseOperator):
         self.defer(trigger=trigger, method_name="execute_complete", timeout=self.wait_limit)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
-        from airflow.sdk.exceptions import AirflowFailException
-
         if event["status"] != "success":
-            raise AirflowFailException(failed_message(self.prepared["dataset"], self.groups, event["failures"]))
+            raise ShardsDidNotFinish(failed_message(self.prepared["dataset"], self.groups, event["failures"]))

@@ -1,10 +1,18 @@
-"""A dataset's verify waits for its own shard tasks only: what it reads of Airflow's task states."""
+"""A dataset's delivery waits for its own shard tasks only: what it reads of Airflow's task states, and how it
+waits (deferred to the triggerer)."""
 
 from __future__ import annotations
 
 import pytest
 
-from regen_airflow.shard_states import SHARD_TASKS, ShardsFailed, own_shards_finished
+from regen_airflow.shard_states import (
+    SHARD_TASKS,
+    ShardsDidNotFinish,
+    failed_message,
+    own_indexes,
+    shard_failures,
+    shards_succeeded,
+)
 
 GROUPS = [  # list_shards' groups: a group's map index is its place here
     {"dataset": "small", "first": 0, "count": 1},
@@ -19,25 +27,33 @@ def states(**by_index: str | None) -> dict[str, str | None]:
     return {f"{task}_{i}": named.get(i, "success") for task in SHARD_TASKS for i in range(len(GROUPS))}
 
 
+def finished(dataset: str, states: dict[str, str | None]) -> bool:
+    """What the trigger decides for `dataset`: True once done, False while waiting; failed: the wait's message."""
+    indexes = own_indexes(dataset, GROUPS)
+    if failures := shard_failures(indexes, states):
+        raise ShardsDidNotFinish(failed_message(dataset, GROUPS, failures))
+    return shards_succeeded(indexes, states)
+
+
 def test_a_dataset_whose_own_shards_succeeded_is_finished_whatever_the_others_do() -> None:
     running = states(i1="running", i2=None)
-    assert own_shards_finished("small", GROUPS, running)
-    assert not own_shards_finished("large", GROUPS, running)
-    assert not own_shards_finished("large", GROUPS, {})  # not expanded yet: still to run, not failed
-    assert not own_shards_finished("large", GROUPS, states(i2="up_for_retry"))
-    assert own_shards_finished("large", GROUPS, states())
-    assert own_shards_finished("absent", GROUPS, {})  # no shards of its own (unchanged, or not prepared)
+    assert finished("small", running)
+    assert not finished("large", running)
+    assert not finished("large", {})  # not expanded yet: still to run, not failed
+    assert not finished("large", states(i2="up_for_retry"))
+    assert finished("large", states())
+    assert own_indexes("absent", GROUPS) == []  # no shards of its own (unchanged, or not prepared): no wait
 
 
 def test_a_failed_shard_fails_its_own_dataset_at_once_naming_it_and_no_other() -> None:
     failed = {**states(i0="running"), f"{SHARD_TASKS[1]}_2": "failed", f"{SHARD_TASKS[2]}_2": "upstream_failed"}
-    with pytest.raises(ShardsFailed) as raised:
-        own_shards_finished("large", GROUPS, failed)
+    with pytest.raises(ShardsDidNotFinish) as raised:
+        finished("large", failed)
     message = str(raised.value)
     assert "large/shard-00002 +1 (validate_shard: failed)" in message
     assert "large/shard-00002 +1 (export_shard: upstream_failed)" in message
     assert "shard-00000" not in message and "Clear the run's failed tasks" in message
-    assert not own_shards_finished("small", GROUPS, failed)  # the other dataset still waits for its own only
+    assert not finished("small", failed)  # the other dataset still waits for its own only
 
 
 def test_the_wait_defers_to_a_trigger_the_triggerer_rebuilds_from_its_classpath() -> None:
@@ -65,9 +81,12 @@ def test_the_wait_defers_to_a_trigger_the_triggerer_rebuilds_from_its_classpath(
 def test_the_wait_fails_naming_the_failed_shard_when_the_trigger_says_so() -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
+    from regen_airflow.alerts import advice
     from regen_airflow.shard_states import WaitForOwnShards
 
     wait = WaitForOwnShards(task_id="wait", prepared={"dataset": "large"}, groups=GROUPS, poll_s=2)
     assert wait.execute_complete({}, {"status": "success"}) is None
-    with pytest.raises(AirflowFailException, match=r"large/shard-00002 \+1 \(validate_shard: failed\)"):
+    with pytest.raises(AirflowFailException, match=r"large/shard-00002 \+1 \(validate_shard: failed\)") as failed:
         wait.execute_complete({}, {"status": "failed", "failures": [[2, "validate_shard: failed"]]})
+    # Never retried (AirflowFailException), yet its alert advises clearing, which mends it, not a new run.
+    assert "Clear the run's failed tasks to resume" in advice(failed.value)

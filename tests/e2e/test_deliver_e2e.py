@@ -105,6 +105,7 @@ def test_a_failed_shard_fails_its_own_wait_at_once_and_clearing_the_failed_tasks
         assert (ended(waits["large"]) - first_failed).total_seconds() < 30, (waits["large"], first_failed)
         log = stack.task_log(run_id, "deliver_dataset.wait_for_shards", waits["large"]["map_index"])
         assert "large: not verified, shards did not finish: large/shard-" in log and "generate_shard: failed" in log
+        assert "Clear the run's failed tasks to resume" in log  # the alert's advice: clearing mends it
 
         sim = start_simulator(folder, *SLOW_FLEET, port=int(port))  # the fleet is back
         stack.call("POST", f"/dags/{DAG_ID}/dagRuns/{run_id}/clear", json={"dry_run": False, "only_failed": True})
