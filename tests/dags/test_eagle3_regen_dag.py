@@ -194,8 +194,8 @@ def test_parsing_opens_no_connections_and_skips_heavy_imports() -> None:
 
 
 def test_docker_compose_agrees_with_the_config_and_the_profile() -> None:
-    """The pool's slots come from the config's shard_tasks ($$ is compose's escape for a shell $), and the server
-    loads the revision the production profile pins."""
+    """The pool's slots come from the config's shard_tasks ($$ is compose's escape for a shell $), the server loads
+    the revision the production profile pins, and a triggerer runs."""
     import yaml
 
     from regen.profiles import lookup
@@ -205,6 +205,8 @@ def test_docker_compose_agrees_with_the_config_and_the_profile() -> None:
     assert "pools set sglang_fleet $$(python -c 'from regen.config import load_config; " in command
     assert "print(load_config().defaults.shard_tasks)')" in command
     assert f"--revision {lookup('kimi-k2.5').revision}" in compose["services"]["sglang"]["command"]
+    # Each dataset's wait for its own shards is deferred: without a triggerer, no dataset would ever be verified.
+    assert compose["services"]["airflow-triggerer"]["command"] == "airflow triggerer"
 
 
 def test_the_alert_mail_escapes_what_it_quotes() -> None:
