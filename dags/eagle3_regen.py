@@ -4,7 +4,8 @@ Wiring only: every task calls one function of `regen.pipeline`, and tasks pass s
 XCom grows with the number of prompts (a prepared dataset is its shard count, a group of shards a range).
 plan -> check_server -> prepare (per dataset; a large one's tokenising in parts, per part) ->
 [generate -> validate -> export] (per shard, pool-limited) ->
-[verify -> publish] (per dataset: every file and record read back, then manifest.json last and one asset event)
+[verify -> publish] (per dataset, once its own shards finished: every file and record read back, then manifest.json
+last and one asset event)
 -> report. The run is red unless every selected
 dataset was published or is unchanged since its last version.
 """
@@ -19,6 +20,7 @@ from airflow.sdk import Asset, Param, TriggerRule, dag, get_current_context, tas
 from regen.config import load_config
 from regen.run_params import form
 from regen_airflow.alerts import failure_notifiers
+from regen_airflow.shard_states import WaitForOwnShards, group_label
 from regen_airflow.tasks import (
     PUBLISHED_DATASETS,
     final_errors_fail_now,
@@ -130,40 +132,35 @@ def eagle3_regen() -> None:
         return pipeline.shard_groups(finished, run["shard_task_limit"])
 
     # Each mapped task handles one shard, or a group of consecutive shards in turn when a run has more shards than
-    # the config's shard_task_limit. The group arrives as a range; generate reads its shards' manifests from prepare's
-    # record and passes them on, so each task's XCom holds its own shards' manifests only.
-    def _label(dataset: str, first: int, count: int) -> None:
-        label = f"{dataset}/shard-{first:05d}" + (f" +{count - 1}" if count > 1 else "")
-        get_current_context()["label"] = label  # type: ignore[typeddict-unknown-key]
-
-    def _label_shards(shards: list[dict[str, Any]]) -> None:
-        _label(shards[0]["location"]["dataset"], shards[0]["shard"], len(shards))
+    # the config's shard_task_limit. The group travels as a range, whatever its size: each stage keeps its shards'
+    # manifests in storage, where the next stage reads them.
+    def _label(group: dict[str, Any]) -> None:
+        get_current_context()["label"] = group_label(group)  # type: ignore[typeddict-unknown-key]
 
     @task(pool=FLEET_POOL, map_index_template="{{ label }}")
-    def generate_shard(run: dict[str, Any], group: dict[str, Any]) -> list[dict[str, Any]]:
+    def generate_shard(run: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
         from regen import pipeline
 
-        _label(group["dataset"], group["first"], group["count"])
+        _label(group)
         keys = run_api_keys(run, get_current_context()["params"], ENDPOINTS)  # logins of endpoint URLs too
         with final_errors_fail_now():  # a refused API key, a template changed mid-conversation
-            spec = _run(run)
-            shards = pipeline.group_shards(spec, group, run_s3_client(run))
-            return [pipeline.generate_shard(spec, shard, run_s3_client(run), keys) for shard in shards]
+            return pipeline.generate_group(_run(run), group, run_s3_client(run), keys)
 
     @task(map_index_template="{{ label }}")
-    def validate_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def validate_shard(run: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
         from regen import pipeline
 
-        _label_shards(shards)
+        _label(group)
         with final_errors_fail_now():  # a changed template renders the same way on a retry
-            return [pipeline.validate_shard(_run(run), shard, run_s3_client(run)) for shard in shards]
+            return pipeline.validate_group(_run(run), group, run_s3_client(run))
 
     @task(map_index_template="{{ label }}")
-    def export_shard(run: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def export_shard(run: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
         from regen import pipeline
 
-        _label_shards(shards)
-        return [pipeline.export_shard(_run(run), shard, run_s3_client(run)) for shard in shards]
+        _label(group)
+        with final_errors_fail_now():  # a stage's manifest missing: that stage is the one to run again
+            return pipeline.export_group(_run(run), group, run_s3_client(run))
 
     @task_group
     def process_shard(run: dict[str, Any], group: dict[str, Any]) -> Any:
@@ -194,11 +191,22 @@ def eagle3_regen() -> None:
             context["outlet_events"][PUBLISHED_DATASETS].add(asset, extra=pipeline.asset_event(published))
         return published
 
-    # One group per dataset: its publish waits for its own verify only, never for another dataset's.
+    # One group per dataset: its verify waits for its own shards only (deferred in the triggerer, no slot held; at
+    # once failed, naming them, when one failed), and its publish for its own verify, never for another dataset's.
     @task_group
-    def deliver_dataset(run: dict[str, Any], prepared: dict[str, Any], fleet: list[dict[str, Any]]) -> Any:
+    def deliver_dataset(
+        run: dict[str, Any], prepared: dict[str, Any], fleet: list[dict[str, Any]], groups: list[dict[str, Any]]
+    ) -> Any:
+        waited = WaitForOwnShards(
+            task_id="wait_for_shards",
+            prepared=prepared,
+            groups=groups,
+            poll_s=CONFIG.defaults.verify_poll_s,
+            trigger_rule=TriggerRule.ALL_DONE,  # list_shards failed: nothing to wait for, and verify says why
+            map_index_template="{{ task.prepared.dataset }}",
+        )
         verified = verify_dataset(run, prepared)
-        processed >> verified
+        waited >> verified
         return publish_dataset(run, prepared, fleet, verified)
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
@@ -223,8 +231,8 @@ def eagle3_regen() -> None:
     parts = prepare_part.partial(run=run).expand(part=list_prepare_parts(run, prepared))
     shards = list_shards(run, prepared, fleet)
     parts >> shards
-    processed = process_shard.partial(run=run).expand(group=shards)
-    published = deliver_dataset.partial(run=run, fleet=fleet).expand(prepared=prepared)
+    process_shard.partial(run=run).expand(group=shards)
+    published = deliver_dataset.partial(run=run, fleet=fleet, groups=shards).expand(prepared=prepared)
     report(run, published, fleet)
 
 

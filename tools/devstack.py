@@ -1,8 +1,9 @@
-"""The local stack, real parts only: Airflow (scheduler, dag-processor, api-server; LocalExecutor on PostgreSQL),
-the SGLang-protocol simulator, and optionally an S3 HTTP API (moto server). Used by `make demo` and the e2e tests.
+"""The local stack, real parts only: Airflow (scheduler, dag-processor, api-server, triggerer; LocalExecutor on
+PostgreSQL), the SGLang-protocol simulator, and optionally an S3 HTTP API (moto server). Used by `make demo` and the
+e2e tests.
 
     python tools/devstack.py demo [--s3] [--limit N]     run eagle3_regen end to end and print where results are
-    python tools/devstack.py ui [--port 8080] [--s3]      the stack with its UI (triggerer included), up until Ctrl-C
+    python tools/devstack.py ui [--port 8080] [--s3]      the stack with its UI, up until Ctrl-C
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ class Stack:
     pool_slots: int | None = None  # default: the config's fleet_pool_slots, or its shard_tasks
     api_port: int = 0  # 0: a free port
     simulator_port: int | None = None  # the first simulator's; None: a free port
-    with_triggerer: bool = False  # the UI's health page expects one; the pipeline defers nothing to it
+    # The pipeline needs one: each dataset's wait for its own shards is deferred to it (regen_airflow.shard_states).
+    with_triggerer: bool = True
     executor: str = "LocalExecutor"  # or CeleryExecutor: Redis on loopback as the broker, `celery_workers` workers
     celery_workers: int = 2
     # Seconds without a supervisor's heartbeat before the scheduler fails (and retries) its task; Airflow's default is

@@ -164,6 +164,9 @@ class Defaults(BaseModel):
         description="mapped tasks per shard stage in one run; more shards are grouped, several per task, in turn",
     )
 
+    verify_poll_s: float = Field(
+        30.0, gt=0, description="how often the triggerer asks whether a dataset's own shards finished (no slot held)"
+    )
     sglang_conn_id: str = Field(
         "sglang_default",
         description="Airflow connection with the fleet's API key (servers started with --api-key): its password for "

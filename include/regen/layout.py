@@ -15,6 +15,7 @@
       rejected/prepare-part-00003.jsonl        the prompts a prepare part's tokenising rejected
       reports/shard-00042-verdicts.parquet     validate's verdict on every answer
       reports/shard-00042.json                 the shard's final manifest (its presence: the shard is finished)
+      reports/shard-00042.generate.json        its manifest after generate (and .validate.json): the next stage's input
       report/{writer}/report.json, .html, *.png the dataset report, in its publisher's own folder (the manifest
                                                names the writer: of two publishers, the loser's is never named)
       manifest.json                            written last: its presence means the version is complete
@@ -37,6 +38,7 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # starts with a l
 VERSION_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 MANIFEST = "manifest.json"
 SPLITS = ("train", "truncated")
+STAGES_PASSED_ON = ("generate", "validate")  # a shard's stages whose manifest the next stage's task reads
 REPORT_FILES = ("report.json", "report.html")
 REPORT_PLOTS = ("lengths.png", "verdicts.png")  # the plots report.html shows (regen.dataset_report draws them)
 # What a version's page may be asked to serve to a signed-in user: the manifest and the dataset report, nothing else.
@@ -227,6 +229,13 @@ class ShardKeys:
     def report(self) -> str:
         """The shard's final manifest; its presence means the shard is finished."""
         return self._key("reports", ".json")
+
+    def stage_manifest(self, stage: str) -> str:
+        """The shard's manifest after `stage` (generate, validate), read by the next stage's task: tasks pass a
+        group of shards as a range, whatever its size, and its manifests stay here."""
+        if stage not in STAGES_PASSED_ON:
+            raise ValueError(f"unknown stage {stage!r}: one of {', '.join(STAGES_PASSED_ON)}")
+        return self._key("reports", f".{stage}.json")
 
     def split(self, split: str, fmt: str = "parquet") -> str:
         if split not in SPLITS:

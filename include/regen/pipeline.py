@@ -2,8 +2,9 @@
 
 This is the seam between the orchestrator and the library: DAG tasks call exactly one of these each, and pass only
 what they return (small JSON dicts) to each other. No value passed grows with the number of prompts: a prepared
-dataset travels as its name and shard count, a group of shards as a range (the manifests are in the version's
-prompts/prepare.json), a shard as its own manifest. Anything here runs the same without Airflow.
+dataset travels as its name and shard count, a group of shards as a range between every stage (its shards'
+manifests stay in storage: prompts/prepare.json, then each stage's reports/shard-*.{stage}.json). Anything here runs
+the same without Airflow.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from regen.run_report import write_run_report
 from regen.samples import samples_of
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.server_check import check_fleet
-from regen.storage import S3ClientFactory, Storage, check_writable, open_storage
+from regen.storage import S3ClientFactory, Storage, check_writable, get_json, open_storage
 from regen.tokenizers.loading import why_tokenizer_fails
 from regen.validate import ValidateSettings, run_validate
 from regen.version_inputs import dataset_inputs, dated, unchanged_since
@@ -236,7 +237,7 @@ def _prepared_in(storage: Storage, run: RunSpec, dataset: str) -> PreparedDatase
             f"{dataset}: not prepared ({storage.uri(key)} is missing): its prepare_dataset or one of its prepare_part "
             "tasks failed, and says why"
         )
-    return PreparedDataset.from_dict(json.loads(storage.get_bytes(key)))
+    return PreparedDataset.from_dict(get_json(storage, key))
 
 
 def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -260,6 +261,56 @@ def group_shards(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory
     """The manifests of a group's shards (`shard_groups`), as prepare recorded them."""
     shards = prepared_version(run, group["dataset"], s3_client).shards
     return [shard.to_dict() for shard in shards[group["first"] : group["first"] + group["count"]]]
+
+
+def generate_group(
+    run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None, api_keys: ApiKeys = NO_KEYS
+) -> dict[str, Any]:
+    """A group's shards (`shard_groups`) generated in turn, each one's manifest kept in storage for validate. The
+    group again: what the next task reads, the same few bytes at any number of shards."""
+    for shard in group_shards(run, group, s3_client):
+        _pass_on(run, generate_shard(run, shard, s3_client, api_keys), "generate", s3_client)
+    return _range(group)
+
+
+def validate_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    """A generated group's shards validated in turn, each one's manifest kept in storage for export; the group."""
+    for shard in _passed_on(run, group, "generate", s3_client):
+        _pass_on(run, validate_shard(run, shard, s3_client), "validate", s3_client)
+    return _range(group)
+
+
+def export_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    """A validated group's shards exported in turn (each writes its final manifest, reports/shard-*.json, which
+    verify reads); the group."""
+    for shard in _passed_on(run, group, "validate", s3_client):
+        export_shard(run, shard, s3_client)
+    return _range(group)
+
+
+def _range(group: dict[str, Any]) -> dict[str, Any]:
+    return {"dataset": group["dataset"], "first": group["first"], "count": group["count"]}
+
+
+def _pass_on(run: RunSpec, shard: dict[str, Any], stage: str, s3_client: S3ClientFactory | None) -> None:
+    # Right after the stage's own claimed block: a run that lost the claim failed there and never gets here.
+    manifest = ShardManifest.from_dict(shard)
+    _storage(run, s3_client).put_bytes(manifest.keys.stage_manifest(stage), json.dumps(shard).encode())
+
+
+def _passed_on(
+    run: RunSpec, group: dict[str, Any], stage: str, s3_client: S3ClientFactory | None
+) -> list[dict[str, Any]]:
+    """The manifests `stage` kept of a group's shards. Raises FinalError when one is missing: that stage's task
+    did not finish it (cleared alone, or its files deleted), so it is the task to run again."""
+    storage, location = _storage(run, s3_client), run.location(group["dataset"])
+    manifests = []
+    for number in range(group["first"], group["first"] + group["count"]):
+        key = location.shard(number).stage_manifest(stage)
+        if not storage.exists(key):
+            raise FinalError(f"{storage.uri(key)} is missing: run {stage}_shard for this group again")
+        manifests.append(get_json(storage, key))
+    return manifests
 
 
 def check_server(run: RunSpec, api_keys: ApiKeys = NO_KEYS) -> list[dict[str, Any]]:

@@ -25,10 +25,11 @@ BODY = (
 def advice(error: BaseException | None) -> str:
     """What mends the failure: a user error (a conf or config to fix, failed at once and never retried:
     tasks.final_errors_fail_now) is mended by fixing it and triggering again; anything else by clearing the run's
-    failed tasks, which resumes with the finished work kept."""
+    failed tasks, which resumes with the finished work kept (also for a failure that names the failed tasks it waited
+    for: `mended_by_clearing`)."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    if isinstance(error, AirflowFailException):
+    if isinstance(error, AirflowFailException) and not getattr(error, "mended_by_clearing", False):
         return (
             "Fix what it names (the run's conf or the deployment's config), then trigger a new run: clearing will "
             "not mend it."

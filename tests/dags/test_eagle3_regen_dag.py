@@ -46,7 +46,9 @@ def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
         "process_shard.generate_shard": ["list_shards", "plan"],
         "process_shard.validate_shard": ["plan", "process_shard.generate_shard"],
         "process_shard.export_shard": ["plan", "process_shard.validate_shard"],
-        "deliver_dataset.verify_dataset": ["plan", "prepare_dataset", "process_shard.export_shard"],
+        # A dataset's verify waits for its own shards only, deferred (below), never for every dataset's.
+        "deliver_dataset.wait_for_shards": ["list_shards", "prepare_dataset"],
+        "deliver_dataset.verify_dataset": ["deliver_dataset.wait_for_shards", "plan", "prepare_dataset"],
         "deliver_dataset.publish_dataset": [
             "check_server",
             "deliver_dataset.verify_dataset",
@@ -61,6 +63,7 @@ def test_policy_pool_one_run_at_a_time_and_an_asset_per_dataset(dag) -> None:  #
     from airflow.sdk import AssetAlias
 
     from regen_airflow.alerts import FailureLog
+    from regen_airflow.shard_states import WaitForOwnShards
 
     assert set(dag.tags) >= {"eagle3", "sglang"}
     assert dag.max_active_runs == 1
@@ -69,6 +72,10 @@ def test_policy_pool_one_run_at_a_time_and_an_asset_per_dataset(dag) -> None:  #
     assert publish.outlets == [AssetAlias("eagle3_regen_datasets")] and verify.outlets == []
     # Both run after failed shards (complete datasets are published); publish refuses when its own verify failed.
     assert publish.trigger_rule == verify.trigger_rule == "all_done"
+    # Its wait for its own shards is deferred to the triggerer, holding no worker slot, and runs after a failed
+    # list_shards too (nothing to wait for: verify says what is missing).
+    wait = dag.get_task("deliver_dataset.wait_for_shards")
+    assert isinstance(wait, WaitForOwnShards) and wait.trigger_rule == "all_done" and wait.poll_s == 30
     assert all(any(isinstance(n, FailureLog) for n in t.on_failure_callback) for t in dag.tasks)
 
 
@@ -188,7 +195,7 @@ def test_parsing_opens_no_connections_and_skips_heavy_imports() -> None:
 
 def test_docker_compose_agrees_with_the_config_and_the_profile() -> None:
     """The pool's slots come from the config's fleet_pool_slots or shard_tasks ($$ is compose's escape for a shell $),
-    and the server loads the revision the production profile pins."""
+    the server loads the revision the production profile pins, and a triggerer runs."""
     import yaml
 
     from regen.profiles import lookup
@@ -198,6 +205,8 @@ def test_docker_compose_agrees_with_the_config_and_the_profile() -> None:
     assert "pools set sglang_fleet $$(python -c 'from regen.config import load_config; " in command
     assert "print(load_config().defaults.pool_slots)')" in command
     assert f"--revision {lookup('kimi-k2.5').revision}" in compose["services"]["sglang"]["command"]
+    # Each dataset's wait for its own shards is deferred: without a triggerer, no dataset would ever be verified.
+    assert compose["services"]["airflow-triggerer"]["command"] == "airflow triggerer"
 
 
 def test_the_alert_mail_escapes_what_it_quotes() -> None:

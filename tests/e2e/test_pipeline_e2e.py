@@ -32,7 +32,7 @@ EXPECTED_PROMPTS = {"B1_glaive": 36, "B2_opencodeinstruct": 48}
 GOOD = list(EXPECTED_PROMPTS)
 # Files of a version besides those its manifest lists: the bookkeeping that makes each stage idempotent.
 BOOKKEEPING = re.compile(
-    r"(manifest\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json|reports/shard-\d+\.json)$"
+    r"(manifest\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json|reports/shard-\d+(\.generate|\.validate)?\.json)$"
 )  # the config also has B3_missing, whose source does not exist
 USER_PROFILE = "my-model"
 DEEPSEEK_PROFILE = "my-deepseek"  # DeepSeek-style, config only: its own special tokens, call ids the function name

@@ -61,6 +61,7 @@ def test_every_key_of_a_version_is_the_documented_one() -> None:
         "generate rejections": shard.rejected("generate"),
         "verdicts": shard.verdicts,
         "shard report": shard.report,
+        "after generate": shard.stage_manifest("generate"),
         "train": shard.split("train"),
         "truncated as JSON Lines": shard.split("truncated", "jsonl"),
         "run report": layout.run_report_key("kimi-k2.5", "nightly-1"),
@@ -78,6 +79,7 @@ def test_every_key_of_a_version_is_the_documented_one() -> None:
         "generate rejections": f"{version}/rejected/shard-00042-generate.jsonl",
         "verdicts": f"{version}/reports/shard-00042-verdicts.parquet",
         "shard report": f"{version}/reports/shard-00042.json",
+        "after generate": f"{version}/reports/shard-00042.generate.json",
         "train": f"{version}/train/shard-00042.parquet",
         "truncated as JSON Lines": f"{version}/truncated/shard-00042.jsonl",
         "run report": "kimi-k2.5/runs/nightly-1.json",
@@ -92,6 +94,8 @@ def test_a_name_that_could_leave_the_root_reaches_no_key(name: str) -> None:
         layout.run_report_key(name, "v1")
     with pytest.raises(ValueError, match="unknown split"):
         DatasetLocation("/r", "p", "d", "v").shard(0).split("../train")
+    with pytest.raises(ValueError, match="unknown stage"):
+        DatasetLocation("/r", "p", "d", "v").shard(0).stage_manifest("../x")
 
 
 def test_names_the_layout_uses_itself_are_refused() -> None:

@@ -14,12 +14,14 @@ import yaml
 from regen import pipeline
 from regen.config import ConfigError, DatasetConfig
 from regen.datasets.sources import source_digests
+from regen.errors import FinalError
 from regen.layout import latest_key
 from regen.verify import VerificationFailed, verify_published
 from regen.version_inputs import dataset_inputs
 from tests.conftest import ROOT, Simulator, each_shard
 
 DATASET = "B1_glaive"
+SHARDS = 1000  # shards in one group, in the XCom test
 
 
 @pytest.fixture
@@ -211,6 +213,42 @@ def test_the_advice_for_too_many_parts_is_a_value_that_maps(
     assert config["defaults"]["prepare_part_prompts"] == 40  # 35 would give the first 2 parts, the second 3
     assert [s.get("parts") for s in summaries] == [None, 2]  # the first prepared whole (one part), the second in 2
     assert pipeline.dataset_parts(run, summaries) == [[1, 0], [1, 1]]
+
+
+def one_prompt_rows(path: Path, count: int) -> None:
+    rows = ({"messages": [{"role": "user", "content": f"Question {i}: name a prime above {i}."}]} for i in range(count))
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_a_group_of_a_thousand_shards_passes_the_same_few_bytes_between_its_tasks(
+    deployment: Path, simulator: Simulator
+) -> None:
+    """Each of generate, validate and export returns what the DAG's mapped task puts in XCom: the group's range,
+    its shards' manifests staying in storage, so one task's XCom is as small at 1,000 shards as at one."""
+    one_prompt_rows(deployment / "B1.jsonl", SHARDS)
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "shard_size": 1}, "a-thousand"))
+    prepared = pipeline.prepare_dataset(run, DATASET)
+    assert prepared["shard_count"] == SHARDS
+    [group] = pipeline.shard_groups([prepared], 1)  # one mapped task for all 1,000 shards
+    assert group["count"] == SHARDS
+    sizes, value = {}, group
+    for stage in (pipeline.generate_group, pipeline.validate_group, pipeline.export_group):
+        value = stage(run, value)
+        assert value == group  # the range it was given, whatever its count
+        sizes[stage.__name__] = len(json.dumps(value).encode())
+    assert max(sizes.values()) < 100, sizes
+    published = pipeline.publish_dataset(run, prepared, [], pipeline.verify_dataset(run, prepared))
+    assert published["records"] == SHARDS  # every shard went through all three stages, handed on in storage
+
+
+def test_a_stage_run_again_alone_without_its_input_says_which_stage_to_run(
+    deployment: Path, simulator: Simulator
+) -> None:
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "shard_size": 4}, "cleared-alone"))
+    prepared = pipeline.prepare_dataset(run, DATASET)
+    [group] = pipeline.shard_groups([prepared], 1)
+    with pytest.raises(FinalError, match=r"shard-00000\.generate\.json is missing: run generate_shard"):
+        pipeline.validate_group(run, group)
 
 
 def test_a_dataset_in_parts_waits_for_every_part_and_then_publishes(deployment: Path, simulator: Simulator) -> None:

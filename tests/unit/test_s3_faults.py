@@ -26,7 +26,7 @@ from tools.s3_fault_proxy import FaultProxy, run_in_thread
 
 # Files a version holds besides those its manifest lists: bookkeeping that makes stages idempotent.
 BOOKKEEPING = re.compile(
-    r"(manifest\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json|reports/shard-\d+\.json)$"
+    r"(manifest\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json|reports/shard-\d+(\.generate|\.validate)?\.json)$"
 )
 
 

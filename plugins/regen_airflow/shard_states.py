@@ -1,0 +1,123 @@
+"""Whether one dataset's shards are finished, asked of Airflow: what its delivery waits for.
+
+Airflow maps the shard tasks once over the groups of every dataset (it cannot map within a mapped group), so no
+dependency can say "this dataset's shards". A small deferrable task waits instead: `WaitForOwnShards` defers to
+`OwnShardsTrigger`, which polls, in the triggerer (no worker slot held), the states of the dataset's own shard tasks,
+and fires once every one succeeded, or at once when one failed, naming it. Not reschedule mode: Airflow 3.3 may fail
+a rescheduled sensor on a stale executor event (apache/airflow#71172).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+SHARD_TASKS = ("process_shard.generate_shard", "process_shard.validate_shard", "process_shard.export_shard")
+# A shard task in any other state (none yet, queued, running, up_for_retry, restarting) is still to finish.
+NOT_SUCCEEDED = frozenset({"failed", "upstream_failed", "skipped", "removed"})
+
+
+def group_label(group: dict[str, Any]) -> str:
+    """A group's name for people, as its tasks are labelled: `dataset/shard-00003`, `+N` for N more shards."""
+    first, count = group["first"], group["count"]
+    return f"{group['dataset']}/shard-{first:05d}" + (f" +{count - 1}" if count > 1 else "")
+
+
+def own_indexes(dataset: str, groups: list[dict[str, Any]]) -> list[int]:
+    """The map indexes of `dataset`'s shard tasks: a group's map index is its place in `list_shards`' groups."""
+    return [index for index, group in enumerate(groups) if group["dataset"] == dataset]
+
+
+def shard_failures(indexes: list[int], states: dict[str, str | None]) -> list[list[Any]]:
+    """[map index, "task: state"] for every shard task of `indexes` that did not succeed and never will.
+    `states`: Airflow's task states of the run, keyed `{task_id}_{map_index}`."""
+    return [
+        [index, f"{task.rsplit('.', 1)[-1]}: {state}"]
+        for index in indexes
+        for task in SHARD_TASKS
+        if (state := states.get(f"{task}_{index}")) in NOT_SUCCEEDED
+    ]
+
+
+def shards_succeeded(indexes: list[int], states: dict[str, str | None]) -> bool:
+    return all(states.get(f"{SHARD_TASKS[-1]}_{index}") == "success" for index in indexes)
+
+
+def failed_message(dataset: str, groups: list[dict[str, Any]], failures: list[list[Any]]) -> str:
+    named = ", ".join(f"{group_label(groups[index])} ({what})" for index, what in failures)
+    return (
+        f"{dataset}: not verified, shards did not finish: {named}. Clear the run's failed tasks (finished answers "
+        "are kept): the shards run again and this task waits for them"
+    )
+
+
+class ShardsDidNotFinish(AirflowFailException):
+    """The wait fails at once, never retried: its shards stay failed until cleared. Unlike a user error, clearing the
+    run's failed tasks mends it, and the failure alert says so (regen_airflow.alerts)."""
+
+    mended_by_clearing = True
+
+
+class OwnShardsTrigger(BaseTrigger):
+    """Polls the states of one run's shard tasks of the given map indexes (the triggerer reaches Airflow's execution
+    API as a task does); fires {"status": "success"} once all succeeded, {"status": "failed", "failures": [...]} as
+    soon as one failed."""
+
+    def __init__(self, dag_id: str, run_id: str, indexes: list[int], poll_s: float) -> None:
+        super().__init__()
+        self.dag_id, self.run_id, self.indexes, self.poll_s = dag_id, run_id, list(indexes), poll_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        kwargs = {"dag_id": self.dag_id, "run_id": self.run_id, "indexes": self.indexes, "poll_s": self.poll_s}
+        return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+        from asgiref.sync import sync_to_async
+
+        while True:
+            found = await sync_to_async(RuntimeTaskInstance.get_task_states)(
+                dag_id=self.dag_id, task_ids=list(SHARD_TASKS), run_ids=[self.run_id]
+            )
+            states = dict(found.get(self.run_id, {}))
+            if failures := shard_failures(self.indexes, states):
+                yield TriggerEvent({"status": "failed", "failures": failures})
+                return
+            if shards_succeeded(self.indexes, states):
+                yield TriggerEvent({"status": "success"})
+                return
+            await asyncio.sleep(self.poll_s)
+
+
+class WaitForOwnShards(BaseOperator):
+    """Waits, deferred (no worker slot held), until the shard tasks of `prepared`'s dataset finished; fails naming
+    the shards when one of them failed. Nothing to wait for (no groups: list_shards failed; no shards of its own)
+    returns at once: verify_dataset then says what is missing."""
+
+    template_fields = ("prepared", "groups")
+
+    def __init__(
+        self, *, prepared: Any, groups: Any, poll_s: float, wait_limit: timedelta = timedelta(days=7), **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.prepared, self.groups, self.poll_s, self.wait_limit = prepared, groups, poll_s, wait_limit
+
+    def execute(self, context: Any) -> None:
+        if not self.prepared or not self.groups:
+            return
+        indexes = own_indexes(self.prepared["dataset"], self.groups)
+        if not indexes:  # unchanged since its last version, or no shards listed for it
+            return
+        ti = context["ti"]
+        trigger = OwnShardsTrigger(ti.dag_id, ti.run_id, indexes, self.poll_s)
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=self.wait_limit)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
+        if event["status"] != "success":
+            raise ShardsDidNotFinish(failed_message(self.prepared["dataset"], self.groups, event["failures"]))
