@@ -20,7 +20,8 @@ from regen.chat import ChatRenderer
 from regen.claims import held, release
 from regen.config import ConfigError, load_config
 from regen.datasets.eval_suites import load_suites
-from regen.datasets.prepare import PreparedParts, finish_parts, part_layout, prepare_part, run_prepare
+from regen.datasets.parts import part_prompts_to_map
+from regen.datasets.prepare import PreparedParts, finish_parts, prepare_part, run_prepare
 from regen.datasets.sources import source_digests
 from regen.datasets.tokenise import pool_size
 from regen.errors import FinalError
@@ -161,23 +162,9 @@ def dataset_parts(run: RunSpec, prepared: list[dict[str, Any]]) -> list[list[int
 
 
 def _part_prompts_to_map(run: RunSpec, in_parts: list[dict[str, Any]]) -> int:
-    """The least prepare_part_prompts whose parts, cut as part_layout cuts them (whole shards of samples a part),
-    number at most MAX_MAP_LENGTH over these datasets; a dataset of one part is prepared whole and maps none."""
-    samples = [
-        len(samples_of("", run.dataset(p["dataset"]).temperatures, run.dataset(p["dataset"]).samples_per_prompt))
-        for p in in_parts
-    ]
-
-    def parts(shards: int) -> int:
-        cuts = [part_layout(run.shard_size, n, shards * run.shard_size)[0] for n in samples]
-        counts = [-(-p["prompts"] // cut) for p, cut in zip(in_parts, cuts, strict=True)]
-        return sum(n for n in counts if n > 1)
-
-    low, high = 1, max(p["prompts"] for p in in_parts) * max(samples)  # high: every dataset one part
-    while low < high:  # parts(shards) only falls as a part holds more shards
-        middle = (low + high) // 2
-        low, high = (low, middle) if parts(middle) <= MAX_MAP_LENGTH else (middle + 1, high)
-    return low * run.shard_size
+    sizes = [(p["prompts"], run.dataset(p["dataset"])) for p in in_parts]
+    counts = [(prompts, len(samples_of("", d.temperatures, d.samples_per_prompt))) for prompts, d in sizes]
+    return part_prompts_to_map(run.shard_size, counts, MAX_MAP_LENGTH)
 
 
 def part_name(run: RunSpec, reference: list[int]) -> str:

@@ -221,6 +221,23 @@ def part_layout(shard_size: int, samples: int, part_prompts: int) -> tuple[int, 
     return prompts, math.ceil(prompts * samples / shard_size)
 
 
+def part_prompts_to_map(shard_size: int, datasets: list[tuple[int, int]], cap: int) -> int:
+    """The least prepare_part_prompts whose parts, cut as part_layout cuts them (whole shards of samples a part),
+    number at most `cap` over these datasets (each its prompts and samples a prompt); a dataset of one part is
+    prepared whole and maps none."""
+
+    def parts(shards: int) -> int:
+        cuts = [part_layout(shard_size, samples, shards * shard_size)[0] for _, samples in datasets]
+        counts = [-(-prompts // cut) for (prompts, _), cut in zip(datasets, cuts, strict=True)]
+        return sum(n for n in counts if n > 1)
+
+    low, high = 1, max(p for p, _ in datasets) * max(s for _, s in datasets)  # high: every dataset one part
+    while low < high:  # parts(shards) only falls as a part holds more shards
+        middle = (low + high) // 2
+        low, high = (low, middle) if parts(middle) <= cap else (middle + 1, high)
+    return low * shard_size
+
+
 def prepare_part(
     config: DatasetConfig, location: DatasetLocation, storage: Storage, renderer: ChatRenderer, part: int, workers: int
 ) -> dict[str, Any]:
