@@ -117,6 +117,7 @@ class ChatRenderer:
                 call_id=p.call_id_pattern() if grammar.format == "sections" else None,
                 parser=p.tool_call_parser,
                 ends_reasoning=p.reasoning_tool_start == grammar.tokens().get("section_begin", grammar.call_begin),
+                reasoning_ends_at=p.reasoning_tool_start,
             )
             if grammar
             else None,

@@ -221,7 +221,14 @@ class _Walk:
             return None
         calls = self.roles.tool_calls
         if calls is not None and not calls.ends_reasoning:  # e.g. deepseek-v3's parser ends reasoning at <tool_call>
-            return _reject(Reason.TOOL_CALL_IN_REASONING, f"tool call at {pos}: SGLang reads it as reasoning")
+            ends_at = calls.reasoning_ends_at
+            if not ends_at or ends_at not in self.decode(self.output[:pos]):
+                return _reject(Reason.TOOL_CALL_IN_REASONING, f"tool call at {pos}: SGLang reads it as reasoning")
+            # That text, written before this call, ended the reasoning for SGLang: the call is in the answer, and a
+            # reasoning end after it is one too many (not a section closing the reasoning).
+            self.phase, self.reasoning_len = "answer", pos
+            self._flag(FLAG_NO_REASONING_END)
+            return None
         # The first call marker ends reasoning implicitly.
         self.phase, self.reasoning_len, self.ended_by_section = "answer", pos, True
         self._flag(FLAG_NO_REASONING_END)

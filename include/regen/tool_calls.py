@@ -55,6 +55,7 @@ class ToolCallIds:
     call_id: re.Pattern[str] | None = None
     parser: str | None = None  # the profile's tool_call_parser: whose reading of the calls this is
     ends_reasoning: bool = True  # the first call marker ends reasoning (the reasoning parser's tool start)
+    reasoning_ends_at: str | None = None  # else the text that does (deepseek-v3: `<tool_call>`), written as text
 
     @property
     def sectioned(self) -> bool:
@@ -62,7 +63,11 @@ class ToolCallIds:
 
     def as_record(self) -> dict[str, Any]:
         fields = dataclasses.asdict(self)
-        return {k: v for k, v in fields.items() if k not in ("call_id", "parser", "ends_reasoning") and v is not None}
+        return {
+            k: v
+            for k, v in fields.items()
+            if k not in ("call_id", "parser", "ends_reasoning", "reasoning_ends_at") and v is not None
+        }
 
 
 class BadCall(ValueError):

@@ -10,16 +10,23 @@ from collections import Counter
 from typing import Any
 
 import orjson
-from hypothesis import given
+from hypothesis import example, given
 
 from regen.chat import ChatRenderer
 from regen.judge import judge_output
 from regen.on_policy import assistant_message, read_message
-from tests.deepseek_style import CALL_BEGIN, MARKERS
+from tests.deepseek_style import CALL_BEGIN, MARKERS, SECTION_BEGIN, SECTION_END
 from tests.parity.deepseek_answers import deepseek_answer
 from tests.parity.oracle import CASES, DIFFERENTIAL, Oracle
 from tests.parity.test_answer_parity import READING, as_sglang_returns
 
+# Found by the property test: `<tool_call>` written as text ends deepseek-v3's reasoning, so the section after it is
+# in the answer, which SGLang reads.
+TEXT_ENDS_REASONING = {
+    "messages": [{"role": "user", "content": "the"}],
+    "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {}}}}],
+    "text": f"\n<tool_call>{SECTION_BEGIN}{SECTION_END}",
+}
 RANDOM_ID = re.compile(r"call_[0-9a-f]{24}")  # serving_chat `_process_tool_call_id` for every parser but kimi_k2
 
 
@@ -52,6 +59,7 @@ def test_deepseek_answers_read_and_judged_as_sglang_reads_them(
 
     @DIFFERENTIAL
     @given(deepseek_answer())
+    @example(TEXT_ENDS_REASONING)
     def check(case: dict[str, Any]) -> None:
         tools = case["tools"]
         output_ids = [*renderer.tokenizer.encode(case["text"], add_special_tokens=False), min(roles.eos_ids)]
