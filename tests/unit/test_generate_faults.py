@@ -138,6 +138,15 @@ def test_sigkill_mid_shard_then_rerun_requests_only_the_unfinished(
     assert all(by_id[i]["rid"] == json.loads(line)["rid"] for i, line in checkpointed.items())
 
 
+def stop_once_answered(simulator: Simulator, deadline_s: float = 30.0) -> None:
+    give_up = time.monotonic() + deadline_s
+    while time.monotonic() < give_up:
+        if requests.get(f"{simulator.url}/sim/stats", timeout=5).json()["answered"] > 0:
+            break
+        time.sleep(0.02)
+    stop(simulator)
+
+
 def test_one_endpoint_dies_mid_run_and_the_other_finishes(
     tmp_path: Path, shard: tuple[LocalStorage, ShardManifest]
 ) -> None:
@@ -147,7 +156,8 @@ def test_one_endpoint_dies_mid_run_and_the_other_finishes(
     try:
         import threading
 
-        threading.Timer(0.4, stop, args=[dying]).start()
+        # Killed once it has answered, not after a fixed time: on a loaded machine the run may not have begun by then.
+        threading.Thread(target=stop_once_answered, args=[dying], daemon=True).start()
         manifest = run_generate(prompts, storage, settings(dying.url, healthy.url))
     finally:
         stop(healthy)
