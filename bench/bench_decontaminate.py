@@ -32,11 +32,11 @@ from bench_prepare import SHARD_SIZE, RowMaker, write_dataset  # noqa: E402
 
 from regen.chat import ChatRenderer  # noqa: E402
 from regen.config import DatasetConfig, DecontaminationConfig, EvalSuite  # noqa: E402
-from regen.datasets.eval_suites import load_suites  # noqa: E402
-from regen.datasets.prepare import run_prepare  # noqa: E402
 from regen.layout import DatasetLocation  # noqa: E402
 from regen.manifest import PreparedDataset  # noqa: E402
 from regen.profiles import lookup  # noqa: E402
+from regen.stages.prepare.eval_suites import load_suites  # noqa: E402
+from regen.stages.prepare.prepare import run_prepare  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 
 SUITES = ("mt_bench_like", "gsm8k_like", "mbpp_like")

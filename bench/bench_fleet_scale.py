@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_generate import SAMPLING, write_shard  # noqa: E402
-from regen.generate import GenerateSettings, run_generate  # noqa: E402
 from regen.manifest import ShardManifest  # noqa: E402
+from regen.stages.generate.generate import GenerateSettings, run_generate  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from tools.devstack import free_port, wait_until  # noqa: E402
 

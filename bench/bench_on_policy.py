@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 from regen.chat import ChatRenderer  # noqa: E402
 from regen.config import DatasetConfig, Sampling  # noqa: E402
-from regen.datasets.prepare import run_prepare  # noqa: E402
-from regen.generate import GenerateSettings, run_generate  # noqa: E402
 from regen.layout import DatasetLocation  # noqa: E402
 from regen.profiles import lookup  # noqa: E402
+from regen.stages.generate.generate import GenerateSettings, run_generate  # noqa: E402
+from regen.stages.prepare.prepare import run_prepare  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from tools.devstack import start_simulator  # noqa: E402
 

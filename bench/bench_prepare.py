@@ -35,12 +35,12 @@ sys.path.insert(0, str(ROOT / "include"))
 
 from regen.chat import ChatRenderer  # noqa: E402
 from regen.config import DatasetConfig, load_config  # noqa: E402
-from regen.datasets.normalise import Conversation  # noqa: E402
-from regen.datasets.prepare import run_prepare  # noqa: E402
-from regen.datasets.tokenise import available_cores, render_ordered  # noqa: E402
 from regen.layout import DatasetLocation  # noqa: E402
 from regen.manifest import PreparedDataset  # noqa: E402
 from regen.profiles import Profile, lookup  # noqa: E402
+from regen.stages.prepare.normalise import Conversation  # noqa: E402
+from regen.stages.prepare.prepare import run_prepare  # noqa: E402
+from regen.stages.prepare.tokenise import available_cores, render_ordered  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from regen.tokenizers.slow_kimi import ensure_slow_tokenizer  # noqa: E402
 

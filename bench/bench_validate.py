@@ -33,14 +33,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from regen.chat import ChatRenderer  # noqa: E402
-from regen.export import run_export  # noqa: E402
 from regen.layout import DatasetLocation  # noqa: E402
 from regen.manifest import ShardManifest  # noqa: E402
 from regen.profiles import SectionCalls, lookup  # noqa: E402
 from regen.records import RawAnswer, ShardPrompts, encode_answer, text_digest, write_raw  # noqa: E402
+from regen.stages.export import run_export  # noqa: E402
+from regen.stages.validate import ValidateSettings, check_render_drift, run_validate  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from regen.tool_calls import write_tagged  # noqa: E402
-from regen.validate import ValidateSettings, check_render_drift, run_validate  # noqa: E402
 
 
 def tool_call_text(renderer: ChatRenderer, name: str, arguments: str) -> str:
@@ -79,8 +79,8 @@ def build_shard(root: Path, renderer: ChatRenderer, records: int, seed: int = 0)
     """prompts/ and raw/ of one shard, as prepare and generate write them."""
     import pyarrow as pa
 
-    from regen.datasets.normalise import Conversation
-    from regen.datasets.prepare import PROMPT_SCHEMA
+    from regen.stages.prepare.normalise import Conversation
+    from regen.stages.prepare.prepare import PROMPT_SCHEMA
 
     rng = random.Random(seed)
     words = (ROOT / "include/regen/tokenizers/corpus.txt").read_text().split()

@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_validate import built_shard, records_wanted  # noqa: E402
 
-from regen.export import run_export  # noqa: E402
-from regen.publish import shard_entries  # noqa: E402
+from regen.stages.export import run_export  # noqa: E402
+from regen.stages.publish.publish import shard_entries  # noqa: E402
+from regen.stages.validate import ValidateSettings, run_validate  # noqa: E402
 from regen.storage import sha256_file  # noqa: E402
-from regen.validate import ValidateSettings, run_validate  # noqa: E402
 from regen.verify import verify_version  # noqa: E402
 
 

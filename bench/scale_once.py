@@ -18,12 +18,12 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from regen.config import DatasetConfig
-from regen.datasets.formats import normalise_row
-from regen.datasets.normalise import Conversation, Rejection
-from regen.datasets.sources import BadRow, iter_rows
 from regen.layout import SPLITS
 from regen.on_policy import dataset_turns
 from regen.samples import samples_of, turn_id
+from regen.stages.prepare.formats import normalise_row
+from regen.stages.prepare.normalise import Conversation, Rejection
+from regen.stages.prepare.sources import BadRow, iter_rows
 
 EXAMPLES = 5  # ids shown per kind of problem
 # A source row: its index and its prompts, each as (prompt id, the answer ids it should give).

@@ -15,11 +15,11 @@ from hypothesis.internal.conjecture import providers as hypothesis_providers
 
 from regen.chat import ChatRenderer
 from regen.config import load_config
-from regen.datasets.prepare import run_prepare
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest
 from regen.profiles import lookup
 from regen.records import ShardPrompts, read_raw
+from regen.stages.prepare.prepare import run_prepare
 from regen.storage import LocalStorage, Storage, read_table
 from tools.devstack import Simulator, free_port, start_simulator
 
@@ -163,9 +163,9 @@ def finish_shards(
 ) -> list[ShardManifest]:
     """Each shard through generate, validate and export against the server at `url`, as the DAG runs them."""
     from regen.config import Sampling
-    from regen.export import run_export
-    from regen.generate import GenerateSettings, run_generate
-    from regen.validate import run_validate
+    from regen.stages.export import run_export
+    from regen.stages.generate.generate import GenerateSettings, run_generate
+    from regen.stages.validate import run_validate
 
     settings = GenerateSettings([url], Sampling().as_params(), concurrency=8)
     generated = [run_generate(s, storage, settings, renderer) for s in shards]
@@ -177,7 +177,7 @@ import json, sys
 from regen.chat import ChatRenderer
 from regen.profiles import lookup
 from regen.config import Sampling
-from regen.generate import GenerateSettings, run_generate
+from regen.stages.generate.generate import GenerateSettings, run_generate
 from regen.manifest import ShardManifest
 from regen.storage import LocalStorage
 shard = ShardManifest.from_dict(json.loads(sys.argv[1]))
@@ -188,7 +188,7 @@ run_generate(shard, LocalStorage(__import__("pathlib").Path(sys.argv[2])), setti
 
 
 def _publish_sample(root: Path, renderer: ChatRenderer, simulator: Simulator, version: str, limit: int) -> None:
-    from regen.publish import run_publish
+    from regen.stages.publish.publish import run_publish
 
     prepared, storage = prepare_sample(root, renderer, "B1_glaive", 10, limit, version=version)
     finish_shards(prepared.shards, storage, renderer, simulator.url)

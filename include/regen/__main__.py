@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from regen.cli_checks import config_problems, config_summary, plan_summary
 from regen.config import ConfigError, config_path
-from regen.config_check import config_problems, config_summary, plan_summary
-from regen.config_reference import render
+from regen.config.reference import render
 from regen.verify import manifest_uri_of, verify_version
 
 

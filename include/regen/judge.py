@@ -1,6 +1,6 @@
 """Every answer judged on its ids, against the profile's token roles; nothing here knows a model. Pure: no disk,
-no network (the validate stage, regen.validate, reads and writes around it; on-policy turns and the fleet check ask
-it too).
+no network (the validate stage, regen.stages.validate, reads and writes around it; on-policy turns and the fleet
+check ask it too).
 
 `judge` It finds the output's structural tokens (EOS, turn markers, reasoning and tool-call tokens) in one
 vectorised lookup, then walks only those positions through a small state machine:

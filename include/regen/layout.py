@@ -40,7 +40,10 @@ MANIFEST = "manifest.json"
 SPLITS = ("train", "truncated")
 STAGES_PASSED_ON = ("generate", "validate")  # a shard's stages whose manifest the next stage's task reads
 REPORT_FILES = ("report.json", "report.html")
-REPORT_PLOTS = ("lengths.png", "verdicts.png")  # the plots report.html shows (regen.dataset_report draws them)
+REPORT_PLOTS = (
+    "lengths.png",
+    "verdicts.png",
+)  # the plots report.html shows (regen.stages.publish.dataset_report draws them)
 # What a version's page may be asked to serve to a signed-in user: the manifest and the dataset report, nothing else.
 VIEWABLE_FILES = (MANIFEST, *REPORT_FILES, *REPORT_PLOTS)
 

@@ -159,7 +159,7 @@ class PreparedDataset:
     rows_read: int = 0  # source rows; stats count prompts, several per row with turns: every_assistant_turn
     # regen.version_inputs.dataset_inputs: what the version is made from
     inputs: dict[str, Any] = field(default_factory=dict)
-    # regen.datasets.eval_suites: the suites prompts were cleaned against (name, sha256) and each one's rejections
+    # regen.stages.prepare.eval_suites: the suites prompts were cleaned against (name, sha256) and each one's rejections
     decontamination: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -19,26 +19,26 @@ from typing import Any
 from regen.chat import ChatRenderer
 from regen.claims import held, release
 from regen.config import ConfigError, load_config
-from regen.datasets.eval_suites import load_suites
-from regen.datasets.parts import part_prompts_to_map
-from regen.datasets.prepare import PreparedParts, finish_parts, prepare_part, run_prepare
-from regen.datasets.sources import source_digests
-from regen.datasets.tokenise import pool_size
 from regen.errors import FinalError
-from regen.export import ExportSettings, run_export
-from regen.generate import GenerateSettings, run_generate
 from regen.layout import write_check_key
 from regen.manifest import PreparedDataset, ShardManifest
 from regen.profiles import Profile
-from regen.publish import run_publish, verify_contents
 from regen.run_params import RunSpec
 from regen.run_report import write_run_report
 from regen.samples import samples_of
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.server_check import check_fleet
+from regen.stages.export import ExportSettings, run_export
+from regen.stages.generate.generate import GenerateSettings, run_generate
+from regen.stages.prepare.eval_suites import load_suites
+from regen.stages.prepare.parts import part_prompts_to_map
+from regen.stages.prepare.prepare import PreparedParts, finish_parts, prepare_part, run_prepare
+from regen.stages.prepare.sources import source_digests
+from regen.stages.prepare.tokenise import pool_size
+from regen.stages.publish.publish import run_publish, verify_contents
+from regen.stages.validate import ValidateSettings, run_validate
 from regen.storage import S3ClientFactory, Storage, check_writable, get_json, open_storage
 from regen.tokenizers.loading import why_tokenizer_fails
-from regen.validate import ValidateSettings, run_validate
 from regen.version_inputs import dataset_inputs, dated, unchanged_since
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ def prepare_dataset_part(
 def finish_prepared(
     run: RunSpec, prepared: list[dict[str, Any]], s3_client: S3ClientFactory | None = None
 ) -> list[dict[str, Any]]:
-    """`prepare_dataset`'s summaries with every dataset left in parts recorded whole (regen.datasets.prepare's
+    """`prepare_dataset`'s summaries with every dataset left in parts recorded whole (regen.stages.prepare.prepare's
     `finish_parts`), once all its parts are tokenised. A dataset with a part that failed is left out, with its
     reason in the log: it is not prepared (its verify says so), and holds back no other dataset."""
     storage, finished = _storage(run, s3_client), []

@@ -48,7 +48,7 @@ class Reason(StrEnum):
     BAD_TOOL_CALL = "bad_tool_call", PREPARE
     BAD_TOOL_CALL_ARGUMENTS = "bad_tool_call_arguments", PREPARE
     DUPLICATE = "duplicate", PREPARE
-    EVAL_OVERLAP = "eval_overlap", PREPARE  # holds an item of an eval suite (regen.datasets.decontaminate)
+    EVAL_OVERLAP = "eval_overlap", PREPARE  # holds an item of an eval suite (regen.stages.prepare.decontaminate)
     PROMPT_TOO_LONG = "prompt_too_long", PREPARE
     TEMPLATE_ERROR = "template_error", PREPARE
     # generate: the server's answer to one sample

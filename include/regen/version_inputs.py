@@ -38,8 +38,8 @@ def dataset_inputs(
 ) -> dict[str, Any]:
     """Everything that decides what a version holds, and its digest (None when a source cannot be pinned).
     `profile`: the profile's record with its template and tokenizer-file hashes (ChatRenderer.fingerprint);
-    `sources`: each source's content identity (regen.datasets.sources.source_digests); `decontamination`: the eval
-    suites' record (regen.datasets.eval_suites), an input only when there are suites (earlier digests stand)."""
+    `sources`: each source's content identity (regen.stages.prepare.sources.source_digests); `decontamination`: the eval
+    suites' record (regen.stages.prepare.eval_suites), an input only when there are suites (earlier digests stand)."""
     # Library versions are recorded in manifests but are not inputs: an upgrade that renders the same ids is no change.
     pinned_profile = {k: v for k, v in profile.items() if not k.endswith("_version")}
     inputs = {

@@ -86,8 +86,8 @@ def test_the_alert_mail_and_log_line_show_no_login(tmp_path: Path) -> None:
     import jinja2
 
     from regen.chat import ChatRenderer
-    from regen.generate import GenerateSettings, run_generate
     from regen.profiles import lookup
+    from regen.stages.generate.generate import GenerateSettings, run_generate
     from regen_airflow.alerts import BODY, failure_message
     from tests.conftest import free_port, prepare_sample
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from regen import pipeline
-from regen.datasets import prepare, tokenise
 from regen.run_params import RunSpec
+from regen.stages.prepare import prepare, tokenise
 from regen_airflow.tasks import worker_task_slots
 from tests.conftest import project_config_in
 

@@ -12,10 +12,10 @@ import pytest
 
 from regen.chat import ChatRenderer
 from regen.config import Sampling
-from regen.generate import GenerateSettings, run_generate
 from regen.sglang.fleet import FleetUnavailable
 from regen.sglang.parity import PROVEN_SGLANG_VERSION
 from regen.sglang.server_check import check_fleet
+from regen.stages.generate.generate import GenerateSettings, run_generate
 from tests.conftest import Simulator, prepare_sample, project_config_in, raw_answers, shard_prompt_ids, start_simulator
 from tools.devstack import Stack, free_port
 from tools.router import Router, start_router

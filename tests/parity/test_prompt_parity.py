@@ -11,9 +11,9 @@ from hypothesis import example, given, settings
 
 from regen.chat import ChatRenderer
 from regen.chat_request import Refused
-from regen.datasets.formats import normalise_row
-from regen.datasets.normalise import Conversation, Rejection
-from regen.datasets.tokenise import render
+from regen.stages.prepare.formats import normalise_row
+from regen.stages.prepare.normalise import Conversation, Rejection
+from regen.stages.prepare.tokenise import render
 from tests.parity.conversations import LONG_TEXT, conversation
 from tests.parity.oracle import CASES, DIFFERENTIAL, Oracle
 

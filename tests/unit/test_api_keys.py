@@ -14,9 +14,9 @@ import requests
 from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.errors import FinalError
-from regen.generate import GenerateSettings, run_generate
 from regen.sglang.auth import ApiKeys, Unauthorized
 from regen.sglang.server_check import check_fleet
+from regen.stages.generate.generate import GenerateSettings, run_generate
 from tests.conftest import prepare_sample
 from tools.devstack import Simulator, start_simulator
 

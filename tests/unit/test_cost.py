@@ -12,10 +12,10 @@ import requests
 from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.manifest import GenerationReport
-from regen.publish import run_publish
 from regen.run_report import generation_cost
 from regen.sglang.server_check import check_fleet
 from regen.simulator.prefix_cache import PAGE, PrefixCache
+from regen.stages.publish.publish import run_publish
 from tests.conftest import Simulator, finish_shards, prepare_sample
 
 

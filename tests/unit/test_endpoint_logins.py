@@ -20,13 +20,13 @@ from regen import pipeline
 from regen.chat import ChatRenderer
 from regen.config import ConfigError, Sampling, load_config
 from regen.endpoints import Endpoint, run_logins
-from regen.generate import GenerateSettings, run_generate
 from regen.run_params import RunSpec, form
 from regen.run_report import IncompleteRun
 from regen.sglang.auth import ApiKeys, MissingLogin, Unauthorized
 from regen.sglang.fleet import FleetUnavailable
 from regen.sglang.fleet_status import fleet_status
 from regen.sglang.server_check import check_fleet
+from regen.stages.generate.generate import GenerateSettings, run_generate
 from tests.conftest import Simulator, free_port, prepare_sample, project_config_in
 from tests.login_proxy import SECRET, USER, LoginProxy
 

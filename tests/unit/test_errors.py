@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from regen.config import ConfigError
-from regen.datasets.sources import CorruptSource, MissingSource
 from regen.errors import FinalError
-from regen.publish import IncompleteDataset
 from regen.run_report import IncompleteRun
 from regen.sglang.client import PermanentError, TransientError
 from regen.sglang.fleet import FleetUnavailable
 from regen.sglang.server_check import ServerMismatch
-from regen.validate import TemplateDrift
+from regen.stages.prepare.sources import CorruptSource, MissingSource
+from regen.stages.publish.publish import IncompleteDataset
+from regen.stages.validate import TemplateDrift
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,11 @@ from regen.layout import DatasetLocation
 
 LIBRARY = Path(layout.__file__).parent
 STAGES = {
-    "regen.datasets.prepare": LIBRARY / "datasets" / "prepare.py",
-    "regen.generate": LIBRARY / "generate.py",
-    "regen.validate": LIBRARY / "validate.py",
-    "regen.export": LIBRARY / "export.py",
-    "regen.publish": LIBRARY / "publish.py",
+    "regen.stages.prepare.prepare": LIBRARY / "stages" / "prepare" / "prepare.py",
+    "regen.stages.generate.generate": LIBRARY / "stages" / "generate" / "generate.py",
+    "regen.stages.validate": LIBRARY / "stages" / "validate.py",
+    "regen.stages.export": LIBRARY / "stages" / "export.py",
+    "regen.stages.publish.publish": LIBRARY / "stages" / "publish" / "publish.py",
 }
 
 
@@ -39,8 +39,8 @@ def test_a_stage_imports_no_other_stage(stage: str) -> None:
 
 def test_the_check_finds_a_stage_importing_another(tmp_path: Path) -> None:
     planted = tmp_path / "stage.py"
-    planted.write_text("def f():\n    from regen.export import run_export\n")
-    assert "regen.export" in imported_modules(planted)
+    planted.write_text("def f():\n    from regen.stages.export import run_export\n")
+    assert "regen.stages.export" in imported_modules(planted)
 
 
 def test_every_key_of_a_version_is_the_documented_one() -> None:

@@ -13,9 +13,9 @@ import yaml
 
 from regen import pipeline
 from regen.config import ConfigError, DatasetConfig
-from regen.datasets.sources import source_digests
 from regen.errors import FinalError
 from regen.layout import latest_key
+from regen.stages.prepare.sources import source_digests
 from regen.verify import VerificationFailed, verify_published
 from regen.version_inputs import dataset_inputs
 from tests.conftest import ROOT, Simulator, each_shard

@@ -27,12 +27,12 @@ import pytest
 
 from regen.chat import ChatRenderer
 from regen.config import Sampling
-from regen.datasets.formats import normalise_row
-from regen.generate import GenerateSettings, run_generate
 from regen.manifest import ShardManifest
 from regen.on_policy import DatasetTurn, Ended, assistant_message, dataset_turns, next_prompt, turn_count
-from regen.publish import run_publish
 from regen.reasons import Reason
+from regen.stages.generate.generate import GenerateSettings, run_generate
+from regen.stages.prepare.formats import normalise_row
+from regen.stages.publish.publish import run_publish
 from regen.storage import Storage
 from regen.ui.catalog import Catalog
 from tests.conftest import KILLABLE_GENERATE, finish_shards, prepare_sample, raw_answers

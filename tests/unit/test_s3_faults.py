@@ -15,9 +15,9 @@ import pytest
 
 from regen.chat import ChatRenderer
 from regen.config import load_config
-from regen.datasets.prepare import run_prepare
 from regen.layout import DatasetLocation
-from regen.publish import run_publish
+from regen.stages.prepare.prepare import run_prepare
+from regen.stages.publish.publish import run_publish
 from regen.storage import S3Storage, check_writable, s3_client_config
 from regen.verify import verify_version
 from tests.conftest import Simulator, finish_shards

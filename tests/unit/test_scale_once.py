@@ -17,10 +17,10 @@ import pytest
 
 from regen.chat import ChatRenderer
 from regen.config import DatasetConfig
-from regen.datasets.prepare import run_prepare
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset
-from regen.publish import run_publish
+from regen.stages.prepare.prepare import run_prepare
+from regen.stages.publish.publish import run_publish
 from regen.storage import LocalStorage
 from tests.conftest import ROOT, finish_shards
 from tools.devstack import Simulator, start_simulator

@@ -17,7 +17,7 @@ import pytest
 from regen.__main__ import main
 from regen.chat import ChatRenderer
 from regen.manifest import PreparedDataset
-from regen.publish import ChangedSinceVerified, VersionExists, run_publish, verify_contents
+from regen.stages.publish.publish import ChangedSinceVerified, VersionExists, run_publish, verify_contents
 from regen.storage import LocalStorage, S3Storage
 from regen.verify import VerificationFailed, read_training_data, verify_version
 from regen.version_inputs import latest_published
@@ -196,7 +196,7 @@ def test_two_publishers_at_once_one_manifest_and_the_first_data_intact(
     """The race a check-then-write loses: a second publisher with other data checks before the first one's manifest
     lands, then writes after it. The manifest is created only if absent, so the second is refused and the first's
     manifest stays as it was; a second publisher with the same data finds the version published and succeeds."""
-    from regen import publish
+    from regen.stages.publish import publish
 
     prepared, storage, manifest_uri = published
     before = Path(manifest_uri).read_bytes()

@@ -1,0 +1,87 @@
+"""On-policy generation: a shard's conversations followed turn by turn, each turn's prompt rendered from the answers
+the target gave before it (regen.on_policy reads each answer back as SGLang's chat layer would)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+
+from regen.chat import ChatRenderer
+from regen.on_policy import Ended, after_answer, check_resumed, dataset_turns
+from regen.reasons import Reason
+from regen.records import RawAnswer, ShardPrompts, decode_answer
+from regen.samples import sample_of, turn_id
+from regen.stages.generate.checkpoints import Checkpoints
+
+# ask(answer id, prompt ids, sampling params): the answer, checkpointed, or None when it was rejected
+Ask = Callable[[str, list[int], dict[str, Any]], Awaitable[RawAnswer | None]]
+# reject(answer id, reason, detail): a turn that will never be asked, checkpointed with why
+Reject = Callable[[str, Reason, str], None]
+
+
+@dataclass
+class Conversations:
+    """An on-policy shard's conversations, each answered turn by turn (regen.on_policy). A worker takes one
+    conversation at a time and follows it to its end, so a turn waits only for its own previous turn and the
+    conversation's prefix is still in the server's cache; the fleet stays full with many conversations in flight.
+    A resumed conversation reads its finished turns from the checkpoints and asks only for the first unfinished
+    one: each (conversation, turn) is generated once."""
+
+    prompts: ShardPrompts
+    renderer: ChatRenderer
+    done: Checkpoints
+    render_thread: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "regen-render"))
+
+    async def worker(self, queue: Iterator[str], sampling_params: dict[str, Any], ask: Ask, reject: Reject) -> None:
+        for sample_id in queue:
+            await self.converse(sample_id, sampling_params, ask, reject)
+
+    async def converse(self, sample_id: str, sampling_params: dict[str, Any], ask: Ask, reject: Reject) -> None:
+        prompts = self.prompts
+        turns = dataset_turns(json.loads(prompts.later(sample_id) or "[]"))
+        messages = json.loads(prompts.messages_json(sample_id))
+        tools = json.loads(prompts.tools_json(sample_id) or "[]")
+        prompt_ids = prompts.prompt_ids(sample_id).tolist()
+        for turn, recorded in enumerate(turns, 1):
+            answer_id = turn_id(sample_id, turn)
+            if turn > 1:
+                try:
+                    prompt_ids = await asyncio.get_running_loop().run_in_executor(
+                        self.render_thread, self.renderer.render_ids, messages, tools or None
+                    )
+                except (ValueError, jinja2.TemplateError) as e:  # a template refusing this history ends it here
+                    ended = Ended(Reason.EARLIER_TURN_UNUSABLE, f"turn {turn}'s prompt does not render: {e}")
+                    return self._end(sample_id, turn - 1, len(turns), ended, reject)
+            answer: RawAnswer | None = None
+            if answer_id in self.done.answers:  # finished by an earlier try: read, never asked again
+                answer = decode_answer(self.done.answers[answer_id])
+                check_resumed(answer, prompt_ids)
+            elif answer_id not in self.done.rejected:
+                answer = await ask(answer_id, prompt_ids, {**sampling_params, **prompts.sampling(answer_id)})
+            if turn == len(turns):
+                return
+            after = after_answer(answer, prompt_ids, messages, tools, recorded, self.renderer)
+            if isinstance(after, Ended):
+                return self._end(sample_id, turn, len(turns), after, reject)
+            messages = after
+
+    def _end(self, sample_id: str, turn: int, turns: int, ended: Ended, reject: Reject) -> None:
+        """The turns after `turn` rejected with the reason the conversation ended there (those not already)."""
+        for later in range(turn + 1, turns + 1):
+            answer_id = turn_id(sample_id, later)
+            if answer_id not in self.done:
+                reject(answer_id, ended.reason, f"turn {turn}: {ended.detail}")
+
+
+def longest_first(todo: list[str]) -> list[str]:
+    """The conversations with unfinished turns, those with the most such turns first: the shard's last requests are
+    then the short conversations', and the fleet stays full until its end."""
+    remaining = Counter(sample_of(answer_id) for answer_id in todo)
+    return sorted(remaining, key=lambda sample_id: -remaining[sample_id])

@@ -1,0 +1,204 @@
+"""The prepare stage: a dataset source -> normalised, deduplicated, tokenised prompt shards in storage.
+
+Every row read is accounted for: it becomes prompts (one per regenerated turn) or a rejection with its reason in
+`rejected/prepare.jsonl`, and `total == kept + dropped` counts prompts (in the default `turns: final` mode, one per
+row, so `total` is also the rows read; with `turns: on_policy`, one per conversation, whose turns generate counts).
+Memory stays flat whatever the dataset size: rows stream in, the seen sample ids live in an SQLite table on local
+disk, rejections stream to a file and prompts leave a shard at a time.
+
+A dataset larger than one part (`part_prompts`, and no limit) is prepared in parts, so that several workers share
+its tokenising: one task reads the source once, normalises and deduplicates every row (dedupe stays exact across
+parts) and writes the prompts to tokenise in parts (`prompts/parts/`); each part is tokenised into shards by a task of
+its own (`prepare_part`), its shard numbers fixed in advance; `finish_parts` records the shards of every part in
+`prompts/prepare.json`. A dataset of one part is tokenised at once, by the task that read it. A run with a limit is
+prepared whole: the limit counts prompts that tokenise, which only one reader in order can count.
+
+Idempotent: once `prompts/prepare.json` exists for a dataset version, it is the answer, so a cleared or retried task
+never reshards prompts that later stages already consumed; so is a part's record, and the parts' index.
+
+Here: the stage's entry (`run_prepare`) and a dataset prepared whole; the reader is regen.stages.prepare.reader,
+the parts (their index, `prepare_part`, `finish_parts`) regen.stages.prepare.parts, the shards and their record
+regen.stages.prepare.shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable, Iterable
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from regen.chat import ChatRenderer
+from regen.config.datasets import DatasetConfig
+from regen.layout import DatasetLocation
+from regen.manifest import PreparedDataset, StageStats
+from regen.rejections import RejectionWriter
+from regen.samples import samples_of
+from regen.stages.prepare.eval_suites import Decontamination
+from regen.stages.prepare.normalise import Conversation, Rejection
+from regen.stages.prepare.parts import (
+    PART_SCHEMA,
+    PartEntry,
+    PartsIndex,
+    PartsNotPrepared,
+    PartSpool,
+    PreparedParts,
+    finish_parts,
+    part_layout,
+    part_rows,
+    prepare_part,
+    prompt_row,
+    tokenise_part,
+)
+from regen.stages.prepare.reader import Origin, SeenIds, Tally, candidates, decontamination_record, reject
+from regen.stages.prepare.shards import PROMPT_SCHEMA, ShardWriter, record_prepared
+from regen.stages.prepare.sources import iter_rows
+from regen.stages.prepare.tokenise import Rendered, available_cores, render_ordered
+from regen.storage import S3ClientFactory, Storage, get_json
+
+# The names callers know the stage by, wherever they live now.
+__all__ = [
+    "PART_SCHEMA",
+    "PROMPT_SCHEMA",
+    "PartsIndex",
+    "PartsNotPrepared",
+    "PreparedParts",
+    "finish_parts",
+    "part_layout",
+    "prepare_part",
+    "run_prepare",
+]
+
+log = logging.getLogger(__name__)
+
+
+def _prepare_whole(
+    candidates: Iterable[tuple[Origin, Conversation | Rejection]],
+    renderer: ChatRenderer,
+    workers: int,
+    tally: Tally,
+    shards: ShardWriter,
+    rejections: RejectionWriter,
+    limit: int | None,
+) -> None:
+    """Every prompt tokenised as it is read, up to `limit` kept."""
+    with closing(render_ordered(candidates, renderer, workers)) as rendered:
+        for origin, result in rendered:
+            tally.count(origin, result)
+            if isinstance(result, Rendered):
+                shards.add(prompt_row(origin, result.conversation, shards.on_policy), result.prompt_ids)
+            else:
+                reject(rejections, origin, result)
+            if limit is not None and tally.stats.kept >= limit:
+                return
+
+
+def run_prepare(
+    config: DatasetConfig,
+    location: DatasetLocation,
+    storage: Storage,
+    renderer: ChatRenderer,
+    shard_size: int,
+    limit: int | None,
+    resolve_path: Callable[[str], str] = str,
+    *,
+    s3_client: S3ClientFactory | None = None,
+    workers: int | None = None,
+    inputs: dict[str, Any] | None = None,
+    run_id: str | None = None,
+    part_prompts: int | None = None,
+    decontamination: Decontamination | None = None,
+) -> PreparedDataset | PreparedParts:
+    """`s3_client` makes the boto3 client for `s3://` sources; `workers` tokenises in that many processes (None:
+    all cores, 1: in this process); `inputs` (regen.version_inputs.dataset_inputs) is recorded as what the version
+    is made from; `part_prompts`: a dataset with more prompts than this (and no limit) is left in parts for
+    `prepare_part`, returned as PreparedParts (None: always prepared whole); `decontamination`: the eval suites'
+    index, prompts holding an item rejected (`eval_overlap`)."""
+    existing = location.prepared
+    if storage.exists(existing):
+        log.info("%s already prepared; reusing %s", location.dataset, storage.uri(existing))
+        return PreparedDataset.from_dict(get_json(storage, existing))
+    if storage.exists(location.prepare_index):
+        index = PartsIndex.read(storage, location)
+        log.info("%s already read into %d parts; reusing them", location.dataset, len(index.parts))
+        return PreparedParts(len(index.parts), index.to_tokenise)
+
+    # A prepare that failed part-way (a damaged source, a killed task) left shards with no prepare.json: they are
+    # not this version's prompts, and a source fixed since may give fewer shards.
+    for stale in storage.list_keys(location.prompts_folder):
+        storage.delete(stale)
+    tally = Tally(location.dataset)
+    rejections = RejectionWriter(storage, location.prepare_rejections)
+    on_policy = config.turns == "on_policy"
+    workers = workers or available_cores()
+    with tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp, rejections:
+        workdir = Path(tmp)
+        shards = ShardWriter(location, storage, shard_size, config)
+        uploaded: dict[int, str] = {}
+        samples = len(samples_of("", config.temperatures, config.samples_per_prompt))
+        per_part, shards_per_part = part_layout(shard_size, samples, part_prompts or 1)
+
+        def _upload(part: int, path: Path) -> None:
+            uploaded[part] = storage.put_file(location.prepare_part(part), path)
+            path.unlink()
+
+        spool = PartSpool(workdir, per_part, _upload)
+
+        with closing(SeenIds(workdir)) as seen:
+            rows = iter_rows(config, resolve_path, s3_client)
+            found = candidates(rows, config, renderer.profile.tool_call_id_format, seen, decontamination)
+            if part_prompts is None or limit is not None:
+                _prepare_whole(found, renderer, workers, tally, shards, rejections, limit)
+            else:
+                for origin, outcome in found:
+                    tally.count(origin, outcome)
+                    if isinstance(outcome, Rejection):
+                        reject(rejections, origin, outcome)
+                    else:
+                        spool.add(prompt_row(origin, outcome, on_policy))
+        spool.close()
+        if len(spool.counts) > 1:  # left in parts, for prepare_part tasks to share
+            _upload(len(spool.counts) - 1, spool.path(len(spool.counts) - 1))
+            index = PartsIndex(
+                parts=tuple(
+                    PartEntry(location.prepare_part(part), uploaded[part], count, part * shards_per_part)
+                    for part, count in enumerate(spool.counts)
+                ),
+                to_tokenise=tally.to_tokenise,
+                stats=tally.stats,
+                rows_read=tally.rows_read,
+                duplicates=tally.duplicates,
+                decontamination=decontamination_record(decontamination, tally),
+                files=rejections.upload(),
+                shard_size=shard_size,
+                profile=renderer.record,
+                token_roles=renderer.roles.as_record(),
+                inputs=inputs or {},
+                run_id=run_id,
+            )
+            index.write(storage, location)
+            tally.log(f"read into {len(index.parts)} parts")
+            return PreparedParts(len(index.parts), tally.to_tokenise)
+        if spool.counts:  # one part: tokenised here and now
+            part_stats = tokenise_part(part_rows(spool.path(0)), renderer, workers, shards, rejections)
+            tally.stats = StageStats.merged([tally.stats, part_stats])
+        shards.flush()
+        files = rejections.upload()
+
+    prepared = PreparedDataset(
+        location=location,
+        shards=shards.shards,
+        stats=tally.stats,
+        duplicates=tally.duplicates,
+        profile=renderer.record,
+        token_roles=renderer.roles.as_record(),
+        files=files,
+        rows_read=tally.rows_read,
+        inputs=inputs or {},
+        decontamination=decontamination_record(decontamination, tally),
+    )
+    record_prepared(storage, prepared, config, run_id)
+    tally.log(f"prepared ({len(shards.shards)} shards)")
+    return prepared

@@ -1,0 +1,77 @@
+"""Tokenised prompts -> prompt shards in storage (`prompts/shard-*.parquet`, PROMPT_SCHEMA), one row per sample, and
+the record of a prepared dataset's shards (`prompts/prepare.json`)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from regen.config.datasets import DatasetConfig
+from regen.layout import DatasetLocation
+from regen.manifest import PreparedDataset, ShardManifest
+from regen.samples import samples_of
+from regen.storage import Storage, write_table
+
+PROMPT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("source_index", pa.int64()),
+        ("source", pa.string()),
+        ("messages", pa.string()),
+        ("tools", pa.string()),
+        ("meta", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("temperature", pa.float64()),  # null: the run's temperature
+        ("sampling_seed", pa.int64()),  # null: no seed sent
+        ("later", pa.string()),  # on-policy: the conversation after the first turn's prompt (JSON); else null
+    ]
+)
+
+
+class ShardWriter:
+    """Tokenised prompts -> shards of `shard_size` rows, numbered from `first_shard`."""
+
+    def __init__(
+        self, location: DatasetLocation, storage: Storage, shard_size: int, config: DatasetConfig, first_shard: int = 0
+    ) -> None:
+        self.location, self.storage, self.shard_size, self.first_shard = location, storage, shard_size, first_shard
+        self.temperatures, self.per_prompt = config.temperatures, config.samples_per_prompt
+        self.on_policy = config.turns == "on_policy"
+        self.shards: list[ShardManifest] = []
+        self._rows: list[dict[str, Any]] = []
+        self._answers = 0  # on-policy: the turns of the shard's conversations
+
+    def add(self, prompt: dict[str, Any], prompt_ids: list[int]) -> None:
+        """One row per sample of the prompt (regen.samples); a prompt's samples may span two shards."""
+        shared = {name: prompt[name] for name in ("source_index", "source", "messages", "tools", "meta", "later")}
+        for sample in samples_of(prompt["sample_id"], self.temperatures, self.per_prompt):
+            row = {"id": sample.id, **shared, "prompt_ids": prompt_ids}
+            self._rows.append({**row, "temperature": sample.temperature, "sampling_seed": sample.seed})
+            self._answers += prompt["answers"]
+            if len(self._rows) >= self.shard_size:
+                self.flush()
+
+    def flush(self) -> None:
+        if not self._rows:
+            return
+        number = self.first_shard + len(self.shards)
+        key = self.location.shard(number).prompts
+        digest = write_table(self.storage, key, pa.Table.from_pylist(self._rows, schema=PROMPT_SCHEMA))
+        answers = self._answers if self.on_policy else None
+        self.shards.append(ShardManifest(self.location, number, key, digest, len(self._rows), num_answers=answers))
+        self._rows, self._answers = [], 0
+
+
+def record_prepared(storage: Storage, prepared: PreparedDataset, config: DatasetConfig, run_id: str | None) -> None:
+    """The prepared dataset, recorded in `prompts/prepare.json`: the answer to every later prepare of its version."""
+    prepared.stats.check()
+    record = {
+        **prepared.to_dict(),
+        "turns": config.turns,
+        "prepared_at": datetime.now(UTC).isoformat(),
+        "run_id": run_id,
+    }
+    storage.put_bytes(prepared.location.prepared, json.dumps(record, indent=1).encode())

@@ -1,0 +1,347 @@
+"""The publish stage: a dataset version becomes visible. `manifest.json` is written last, only when every shard is
+finished and the verifier has read the version's files and records back whole.
+
+Before it: the dataset's report (report.json, report.html and its plots) in the publisher's own folder beside where
+the manifest goes, so that of two publishers of one version the loser never touches a file the winner's manifest
+names (and removes its own once it has lost). The manifest names every file of the version with its sha256 and
+size, the splits, the counts of every stage, and exactly which template and tokenizer rendered the prompts. After
+it, `latest.json` names the version and the manifest's sha256.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from regen.errors import FinalError
+from regen.layout import DatasetLocation, dataset_prefix, is_report_file, report_writer
+from regen.manifest import GenerationReport, PreparedDataset, ShardManifest, StageStats
+from regen.reasons import OK
+from regen.run_report import generation_cost
+from regen.stages.publish.dataset_report import dataset_report, read_verdicts, write_dataset_report
+from regen.storage import KeyExists, Storage, get_json
+from regen.verify import verify_manifest
+from regen.version_inputs import record_published
+
+log = logging.getLogger(__name__)
+
+STAGES = ("generate", "validate", "export")
+
+
+class IncompleteDataset(FinalError):
+    """Cannot succeed until the failed shards are cleared."""
+
+
+class VersionExists(FinalError):
+    """The version is already published with other content: a published version is never changed silently."""
+
+
+class ChangedSinceVerified(FinalError):
+    """The version's files are not the ones the verifier read: they are verified again before they are published."""
+
+
+def dataset_uri(storage: Storage, location: DatasetLocation) -> str:
+    """Where every version of a dataset lives, as a URI: the identity of the dataset's Airflow asset."""
+    uri = storage.uri(dataset_prefix(location.profile, location.dataset))
+    return uri if "://" in uri else Path(uri).as_uri()
+
+
+def version_contents(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], dict[str, str]]:
+    """Every shard, finished, and every data file of the version with its sha256. Raises IncompleteDataset."""
+    location = prepared.location
+    shards, missing = finished_shards(prepared, storage)
+    if missing:
+        raise IncompleteDataset(
+            f"{location.dataset} {location.version}: shards {', '.join(missing)} did not finish; clear their failed "
+            "tasks (finished answers are kept) and this task publishes once they succeed"
+        )
+    data_files = {s.prompts_key: s.prompts_sha256 for s in shards}
+    data_files |= {k: v for s in shards for k, v in s.files.items()} | prepared.files
+    return shards, dict(sorted(data_files.items()))
+
+
+def contents_digest(data_files: dict[str, str]) -> str:
+    """One sha256 over every data file's key and sha256: what the verifier read is what publish writes out."""
+    return hashlib.sha256(json.dumps(sorted(data_files.items())).encode()).hexdigest()
+
+
+def shard_entries(shards: list[ShardManifest]) -> list[dict[str, Any]]:
+    """The manifest's `shards`: each shard's files and counts, as the verifier reads them."""
+    return [
+        {
+            "shard": s.name,
+            "prompts": s.prompts_key,
+            "num_prompts": s.num_prompts,
+            "train": s.train_key,
+            "raw": s.raw_key,
+            "records": s.stats["export"].kept,
+        }
+        for s in shards
+    ]
+
+
+def draft_manifest(
+    prepared: PreparedDataset, shards: list[ShardManifest], data_files: dict[str, str]
+) -> dict[str, Any]:
+    """What the verifier needs of a manifest that is not written yet: the files, the shards, the token roles."""
+    location = prepared.location
+    return {
+        "dataset": location.dataset,
+        "version": location.version,
+        "token_roles": prepared.token_roles,
+        "records": sum(s.stats["export"].kept for s in shards),
+        "shards": shard_entries(shards),
+        "files": data_files,
+    }
+
+
+def verify_contents(prepared: PreparedDataset, storage: Storage) -> dict[str, Any]:
+    """Reads every data file of a finished version back (sha256) and checks every record's invariants, before any
+    manifest names them. Raises VerificationFailed naming every problem; returns what was read and the contents'
+    digest, which publish checks before it writes the manifest."""
+    return _verify(prepared, storage, *version_contents(prepared, storage))
+
+
+def _verify(
+    prepared: PreparedDataset, storage: Storage, shards: list[ShardManifest], data_files: dict[str, str]
+) -> dict[str, Any]:
+    location = prepared.location
+    result = verify_manifest(draft_manifest(prepared, shards, data_files), storage)
+    result.check(f"{location.dataset} {location.version}", withheld="not published, ")
+    return {
+        "dataset": location.dataset,
+        "version": location.version,
+        "contents": contents_digest(data_files),
+        "files": len(data_files),
+        "bytes": result.bytes_read,
+        "records_checked": result.records_checked,
+        "verified_at": datetime.now(UTC).isoformat(),
+    }
+
+
+def sizes_of(storage: Storage, keys: list[str]) -> dict[str, int]:
+    """Every file's size in bytes, asked of the storage (a HEAD each on S3, several at once)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return dict(zip(keys, pool.map(storage.size, keys), strict=True))
+
+
+def _published_before(storage: Storage, key: str, data_files: dict[str, str], overwrite: bool) -> bytes | None:
+    """The version's manifest when it is published already with these data files; None when it is to be written
+    (not published yet, or `overwrite`); raises when it is published with other data."""
+    if not storage.exists(key):
+        return None
+    body = storage.get_bytes(key)
+    published = json.loads(body)
+    if {k: v for k, v in published["files"].items() if not is_report_file(k)} == data_files:
+        return body  # the report is drawn again each time (its plots are not byte-stable): only the data counts
+    if overwrite:
+        log.warning("%s: overwriting a published version with other data (overwrite_version is on)", storage.uri(key))
+        return None
+    raise VersionExists(
+        f"{storage.uri(key)} is already published with other data; a published version is never changed: trigger "
+        "with a new version, or with overwrite_version on to replace it"
+    )
+
+
+def _write_manifest(
+    prepared: PreparedDataset,
+    shards: list[ShardManifest],
+    storage: Storage,
+    data_files: dict[str, str],
+    verified: dict[str, Any],
+    fleet: list[dict[str, Any]],
+    sampling_params: dict[str, Any] | None,
+    run_id: str | None,
+    cost: dict[str, Any],
+    overwrite: bool = False,
+) -> tuple[bytes, dict[str, Any]]:
+    """The dataset's report, then the manifest naming every file with its sha256 and size: written last, and only
+    if no other publisher wrote it meanwhile (another with other data: VersionExists). Returns the manifest's bytes
+    and the report."""
+    location = prepared.location
+    stages = {stage: StageStats.merged([s.stats[stage] for s in shards]).to_dict() for stage in STAGES}
+    generations = [s.generation for s in shards if s.generation]
+    verdicts = read_verdicts(storage, shards)
+    report = dataset_report(verdicts, generations)
+    report["rejected_by_stage"] = {"prepare": prepared.stats.dropped, **{s: stages[s]["dropped"] for s in STAGES}}
+    report["decontamination"] = prepared.decontamination  # the suites, and each one's rejections at prepare
+    report["cost"] = generation_cost(generations, fleet, report.get("train_tokens", 0), cost)
+    title = f"{location.dataset} {location.version} ({location.profile})"
+    writer = uuid.uuid4().hex[:16]  # this publisher's own report keys: a concurrent one never writes them
+    report_files = write_dataset_report(storage, location, title, verdicts, report, writer)
+    manifest = {
+        "dataset": location.dataset,
+        "profile": prepared.profile,
+        "token_roles": prepared.token_roles,
+        "version": location.version,
+        "root": storage.root_uri,
+        "published_at": datetime.now(UTC).isoformat(),
+        "run_id": run_id,
+        "prepare": {**prepared.stats.to_dict(), "rows_read": prepared.rows_read, "duplicates": prepared.duplicates},
+        "stages": stages,
+        "records": report.get("train_records", 0),
+        "splits": {"train": report.get("train_records", 0), "truncated": report.get("truncated_records", 0)},
+        "report": {
+            "writer": writer,
+            "json": storage.uri(location.report_file("report.json", writer)),
+            "html": storage.uri(location.report_file("report.html", writer)),
+        },
+        "retokenize_drift": report.get("retokenize_drift"),
+        "cost": report["cost"],
+        "sampling_params": sampling_params,
+        "inputs": prepared.inputs,
+        "decontamination": prepared.decontamination,  # what the prompts were cleaned against (suites, sha256)
+        "fleet": fleet,
+        "verified": {k: verified[k] for k in ("bytes", "records_checked", "verified_at")},
+        "shards": shard_entries(shards),
+        "files": data_files | report_files,
+        "sizes": sizes_of(storage, [*data_files, *report_files]),
+    }
+    body = json.dumps(manifest, indent=1).encode()
+    if overwrite:
+        replaced = get_json(storage, location.manifest) if storage.exists(location.manifest) else None
+        storage.put_bytes(location.manifest, body)
+        if replaced is not None:  # the replaced version's report: named by nothing now
+            _discard(storage, [k for k in replaced["files"] if is_report_file(k) and k not in report_files])
+        return body, report
+    try:  # one writer per version: of two publishers at once, exactly one writes the manifest
+        storage.create(location.manifest, body)
+    except KeyExists:  # the same data published meanwhile stands; other data raises VersionExists
+        _discard(storage, list(report_files))  # the winner's manifest names its own report, never this one
+        theirs = _published_before(storage, location.manifest, data_files, overwrite=False)
+        if theirs is None:
+            raise
+        log.warning(
+            "%s %s: another publisher published it first (run %s), with the same data; its manifest stands, and "
+            "this publisher's report is removed",
+            location.dataset,
+            location.version,
+            json.loads(theirs).get("run_id"),
+        )
+        return theirs, report_of(storage, location, json.loads(theirs))
+    # Won: reports of earlier tries that died before their manifest are named by nothing (a loser still writing
+    # removes its own as it loses).
+    _discard(storage, [k for k in storage.list_keys(location.report_folders) if k not in report_files])
+    return body, report
+
+
+def _discard(storage: Storage, keys: list[str]) -> None:
+    """Files no manifest names (a losing publisher's report): removed, and a failure only logged."""
+    for key in keys:
+        try:
+            storage.delete(key)
+        except Exception as e:
+            log.warning("%s: not removed (%s); no manifest names it", storage.uri(key), e)
+
+
+def report_of(storage: Storage, location: DatasetLocation, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The report.json a published manifest names."""
+    return dict(get_json(storage, location.report_file("report.json", report_writer(manifest))))
+
+
+def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], list[str]]:
+    finished, missing = [], []
+    for shard in prepared.shards:
+        key = shard.keys.report
+        if storage.exists(key):
+            finished.append(ShardManifest.from_dict(get_json(storage, key)))
+        else:
+            missing.append(shard.name)
+    return finished, missing
+
+
+def run_publish(
+    prepared: PreparedDataset,
+    storage: Storage,
+    fleet: list[dict[str, Any]],
+    sampling_params: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    verified: dict[str, Any] | None = None,
+    run_id: str | None = None,
+    cost: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`sampling_params`: exactly what every /generate request of this version sent, recorded in the manifest.
+    `verified`: what `verify_contents` returned for this version (the DAG verifies in a task of its own); without it,
+    the version is verified here. Either way no manifest names data the verifier has not read back.
+
+    A version is immutable: publishing into one that has a manifest already is a no-op when its data files are the
+    same (a retried publish), and refused when they differ, unless `overwrite`."""
+    location = prepared.location
+    shards, data_files = version_contents(prepared, storage)
+    if verified is None:
+        verified = _verify(prepared, storage, shards, data_files)
+    if contents_digest(data_files) != verified["contents"]:
+        raise ChangedSinceVerified(
+            f"{location.dataset} {location.version}: its files changed after they were verified; clear "
+            "verify_dataset to verify them again"
+        )
+    body = _published_before(storage, location.manifest, data_files, overwrite)
+    if body is None:
+        args = (verified, fleet, sampling_params, run_id, cost or {}, overwrite)
+        body, report = _write_manifest(prepared, shards, storage, data_files, *args)
+    else:  # a retried publish: the version stands as it is, report included
+        log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)
+        report = report_of(storage, location, json.loads(body))
+    manifest = json.loads(body)
+    manifest_uri = storage.uri(location.manifest)
+    latest = {
+        "version": location.version,
+        "manifest": manifest_uri,
+        "manifest_sha256": hashlib.sha256(body).hexdigest(),
+        "inputs_digest": prepared.inputs.get("digest"),
+        "logical_date": prepared.inputs.get("logical_date"),  # orders the versions: latest.json only moves forward
+        "published_at": manifest["published_at"],
+        "records": manifest["records"],
+    }
+    record_published(storage, location.profile, location.dataset, latest)
+    log.info(
+        "published %s %s: %d training records -> %s",
+        location.dataset,
+        location.version,
+        manifest["records"],
+        manifest_uri,
+    )
+    drift = report.get("retokenize_drift") or {}
+    log.info(
+        "%s: %d answers -> %d train, %d truncated, %d rejected %s; tool-call rate %s; re-tokenisation drift %s of %s "
+        "sampled; report: %s",
+        location.dataset,
+        report.get("answered", 0),
+        report.get("train_records", 0),
+        report.get("truncated_records", 0),
+        report.get("rejected_records", 0),
+        {k: v for k, v in report.get("verdicts", {}).items() if k != OK},
+        report.get("tool_call_rate"),
+        drift.get("drifted"),
+        drift.get("sampled"),
+        manifest["report"]["html"],
+    )
+    generations = [s.generation for s in shards if s.generation]
+    return {
+        "dataset": location.dataset,
+        "version": location.version,
+        "dataset_uri": dataset_uri(storage, location),
+        "inputs_digest": latest["inputs_digest"],
+        "manifest": manifest_uri,
+        "manifest_sha256": latest["manifest_sha256"],
+        "report": manifest["report"]["html"],
+        "records": manifest["records"],
+        "splits": manifest["splits"],
+        "retokenize_drift": manifest["retokenize_drift"],
+        "cost": manifest.get("cost"),
+        "stages": manifest["stages"],
+        "prepare": manifest["prepare"],
+        "verified": {k: v for k, v in verified.items() if k != "contents"},
+        # The version's shards' generation in one report (sums and the window), so this value stays the same size
+        # however many shards there are: what the run report's utilisation and cost are computed from.
+        "generation": [dataclasses.asdict(g) for g in [GenerationReport.combined(generations)] if g],
+        "generated_shards": len(generations),
+    }

@@ -1,0 +1,107 @@
+"""Generation is durable: checkpointed answers survive, a rerun requests only what is missing, no duplicates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from regen.chat import ChatRenderer
+from regen.config import Sampling
+from regen.stages.generate import generate
+from regen.stages.generate.checkpoints import load_checkpoints
+from regen.stages.generate.generate import GenerateSettings, run_generate
+from tests.conftest import Simulator, prepare_sample, raw_answers
+
+
+def crash(*args: object) -> None:
+    raise SystemExit("killed")
+
+
+def test_rerun_after_a_crash_requests_only_the_missing_samples(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepared, storage = prepare_sample(tmp_path, renderer, "B2_opencodeinstruct", 100)
+    location, shard = prepared.location, prepared.shards[0]
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=4, checkpoint_every=5)
+    with monkeypatch.context() as patched:  # the task dies before the raw file is written
+        patched.setattr(generate, "_write_raw", crash)
+        with pytest.raises(SystemExit):
+            run_generate(shard, storage, settings)
+    parts = storage.list_keys(location.shard(0).checkpoints)
+    assert len(parts) >= 4  # flushed as they finished, not at the end
+    assert not storage.exists(shard.keys.raw)
+
+    # ... and lost its last three checkpoints too.
+    for key in parts[-3:]:
+        storage.delete(key)
+    found = load_checkpoints(storage, shard)
+    survived = found.answers
+    [first_try] = found.tries.values()
+    assert first_try.answered == len(survived)  # the try's counts as of its last surviving part
+    requests_before = len(simulator.records())
+
+    second = run_generate(shard, storage, settings)
+    assert len(simulator.records()) - requests_before == 48 - len(survived)
+    records = raw_answers(storage, second.raw_key)
+    assert len(records) == len({r["id"] for r in records}) == 48
+    by_id = {r["id"]: r for r in records}
+    assert all(
+        by_id[i]["rid"] == json.loads(line)["rid"] for i, line in survived.items()
+    )  # finished answers were not redone
+    assert second.stats["generate"].kept == 48
+    # The report counts both tries: the first up to its last surviving checkpoint, the second whole.
+    assert second.generation is not None and second.generation.tries == 2
+    assert second.generation.answered == 48 and second.generation.requests >= 48
+    assert storage.list_keys(location.shard(0).checkpoints) == []  # the raw file replaced the checkpoints
+
+
+def test_a_finished_shard_is_not_generated_again(tmp_path: Path, renderer: ChatRenderer, simulator: Simulator) -> None:
+    prepared, storage = prepare_sample(tmp_path, renderer, "B1_glaive", 8, limit=8)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+    run_generate(prepared.shards[0], storage, settings)
+    before = len(simulator.records())
+    again = run_generate(prepared.shards[0], storage, settings)
+    assert len(simulator.records()) == before
+    assert again.stats["generate"].total == 8
+
+
+def test_answers_are_flushed_within_the_interval_even_when_no_more_arrive(tmp_path: Path) -> None:
+    """A lull (every request left in flight is a long one) must not hold finished answers back."""
+    import asyncio
+    import time
+
+    from regen.layout import DatasetLocation
+    from regen.manifest import GenerationReport, ShardManifest
+    from regen.stages.generate.checkpoints import MERGE_AFTER, Checkpointer
+    from regen.storage import LocalStorage
+
+    storage = LocalStorage(tmp_path)
+    shard = ShardManifest(DatasetLocation(str(tmp_path), "p", "d", "v1"), 0, "", "", 100)
+    counts = GenerationReport(time.time(), time.time(), requests=1, answered=1, request_seconds=0.1, output_tokens=5)
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        checkpointer = Checkpointer(storage, shard, next_part=7, every=1000, seconds=0.02)
+        flusher = asyncio.create_task(checkpointer.run(lambda: counts))
+        checkpointer.add(b'{"id": "a", "output_ids": [1]}')
+        await asyncio.sleep(0.3)  # nothing else arrives
+        after_lull = storage.list_keys("p/d/v1/raw/shard-00000/")
+        for n in range(MERGE_AFTER + 3):  # one part each: enough parts for a merge
+            checkpointer.add(answer_line(f"s{n}"))
+            await asyncio.sleep(0.035)
+        merged = storage.list_keys("p/d/v1/raw/shard-00000/")
+        checkpointer.stop()
+        await flusher
+        return after_lull, merged
+
+    after_lull, merged = asyncio.run(scenario())
+    assert after_lull == ["p/d/v1/raw/shard-00000/part-00007.jsonl"]
+    assert len(merged) < MERGE_AFTER  # the try's small parts were merged into one
+    found = load_checkpoints(storage, shard)
+    assert set(found.answers) == {"a", *(f"s{n}" for n in range(MERGE_AFTER + 3))}
+    assert found.tries == {7: counts} and found.next_part > 7 + MERGE_AFTER
+
+
+def answer_line(sample_id: str) -> bytes:
+    return json.dumps({"id": sample_id, "output_ids": [1, 2]}).encode()

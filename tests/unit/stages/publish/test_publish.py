@@ -1,0 +1,76 @@
+"""A dataset becomes visible only when every shard finished, and manifest.json is the last thing written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from regen.chat import ChatRenderer
+from regen.config import Sampling
+from regen.layout import report_writer
+from regen.stages.export import run_export
+from regen.stages.generate.generate import GenerateSettings, run_generate
+from regen.stages.publish.publish import IncompleteDataset, run_publish
+from regen.stages.validate import run_validate
+from tests.conftest import Simulator, prepare_sample
+
+
+def test_publish_waits_for_every_shard_then_writes_the_manifest_last(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    prepared, storage = prepare_sample(tmp_path, renderer, "B1_glaive", 20)
+    location = prepared.location
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+
+    finish = [
+        run_export(run_validate(run_generate(s, storage, settings), storage, renderer), storage)
+        for s in prepared.shards[:1]
+    ]
+    with pytest.raises(IncompleteDataset, match="shard-00001 did not finish"):
+        run_publish(prepared, storage, fleet=[])
+    assert not storage.exists(location.manifest)
+
+    finish.append(
+        run_export(run_validate(run_generate(prepared.shards[1], storage, settings), storage, renderer), storage)
+    )
+    summary = run_publish(prepared, storage, fleet=[{"url": simulator.url}], sampling_params=Sampling().as_params())
+    manifest_path = Path(storage.uri(location.manifest))
+    manifest = json.loads(manifest_path.read_text())
+    assert summary["records"] == manifest["records"] == 36
+    assert manifest["stages"]["generate"] == {"total": 36, "kept": 36, "dropped": 0, "dropped_by_reason": {}}
+    assert manifest["token_roles"]["eos_ids"] == [163585, 163586]
+    assert manifest["sampling_params"]["skip_special_tokens"] is False and manifest["sampling_params"]["no_stop_trim"]
+    newest = max(Path(storage.uri(k)).stat().st_mtime_ns for k in storage.list_keys(location.prefix))
+    assert manifest_path.stat().st_mtime_ns == newest
+    for key, digest in manifest["files"].items():
+        assert hashlib.sha256(storage.get_bytes(key)).hexdigest() == digest
+
+
+def test_the_dataset_report_counts_every_stages_rejections_and_rounds_for_people(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    """report.html's rejections are the manifest's, every stage's (prepare's too), and its figures are rounded;
+    report.json keeps them exact."""
+    import re
+
+    prepared, storage = prepare_sample(tmp_path, renderer, "B1_glaive", 40)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+    for shard in prepared.shards:
+        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    run_publish(prepared, storage, fleet=[])
+    location = prepared.location
+    manifest = json.loads(storage.get_bytes(location.manifest))
+    writer = report_writer(manifest)
+    report = json.loads(storage.get_bytes(location.report_file("report.json", writer)))
+    page = storage.get_bytes(location.report_file("report.html", writer)).decode()
+    by_stage = {
+        "prepare": manifest["prepare"]["dropped"],
+        **{s: manifest["stages"][s]["dropped"] for s in manifest["stages"]},
+    }
+    assert report["rejected_by_stage"] == by_stage and by_stage["prepare"] == 4
+    assert f"{sum(by_stage.values())} rejected (prepare 4" in page
+    cells = re.findall(r"<td>([0-9.,]+)</td>", page.split("Token lengths")[1])
+    assert cells and all(re.fullmatch(r"[0-9,]+\.[0-9]", c) for c in cells), cells  # one decimal, for people
