@@ -36,13 +36,19 @@ from functools import cache
 from typing import Any
 
 import numpy as np
-import orjson
 
 from regen.chat import TokenRoles
 from regen.chat_request import standard_tools
 from regen.reasons import OK, Reason, split_of
 from regen.records import RawAnswer, text_digest
-from regen.tool_calls import BadCall, read_section_call_id, read_tagged, read_xml_calls, redumped_arguments
+from regen.tool_calls import (
+    BadCall,
+    arguments_problem,
+    read_section_call_id,
+    read_tagged,
+    read_xml_calls,
+    redumped_arguments,
+)
 
 FLAG_NO_REASONING_END = "tool_call_without_reasoning_end"
 FLAG_START_REPEATED = "reasoning_start_repeated"
@@ -249,12 +255,9 @@ class _Walk:
                 text = redumped_arguments(text)
             except BadCall as e:
                 return _reject(e.reason, f"arguments of call at {pos}: {e.detail}")
-        try:
-            arguments = orjson.loads(text)
-        except orjson.JSONDecodeError as e:
-            return _reject(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of call at {pos} are not JSON: {e}")
-        if not isinstance(arguments, dict):
-            return _reject(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of call at {pos} are not a JSON object")
+        problem = arguments_problem(text)
+        if problem:
+            return _reject(Reason.TOOL_CALL_BAD_ARGUMENTS, f"arguments of call at {pos} are {problem}")
         try:
             name, flags = read_section_call_id(self.id_text, self.schemas, text, grammar.parser, grammar.call_id)
         except BadCall as e:

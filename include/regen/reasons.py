@@ -45,8 +45,10 @@ class Reason(StrEnum):
     EMPTY_CONTENT = "empty_content", PREPARE
     NO_USER_TURN = "no_user_turn", PREPARE
     BAD_TOOLS = "bad_tools", PREPARE
-    BAD_TOOL_CALL = "bad_tool_call", PREPARE
-    BAD_TOOL_CALL_ARGUMENTS = "bad_tool_call_arguments", PREPARE
+    # A tool call in the conversation sent (its history), malformed; its arguments not a JSON object. An answer's
+    # own calls are judged at validate (tool_call_*), by the same check of arguments (tool_calls.arguments_problem).
+    HISTORY_TOOL_CALL = "history_tool_call", PREPARE
+    HISTORY_TOOL_CALL_ARGUMENTS = "history_tool_call_arguments", PREPARE
     DUPLICATE = "duplicate", PREPARE
     EVAL_OVERLAP = "eval_overlap", PREPARE  # holds an item of an eval suite (regen.stages.prepare.decontaminate)
     PROMPT_TOO_LONG = "prompt_too_long", PREPARE

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from regen.reasons import Reason
 
 # qwen3_coder's reading: a function runs to `</function>` (or the end), a parameter to `</parameter>`, the next
@@ -175,6 +177,17 @@ def write_tagged(format: str, name: str, arguments: dict[str, Any]) -> str:
         for key, value in arguments.items()
     )
     return f"\n<function={name}>\n{values}</function>\n"
+
+
+def arguments_problem(text: str) -> str | None:
+    """Why `text` is not tool-call arguments SGLang can carry into the next request, or None. Its chat layer reads
+    the arguments of every call in a request's history with orjson and answers a 400 unless they are a JSON object;
+    so a history call that fails this is rejected at prepare, and an answer's call that fails it at validate."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        return f"not JSON: {e}"
+    return None if isinstance(value, dict) else "JSON but not an object"
 
 
 def _json(value: Any) -> str:

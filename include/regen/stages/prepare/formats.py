@@ -94,13 +94,14 @@ def parse_calls(text: Any) -> list[dict[str, Any]] | Rejection:
         except json.JSONDecodeError:
             match = GLAIVE_CALL.fullmatch(text.strip())
             if match is None:
-                return Rejection(Reason.BAD_TOOL_CALL, f"function call is not JSON nor Glaive's form: {text[:80]!r}")
+                detail = f"function call is not JSON nor Glaive's form: {text[:80]!r}"
+                return Rejection(Reason.HISTORY_TOOL_CALL, detail)
             value = {"name": match["name"], "arguments": match["arguments"]}
     else:
-        return Rejection(Reason.BAD_TOOL_CALL, f"function call is a {type(text).__name__}, not text")
+        return Rejection(Reason.HISTORY_TOOL_CALL, f"function call is a {type(text).__name__}, not text")
     calls = value if isinstance(value, list) else [value]
     if not calls or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
-        return Rejection(Reason.BAD_TOOL_CALL, "function call has no name")
+        return Rejection(Reason.HISTORY_TOOL_CALL, "function call has no name")
     return [{"type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", {})}} for c in calls]
 
 

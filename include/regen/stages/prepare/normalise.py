@@ -25,6 +25,7 @@ from typing import Any, Literal
 from regen.chat import canonical_json
 from regen.chat_request import Refused, served_parameters
 from regen.reasons import Reason
+from regen.tool_calls import arguments_problem
 
 Turns = Literal["final", "every_assistant_turn", "on_policy"]
 ToolResultNames = Literal["as_given", "from_call"]
@@ -129,28 +130,23 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | Rejection:
 
 
 def _arguments(raw: Any, label: str) -> str | Rejection:
-    """Tool-call arguments as the JSON text of an object, whether they came as text or as an object. Checked with the
-    parser SGLang reads them with before templating (orjson, regen.chat_request): what it refuses (NaN, a lone
-    surrogate escape) the server would answer with a 400, so the row is rejected here."""
-    import orjson
-
+    """Tool-call arguments as the JSON text of an object, whether they came as text or as an object. Checked as
+    SGLang reads them before templating (regen.tool_calls.arguments_problem): what it refuses (NaN, a lone surrogate
+    escape) the server would answer with a 400, so the row is rejected here."""
     if isinstance(raw, dict):
         raw = json.dumps(raw, ensure_ascii=False)
     if not isinstance(raw, str):
-        return Rejection(Reason.BAD_TOOL_CALL_ARGUMENTS, f"{label}: arguments must be a JSON object")
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        return Rejection(Reason.BAD_TOOL_CALL_ARGUMENTS, f"{label}: {e}")
-    if not isinstance(parsed, dict):
-        return Rejection(Reason.BAD_TOOL_CALL_ARGUMENTS, f"{label}: arguments are JSON but not an object")
+        return Rejection(Reason.HISTORY_TOOL_CALL_ARGUMENTS, f"{label}: arguments must be a JSON object")
+    problem = arguments_problem(raw)
+    if problem:
+        return Rejection(Reason.HISTORY_TOOL_CALL_ARGUMENTS, f"{label}: arguments are {problem}")
     return raw
 
 
 def _tool_call(call: Any, index: int, id_format: str) -> tuple[dict[str, Any], str] | Rejection:
     fn = call.get("function") if isinstance(call, dict) else None
     if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]):
-        return Rejection(Reason.BAD_TOOL_CALL, f"tool call {index} has no function name")
+        return Rejection(Reason.HISTORY_TOOL_CALL, f"tool call {index} has no function name")
     arguments = _arguments(fn.get("arguments", "{}"), f"tool call {index} ({fn['name']})")
     if isinstance(arguments, Rejection):
         return arguments
@@ -202,7 +198,7 @@ def _assistant(
         calls = [{"type": "function", "function": raw["function_call"]}]  # legacy OpenAI: one call, no id
     calls = calls or []
     if not isinstance(calls, list):
-        return Rejection(Reason.BAD_TOOL_CALL, f"message {position} tool_calls is not a list")
+        return Rejection(Reason.HISTORY_TOOL_CALL, f"message {position} tool_calls is not a list")
     for call in calls:
         result = _tool_call(call, ids.count, id_format)
         if isinstance(result, Rejection):

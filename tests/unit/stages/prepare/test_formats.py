@@ -336,13 +336,13 @@ BROKEN_GLAIVE_CALL = GLAIVE_CHAT.replace('\'{"weight": 70, "height": 1.75}\'', "
         pytest.param(
             {"system": GLAIVE_SYSTEM, "chat": BROKEN_GLAIVE_CALL},
             "glaive",
-            "bad_tool_call_arguments",
+            "history_tool_call_arguments",
             id="glaive-arguments",
         ),
         pytest.param(
             {"chat": "USER: hi\n\nASSISTANT: <functioncall> get_news(France) <|endoftext|>"},
             "glaive",
-            "bad_tool_call",
+            "history_tool_call",
             id="glaive-call",
         ),
         pytest.param(
@@ -363,7 +363,7 @@ BROKEN_GLAIVE_CALL = GLAIVE_CHAT.replace('\'{"weight": 70, "height": 1.75}\'', "
         pytest.param(
             {"conversations": [{"from": "human", "value": "x"}, {"from": "function_call", "value": "call it"}]},
             "sharegpt",
-            "bad_tool_call",
+            "history_tool_call",
             id="sharegpt-call",
         ),
         pytest.param({**SHAREGPT_ROW, "tools": "[{"}, "sharegpt", "bad_tools", id="sharegpt-tools"),

@@ -300,7 +300,7 @@ def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
                     {"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": "{}"}}]},
                 ]
             },
-            "bad_tool_call",
+            "history_tool_call",
             id="call-without-name",
         ),
         pytest.param(
@@ -315,7 +315,7 @@ def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
                     {"role": "tool", "content": "r"},
                 ]
             },
-            "bad_tool_call_arguments",
+            "history_tool_call_arguments",
             id="arguments",
         ),
         pytest.param(
@@ -325,7 +325,7 @@ def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
                     {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]},
                 ]
             },
-            "bad_tool_call_arguments",
+            "history_tool_call_arguments",
             id="arguments-not-object",
         ),
         pytest.param(  # json.loads reads NaN; SGLang's orjson refuses it, and so would the server (a 400)
@@ -335,7 +335,7 @@ def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
                     {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": '{"x": NaN}'}}]},
                 ]
             },
-            "bad_tool_call_arguments",
+            "history_tool_call_arguments",
             id="arguments-sglang-cannot-read",
         ),
         pytest.param(
@@ -345,7 +345,7 @@ def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
                     {"role": "assistant", "content": "", "function_call": "auto"},
                 ]
             },
-            "bad_tool_call",
+            "history_tool_call",
             id="legacy-function-call-not-an-object",
         ),
         pytest.param(
@@ -355,7 +355,7 @@ def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
                     {"role": "assistant", "function_call": {"name": "f", "arguments": "{oops"}},
                 ]
             },
-            "bad_tool_call_arguments",
+            "history_tool_call_arguments",
             id="legacy-function-call-arguments",
         ),
     ],
