@@ -5,6 +5,7 @@ meets, arguments that are and are not JSON objects, text around it all; after a 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import strategies as st
@@ -83,15 +84,22 @@ def section(draw: st.DrawFn, names: list[str], first_index: int) -> str:
     return BEGIN + "".join(calls) + (END if closed else "")
 
 
+def kimi_call_id(name: str, index: int) -> str:
+    return f"functions.{name}:{index}"
+
+
 @st.composite
-def history(draw: st.DrawFn, names: list[str]) -> list[dict[str, Any]]:
-    """A user turn, maybe after an earlier turn with calls (SGLang numbers new call ids after them)."""
+def history(
+    draw: st.DrawFn, names: list[str], call_id: Callable[[str, int], str] = kimi_call_id
+) -> list[dict[str, Any]]:
+    """A user turn, maybe after an earlier turn with calls (given ids in the model's form) and their results; SGLang
+    numbers Kimi's new call ids after them."""
     messages: list[dict[str, Any]] = []
     if names and draw(st.booleans()):
         messages.append({"role": "user", "content": "first"})
         calls = [
             {
-                "id": f"functions.{name}:{i}",
+                "id": call_id(name, i),
                 "type": "function",
                 "function": {"name": name, "arguments": json.dumps(draw(arguments_value()))},
             }

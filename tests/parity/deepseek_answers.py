@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from tests.deepseek_style import CALL_BEGIN, CALL_END, SECTION_BEGIN, SECTION_END, SEPARATOR
-from tests.parity.answers import MAYBE_TEXT, PROSE, tools
+from tests.parity.answers import MAYBE_TEXT, history, tools
 from tests.parity.conversations import NAMES, arguments_value, one_in
 
 
@@ -45,31 +45,11 @@ def section(draw: st.DrawFn, names: list[str]) -> str:
 
 
 @st.composite
-def history(draw: st.DrawFn, names: list[str]) -> list[dict[str, Any]]:
-    """A user turn, maybe after an earlier turn with calls and their results."""
-    messages: list[dict[str, Any]] = []
-    if names and draw(st.booleans()):
-        messages.append({"role": "user", "content": "first"})
-        calls = [
-            {
-                "id": f"call_{i}",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(draw(arguments_value()))},
-            }
-            for i, name in enumerate(draw(st.lists(st.sampled_from(names), min_size=1, max_size=3)))
-        ]
-        messages.append({"role": "assistant", "content": "", "tool_calls": calls})
-        messages += [{"role": "tool", "tool_call_id": c["id"], "content": "result"} for c in calls]
-    messages.append({"role": "user", "content": draw(PROSE.filter(str.strip))})
-    return messages
-
-
-@st.composite
 def deepseek_answer(draw: st.DrawFn) -> dict[str, Any]:
     """A request (history, tools) to the thinking profile and the text of the answer, its EOS left out."""
     declared = draw(tools())
     names = [t["function"]["name"] for t in declared]
-    messages = draw(history(names))
+    messages = draw(history(names, lambda _name, i: f"call_{i}"))
     stray = draw(call(names)) if draw(one_in(12)) else ""  # a call before any section
     sections = [draw(section(names)) for _ in range(draw(st.sampled_from([0, 1, 1, 1, 1, 2])))]
     text = draw(MAYBE_TEXT) + stray + "".join(sections) + draw(st.sampled_from(["", "", " and then", "\n"]))

@@ -19,20 +19,10 @@ import orjson
 from hypothesis import example, given
 
 from regen.chat import ChatRenderer
-from regen.judge import judge_output
 from regen.on_policy import assistant_message, read_message
-from regen.reasons import Reason
 from tests.parity.answers import CALL, MARKERS, answer, qwen_answer
+from tests.parity.judging import as_sglang_returns, loses_something, tally, verdict_of
 from tests.parity.oracle import CASES, DIFFERENTIAL, Oracle
-
-READING = frozenset(  # the tool-call reasons validate gives for what SGLang's reading loses
-    {
-        Reason.TOOL_CALL_UNBALANCED,
-        Reason.TOOL_CALL_BAD_ID,
-        Reason.TOOL_CALL_BAD_ARGUMENTS,
-        Reason.TOOL_CALL_IN_REASONING,
-    }
-)
 
 
 def sglang_message(case: dict[str, Any], output_ids: list[int], oracle: Oracle) -> dict[str, Any]:
@@ -40,28 +30,6 @@ def sglang_message(case: dict[str, Any], output_ids: list[int], oracle: Oracle) 
     if case["tools"]:
         body["tools"] = case["tools"]
     return oracle.ask({"kind": "answer", "request": body, "output_ids": output_ids})
-
-
-def as_sglang_returns(message: dict[str, Any]) -> dict[str, Any]:
-    calls = [{"id": c["id"], "function": c["function"]} for c in message.get("tool_calls") or []]
-    return {"content": message["content"], "reasoning_content": message.get("reasoning_content"), "tool_calls": calls}
-
-
-def loses_something(text: str, sglang: dict[str, Any]) -> bool:
-    """SGLang's message drops a call the answer wrote, holds arguments the next request cannot carry, or leaves
-    call markup in the text a client sees."""
-    calls = sglang["tool_calls"]
-    if text.count(CALL) != len(calls):
-        return True
-    for call in calls:
-        try:
-            if not isinstance(orjson.loads(call["function"]["arguments"]), dict):
-                return True
-        except orjson.JSONDecodeError:
-            return True
-    arguments = "".join(call["function"]["arguments"] for call in calls)  # markup there renders as marker tokens
-    seen = (sglang["content"] or "") + (sglang["reasoning_content"] or "") + arguments
-    return any(marker in seen for marker in MARKERS)
 
 
 def test_answers_read_and_judged_as_sglang_reads_them(
@@ -80,25 +48,15 @@ def test_answers_read_and_judged_as_sglang_reads_them(
         ours = read_message(text, case["thinking"], renderer.profile, case["messages"], tools)
         assert as_sglang_returns(ours) == {k: sglang[k] for k in ("content", "reasoning_content", "tool_calls")}
 
+        lost = loses_something(case["text"], sglang, CALL, MARKERS, arguments_shown=True)
         tail = list(roles.generation_suffix)
-        names = frozenset(t["function"]["name"] for t in tools) or None
-        verdict = judge_output(
-            output_ids, roles, names, lambda ids: renderer.decode(ids, False), roles.phase_after(tail), lambda: tools
-        )
-        lost = loses_something(case["text"], sglang)
-        if verdict.split == "train":
-            assert not lost, f"kept ({verdict.flags}), but SGLang's reading loses something: {sglang}"
-            assert (
-                assistant_message(output_ids, tail, roles, renderer.profile, renderer.decode, case["messages"], tools)
-                == ours
-            )
-            seen["kept, flagged" if verdict.flags else "kept"] += 1
-        elif verdict.verdict in READING:
-            assert lost, f"rejected ({verdict.verdict}: {verdict.detail}), but SGLang reads every call: {sglang}"
-            seen["rejected for what SGLang loses"] += 1
-        else:
-            seen[f"rejected: {verdict.verdict}"] += 1
-        seen["with calls" if sglang["tool_calls"] else "without calls"] += 1
+        messages = case["messages"]
+
+        def reads_back() -> bool:
+            again = assistant_message(output_ids, tail, roles, renderer.profile, renderer.decode, messages, tools)
+            return again == ours
+
+        tally(seen, verdict_of(output_ids, renderer, tools), lost, sglang, reads_back)
 
     check()
     print(f"answer parity, kimi: {dict(sorted(seen.items()))}")
@@ -158,11 +116,7 @@ def test_qwen_answers_read_as_sglang_reads_them(qwen_renderers: dict[bool, ChatR
             **theirs,
             "tool_calls": [c["function"] for c in theirs["tool_calls"]],
         }
-        tail = list(roles.generation_suffix)
-        names = frozenset(t["function"]["name"] for t in tools) or None
-        verdict = judge_output(
-            output_ids, roles, names, lambda ids: renderer.decode(ids, False), roles.phase_after(tail), lambda: tools
-        )
+        verdict = verdict_of(output_ids, renderer, tools)
         if verdict.split == "train":
             assert not xml_loses_something(case["text"], sglang), f"kept, but SGLang's reading loses: {sglang}"
             seen["kept"] += 1

@@ -9,16 +9,14 @@ import re
 from collections import Counter
 from typing import Any
 
-import orjson
 from hypothesis import example, given
 
 from regen.chat import ChatRenderer
-from regen.judge import judge_output
 from regen.on_policy import assistant_message, read_message
 from tests.deepseek_style import CALL_BEGIN, MARKERS, SECTION_BEGIN, SECTION_END
 from tests.parity.deepseek_answers import deepseek_answer
+from tests.parity.judging import as_sglang_returns, loses_something, tally, verdict_of
 from tests.parity.oracle import CASES, DIFFERENTIAL, Oracle
-from tests.parity.test_answer_parity import READING, as_sglang_returns
 
 # Found by the property test: `<tool_call>` written as text ends deepseek-v3's reasoning, so the section after it is
 # in the answer, which SGLang reads.
@@ -28,22 +26,6 @@ TEXT_ENDS_REASONING = {
     "text": f"\n<tool_call>{SECTION_BEGIN}{SECTION_END}",
 }
 RANDOM_ID = re.compile(r"call_[0-9a-f]{24}")  # serving_chat `_process_tool_call_id` for every parser but kimi_k2
-
-
-def loses_something(text: str, sglang: dict[str, Any]) -> bool:
-    """SGLang's message drops a call the answer wrote, holds arguments the next request cannot carry, or leaves call
-    markup in the text a client sees."""
-    calls = sglang["tool_calls"]
-    if text.count(CALL_BEGIN) != len(calls):
-        return True
-    for call in calls:
-        try:
-            if not isinstance(orjson.loads(call["function"]["arguments"]), dict):
-                return True
-        except orjson.JSONDecodeError:
-            return True
-    seen = (sglang["content"] or "") + (sglang["reasoning_content"] or "")
-    return any(marker in seen for marker in MARKERS)
 
 
 def without_ids(message: dict[str, Any]) -> dict[str, Any]:
@@ -75,25 +57,16 @@ def test_deepseek_answers_read_and_judged_as_sglang_reads_them(
         assert [c["id"] for c in ours["tool_calls"]] == [c["function"]["name"] for c in ours["tool_calls"]]
         assert without_ids(ours) == without_ids(theirs)
 
+        lost = loses_something(case["text"], sglang, CALL_BEGIN, MARKERS, arguments_shown=False)
         tail = list(roles.generation_suffix)
-        names = frozenset(t["function"]["name"] for t in tools) or None
-        verdict = judge_output(
-            output_ids, roles, names, lambda ids: renderer.decode(ids, False), roles.phase_after(tail), lambda: tools
-        )
-        lost = loses_something(case["text"], sglang)
-        if verdict.split == "train":
-            assert not lost, f"kept ({verdict.flags}), but SGLang's reading loses something: {sglang}"
+
+        def reads_back() -> bool:
             again = assistant_message(
                 output_ids, tail, roles, renderer.profile, renderer.decode, case["messages"], tools
             )
-            assert isinstance(again, dict) and as_sglang_returns(again) == ours
-            seen["kept, flagged" if verdict.flags else "kept"] += 1
-        elif verdict.verdict in READING:
-            assert lost, f"rejected ({verdict.verdict}: {verdict.detail}), but SGLang reads every call: {sglang}"
-            seen["rejected for what SGLang loses"] += 1
-        else:
-            seen[f"rejected: {verdict.verdict}"] += 1
-        seen["with calls" if sglang["tool_calls"] else "without calls"] += 1
+            return isinstance(again, dict) and as_sglang_returns(again) == ours
+
+        tally(seen, verdict_of(output_ids, renderer, tools), lost, sglang, reads_back)
 
     check()
     print(f"answer parity, deepseek: {dict(sorted(seen.items()))}")
