@@ -36,7 +36,7 @@ from regen.layout import DatasetLocation  # noqa: E402
 from regen.manifest import PreparedDataset  # noqa: E402
 from regen.profiles import lookup  # noqa: E402
 from regen.stages.prepare.eval_suites import load_suites  # noqa: E402
-from regen.stages.prepare.prepare import run_prepare  # noqa: E402
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 
 SUITES = ("mt_bench_like", "gsm8k_like", "mbpp_like")
@@ -70,7 +70,11 @@ def child(folder: Path, source: Path, decontaminate: bool) -> None:
         location = DatasetLocation(storage.root_uri, renderer.profile.name, "bench", "v1")
         config = DatasetConfig(paths=[str(source)])
         prepared = run_prepare(
-            config, location, storage, renderer, SHARD_SIZE, None, workers=1, decontamination=cleaning
+            config,
+            location,
+            storage,
+            renderer,
+            PrepareSettings(shard_size=SHARD_SIZE, limit=None, workers=1, decontamination=cleaning),
         )
     assert isinstance(prepared, PreparedDataset)
     report = {

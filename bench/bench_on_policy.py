@@ -29,7 +29,7 @@ from regen.config import DatasetConfig, Sampling  # noqa: E402
 from regen.layout import DatasetLocation  # noqa: E402
 from regen.profiles import lookup  # noqa: E402
 from regen.stages.generate.generate import GenerateSettings, run_generate  # noqa: E402
-from regen.stages.prepare.prepare import run_prepare  # noqa: E402
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from tools.devstack import start_simulator  # noqa: E402
 
@@ -50,7 +50,9 @@ def one_mode(folder: Path, source: Path, mode: str, args: argparse.Namespace, re
     storage = LocalStorage(folder / mode)
     config = DatasetConfig(paths=[str(source)], format="sharegpt", turns=mode)  # type: ignore[arg-type]
     location = DatasetLocation(storage.root_uri, renderer.profile.name, "bench", "v1")
-    prepared = run_prepare(config, location, storage, renderer, shard_size=10**6, limit=None, workers=1)
+    prepared = run_prepare(
+        config, location, storage, renderer, PrepareSettings(shard_size=10**6, limit=None, workers=1)
+    )
     sim_args = ("--max-running", str(args.slots), "--decode-ms-per-token", str(args.decode_ms))
     sim = start_simulator(folder, *sim_args)
     try:

@@ -39,7 +39,7 @@ from regen.layout import DatasetLocation  # noqa: E402
 from regen.manifest import PreparedDataset  # noqa: E402
 from regen.profiles import Profile, lookup  # noqa: E402
 from regen.stages.prepare.normalise import Conversation  # noqa: E402
-from regen.stages.prepare.prepare import run_prepare  # noqa: E402
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare  # noqa: E402
 from regen.stages.prepare.tokenise import available_cores, render_ordered  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from regen.tokenizers.slow_kimi import ensure_slow_tokenizer  # noqa: E402
@@ -144,7 +144,11 @@ def prepare_once(
     location = DatasetLocation(storage.root_uri, renderer.profile.name, name, "v1")
     started = time.perf_counter()
     prepared = run_prepare(
-        DatasetConfig(paths=[str(source)]), location, storage, renderer, SHARD_SIZE, None, workers=workers
+        DatasetConfig(paths=[str(source)]),
+        location,
+        storage,
+        renderer,
+        PrepareSettings(shard_size=SHARD_SIZE, limit=None, workers=workers),
     )
     return prepared, time.perf_counter() - started
 

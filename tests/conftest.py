@@ -19,7 +19,7 @@ from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest
 from regen.profiles import lookup
 from regen.records import ShardPrompts, read_raw
-from regen.stages.prepare.prepare import run_prepare
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.storage import LocalStorage, Storage, read_table
 from tools.devstack import Simulator, free_port, start_simulator
 
@@ -56,7 +56,11 @@ def prepare_sample(
     storage = LocalStorage(root)
     location = DatasetLocation(storage.root_uri, renderer.profile.name, dataset, version)
     prepared = run_prepare(
-        config.dataset(dataset), location, storage, renderer, shard_size, limit, config.resolve, workers=1
+        config.dataset(dataset),
+        location,
+        storage,
+        renderer,
+        PrepareSettings(shard_size=shard_size, limit=limit, resolve_path=config.resolve, workers=1),
     )
     return prepared, storage
 

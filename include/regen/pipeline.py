@@ -32,7 +32,7 @@ from regen.stages.export import ExportSettings, run_export
 from regen.stages.generate.generate import GenerateSettings, run_generate
 from regen.stages.prepare.eval_suites import load_suites
 from regen.stages.prepare.parts import part_prompts_to_map
-from regen.stages.prepare.prepare import PreparedParts, finish_parts, prepare_part, run_prepare
+from regen.stages.prepare.prepare import PreparedParts, PrepareSettings, finish_parts, prepare_part, run_prepare
 from regen.stages.prepare.sources import source_digests
 from regen.stages.prepare.tokenise import pool_size
 from regen.stages.publish.publish import run_publish, verify_contents
@@ -130,15 +130,17 @@ def prepare_dataset(
             location,
             storage,
             renderer,
-            run.shard_size,
-            run.limit,
-            run.resolve,
-            s3_client=s3_client,
-            workers=pool_size(run.tokenize_workers, tasks_at_once),
-            inputs=inputs,
-            run_id=run.run_id,
-            part_prompts=run.prepare_part_prompts,
-            decontamination=cleaning,
+            PrepareSettings(
+                shard_size=run.shard_size,
+                limit=run.limit,
+                resolve_path=run.resolve,
+                s3_client=s3_client,
+                workers=pool_size(run.tokenize_workers, tasks_at_once),
+                inputs=inputs,
+                run_id=run.run_id,
+                part_prompts=run.prepare_part_prompts,
+                decontamination=cleaning,
+            ),
         )
     if isinstance(prepared, PreparedParts):
         return {"dataset": dataset, "parts": prepared.parts, "prompts": prepared.prompts}

@@ -16,7 +16,7 @@ import pytest
 from regen.chat import ChatRenderer
 from regen.config import load_config
 from regen.layout import DatasetLocation
-from regen.stages.prepare.prepare import run_prepare
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.stages.publish.publish import run_publish
 from regen.storage import S3Storage, check_writable, s3_client_config
 from regen.verify import verify_version
@@ -64,7 +64,13 @@ def test_a_version_published_through_s3_faults_lands_exactly_once_and_verifies_c
     config = load_config()
     location = DatasetLocation(storage.root_uri, renderer.profile.name, "B1_glaive", "v1")
     dataset = config.dataset("B1_glaive")
-    prepared = run_prepare(dataset, location, storage, renderer, 20, None, config.resolve, workers=1)
+    prepared = run_prepare(
+        dataset,
+        location,
+        storage,
+        renderer,
+        PrepareSettings(shard_size=20, limit=None, resolve_path=config.resolve, workers=1),
+    )
     finish_shards(prepared.shards, storage, renderer, simulator.url)
     big = tmp_path / "big.bin"
     big.write_bytes(bytes(range(256)) * (9 * 4096 + 7))  # a multipart upload through the faults too

@@ -19,7 +19,7 @@ from regen.chat import ChatRenderer
 from regen.config import DatasetConfig
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset
-from regen.stages.prepare.prepare import run_prepare
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.stages.publish.publish import run_publish
 from regen.storage import LocalStorage
 from tests.conftest import ROOT, finish_shards
@@ -42,7 +42,7 @@ def flaky_simulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simula
 def publish(folder: Path, config: DatasetConfig, renderer: ChatRenderer, url: str) -> Path:
     storage = LocalStorage(folder / "storage")
     location = DatasetLocation(storage.root_uri, renderer.profile.name, "scale", "v1")
-    prepared = run_prepare(config, location, storage, renderer, shard_size=6, limit=None, workers=1)
+    prepared = run_prepare(config, location, storage, renderer, PrepareSettings(shard_size=6, limit=None, workers=1))
     assert isinstance(prepared, PreparedDataset)
     finish_shards(prepared.shards, storage, renderer, url)
     run_publish(prepared, storage, fleet=[], run_id="manual__v1")

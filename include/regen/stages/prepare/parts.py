@@ -10,7 +10,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +27,8 @@ from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.on_policy import dataset_turns
 from regen.rejections import RejectionWriter
 from regen.stages.prepare.normalise import Conversation
-from regen.stages.prepare.reader import Origin
+from regen.stages.prepare.reader import Origin, Tally, decontamination_record
+from regen.stages.prepare.settings import PrepareSettings
 from regen.stages.prepare.shards import PROMPT_SCHEMA, ShardWriter, record_prepared
 from regen.stages.prepare.tokenise import Rendered, render_ordered
 from regen.storage import Storage, get_json, sha256_file
@@ -143,22 +144,28 @@ def prompt_row(origin: Origin, conversation: Conversation, on_policy: bool) -> d
 
 class PartSpool:
     """Prompts to tokenise, in parts of `size` prompts, spooled to local Parquet files as they come (memory stays
-    flat); each full part is handed to `on_full` (which uploads it) once the next one starts."""
+    flat); each full part is uploaded once the next one starts (the last one by whoever leaves the dataset in
+    parts), its local file then removed."""
 
-    def __init__(self, directory: Path, size: int, on_full: Callable[[int, Path], None]) -> None:
-        self.directory, self.size, self.on_full = directory, size, on_full
+    def __init__(self, directory: Path, size: int, storage: Storage, location: DatasetLocation) -> None:
+        self.directory, self.size, self.storage, self.location = directory, size, storage, location
         self.counts: list[int] = []
+        self.uploaded: dict[int, str] = {}  # part -> the sha256 of its file
         self._rows: list[dict[str, Any]] = []
         self._writer: pq.ParquetWriter | None = None
 
     def path(self, part: int) -> Path:
         return self.directory / f"part-{part:05d}.parquet"
 
+    def upload(self, part: int) -> None:
+        self.uploaded[part] = self.storage.put_file(self.location.prepare_part(part), self.path(part))
+        self.path(part).unlink()
+
     def add(self, row: dict[str, Any]) -> None:
         if not self.counts or self.counts[-1] == self.size:
             self._close_part()
             if self.counts:
-                self.on_full(len(self.counts) - 1, self.path(len(self.counts) - 1))
+                self.upload(len(self.counts) - 1)
             self.counts.append(0)
             self._writer = pq.ParquetWriter(self.path(len(self.counts) - 1), PART_SCHEMA, compression="zstd")
         self._rows.append(row)
@@ -179,6 +186,40 @@ class PartSpool:
 
     def close(self) -> None:
         self._close_part()
+
+
+def leave_in_parts(
+    spool: PartSpool,
+    shards_per_part: int,
+    tally: Tally,
+    rejections: RejectionWriter,
+    renderer: ChatRenderer,
+    settings: PrepareSettings,
+) -> PreparedParts:
+    """A dataset read whole and left in its spooled parts for prepare_part tasks to share: the last part uploaded
+    and the index written, which records what the dataset's record will need once every part has its shards."""
+    last = len(spool.counts) - 1
+    spool.upload(last)
+    index = PartsIndex(
+        parts=tuple(
+            PartEntry(spool.location.prepare_part(part), spool.uploaded[part], count, part * shards_per_part)
+            for part, count in enumerate(spool.counts)
+        ),
+        to_tokenise=tally.to_tokenise,
+        stats=tally.stats,
+        rows_read=tally.rows_read,
+        duplicates=tally.duplicates,
+        decontamination=decontamination_record(settings.decontamination, tally),
+        files=rejections.upload(),
+        shard_size=settings.shard_size,
+        profile=renderer.record,
+        token_roles=renderer.roles.as_record(),
+        inputs=settings.inputs,
+        run_id=settings.run_id,
+    )
+    index.write(spool.storage, spool.location)
+    tally.log(f"read into {len(index.parts)} parts")
+    return PreparedParts(len(index.parts), tally.to_tokenise)
 
 
 def part_rows(path: Path) -> Iterator[dict[str, Any]]:

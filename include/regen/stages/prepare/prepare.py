@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from contextlib import closing
 from pathlib import Path
-from typing import Any
 
 from regen.chat import ChatRenderer
 from regen.config.datasets import DatasetConfig
@@ -36,16 +35,15 @@ from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, StageStats
 from regen.rejections import RejectionWriter
 from regen.samples import samples_of
-from regen.stages.prepare.eval_suites import Decontamination
 from regen.stages.prepare.normalise import Conversation, Rejection
 from regen.stages.prepare.parts import (
     PART_SCHEMA,
-    PartEntry,
     PartsIndex,
     PartsNotPrepared,
     PartSpool,
     PreparedParts,
     finish_parts,
+    leave_in_parts,
     part_layout,
     part_rows,
     prepare_part,
@@ -53,10 +51,11 @@ from regen.stages.prepare.parts import (
     tokenise_part,
 )
 from regen.stages.prepare.reader import Origin, SeenIds, Tally, candidates, decontamination_record, reject
+from regen.stages.prepare.settings import PrepareSettings
 from regen.stages.prepare.shards import PROMPT_SCHEMA, ShardWriter, record_prepared
 from regen.stages.prepare.sources import iter_rows
 from regen.stages.prepare.tokenise import Rendered, available_cores, render_ordered
-from regen.storage import S3ClientFactory, Storage, get_json
+from regen.storage import Storage, get_json
 
 # The names callers know the stage by, wherever they live now.
 __all__ = [
@@ -64,6 +63,7 @@ __all__ = [
     "PROMPT_SCHEMA",
     "PartsIndex",
     "PartsNotPrepared",
+    "PrepareSettings",
     "PreparedParts",
     "finish_parts",
     "part_layout",
@@ -100,22 +100,10 @@ def run_prepare(
     location: DatasetLocation,
     storage: Storage,
     renderer: ChatRenderer,
-    shard_size: int,
-    limit: int | None,
-    resolve_path: Callable[[str], str] = str,
-    *,
-    s3_client: S3ClientFactory | None = None,
-    workers: int | None = None,
-    inputs: dict[str, Any] | None = None,
-    run_id: str | None = None,
-    part_prompts: int | None = None,
-    decontamination: Decontamination | None = None,
+    settings: PrepareSettings,
 ) -> PreparedDataset | PreparedParts:
-    """`s3_client` makes the boto3 client for `s3://` sources; `workers` tokenises in that many processes (None:
-    all cores, 1: in this process); `inputs` (regen.version_inputs.dataset_inputs) is recorded as what the version
-    is made from; `part_prompts`: a dataset with more prompts than this (and no limit) is left in parts for
-    `prepare_part`, returned as PreparedParts (None: always prepared whole); `decontamination`: the eval suites'
-    index, prompts holding an item rejected (`eval_overlap`)."""
+    """The dataset prepared whole (PreparedDataset), or, with more prompts than `settings.part_prompts` and no limit,
+    read, deduplicated and left in parts for `prepare_part` (PreparedParts)."""
     existing = location.prepared
     if storage.exists(existing):
         log.info("%s already prepared; reusing %s", location.dataset, storage.uri(existing))
@@ -132,25 +120,18 @@ def run_prepare(
     tally = Tally(location.dataset)
     rejections = RejectionWriter(storage, location.prepare_rejections)
     on_policy = config.turns == "on_policy"
-    workers = workers or available_cores()
+    workers = settings.workers or available_cores()
     with tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp, rejections:
-        workdir = Path(tmp)
-        shards = ShardWriter(location, storage, shard_size, config)
-        uploaded: dict[int, str] = {}
+        shards = ShardWriter(location, storage, settings.shard_size, config)
         samples = len(samples_of("", config.temperatures, config.samples_per_prompt))
-        per_part, shards_per_part = part_layout(shard_size, samples, part_prompts or 1)
+        per_part, shards_per_part = part_layout(settings.shard_size, samples, settings.part_prompts or 1)
+        spool = PartSpool(Path(tmp), per_part, storage, location)
 
-        def _upload(part: int, path: Path) -> None:
-            uploaded[part] = storage.put_file(location.prepare_part(part), path)
-            path.unlink()
-
-        spool = PartSpool(workdir, per_part, _upload)
-
-        with closing(SeenIds(workdir)) as seen:
-            rows = iter_rows(config, resolve_path, s3_client)
-            found = candidates(rows, config, renderer.profile.tool_call_id_format, seen, decontamination)
-            if part_prompts is None or limit is not None:
-                _prepare_whole(found, renderer, workers, tally, shards, rejections, limit)
+        with closing(SeenIds(Path(tmp))) as seen:
+            rows = iter_rows(config, settings.resolve_path, settings.s3_client)
+            found = candidates(rows, config, renderer.profile.tool_call_id_format, seen, settings.decontamination)
+            if settings.part_prompts is None or settings.limit is not None:
+                _prepare_whole(found, renderer, workers, tally, shards, rejections, settings.limit)
             else:
                 for origin, outcome in found:
                     tally.count(origin, outcome)
@@ -160,27 +141,7 @@ def run_prepare(
                         spool.add(prompt_row(origin, outcome, on_policy))
         spool.close()
         if len(spool.counts) > 1:  # left in parts, for prepare_part tasks to share
-            _upload(len(spool.counts) - 1, spool.path(len(spool.counts) - 1))
-            index = PartsIndex(
-                parts=tuple(
-                    PartEntry(location.prepare_part(part), uploaded[part], count, part * shards_per_part)
-                    for part, count in enumerate(spool.counts)
-                ),
-                to_tokenise=tally.to_tokenise,
-                stats=tally.stats,
-                rows_read=tally.rows_read,
-                duplicates=tally.duplicates,
-                decontamination=decontamination_record(decontamination, tally),
-                files=rejections.upload(),
-                shard_size=shard_size,
-                profile=renderer.record,
-                token_roles=renderer.roles.as_record(),
-                inputs=inputs or {},
-                run_id=run_id,
-            )
-            index.write(storage, location)
-            tally.log(f"read into {len(index.parts)} parts")
-            return PreparedParts(len(index.parts), tally.to_tokenise)
+            return leave_in_parts(spool, shards_per_part, tally, rejections, renderer, settings)
         if spool.counts:  # one part: tokenised here and now
             part_stats = tokenise_part(part_rows(spool.path(0)), renderer, workers, shards, rejections)
             tally.stats = StageStats.merged([tally.stats, part_stats])
@@ -196,9 +157,9 @@ def run_prepare(
         token_roles=renderer.roles.as_record(),
         files=files,
         rows_read=tally.rows_read,
-        inputs=inputs or {},
-        decontamination=decontamination_record(decontamination, tally),
+        inputs=settings.inputs,
+        decontamination=decontamination_record(settings.decontamination, tally),
     )
-    record_prepared(storage, prepared, config, run_id)
+    record_prepared(storage, prepared, config, settings.run_id)
     tally.log(f"prepared ({len(shards.shards)} shards)")
     return prepared

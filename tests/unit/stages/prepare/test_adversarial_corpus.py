@@ -193,7 +193,7 @@ from pathlib import Path
 from regen.chat import ChatRenderer
 from regen.profiles import lookup
 from regen.config import DatasetConfig
-from regen.stages.prepare.prepare import run_prepare
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.stages.prepare.sources import CorruptSource
 from regen.layout import DatasetLocation
 from regen.storage import LocalStorage
@@ -206,7 +206,7 @@ for dataset, pattern in [("corpus", "*.json*"), ("parquet", "rows.parquet"), ("g
     location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", dataset, "v1")
     config = DatasetConfig(paths=[str(corpus / pattern)])
     try:
-        prepared = run_prepare(config, location, storage, renderer, 2000, None, workers=2)
+        prepared = run_prepare(config, location, storage, renderer, PrepareSettings(2000, workers=2))
         outcomes[dataset] = {"rows_read": prepared.rows_read, "stats": prepared.stats.to_dict()}
     except CorruptSource as e:
         outcomes[dataset] = {"error": str(e), "left": storage.list_keys(location.prompts_folder)}

@@ -129,7 +129,7 @@ def test_a_prepare_broken_off_by_a_damaged_file_leaves_nothing_a_rerun_keeps(tmp
 
     from regen.layout import DatasetLocation
     from regen.profiles import lookup
-    from regen.stages.prepare.prepare import run_prepare
+    from regen.stages.prepare.prepare import PrepareSettings, run_prepare
     from regen.stages.prepare.sources import CorruptSource
     from regen.storage import LocalStorage
 
@@ -141,12 +141,12 @@ def test_a_prepare_broken_off_by_a_damaged_file_leaves_nothing_a_rerun_keeps(tmp
     config = DatasetConfig(paths=[str(tmp_path / "part-*")])
     renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
     with pytest.raises(CorruptSource, match=r"part-1\.jsonl\.gz: the gzip stream is damaged"):
-        run_prepare(config, location, storage, renderer, 100, None, workers=1)
+        run_prepare(config, location, storage, renderer, PrepareSettings(shard_size=100, limit=None, workers=1))
     left = storage.list_keys(location.prompts_folder)
     assert left and location.prepared not in left  # shards of part-0, no completion marker
 
     (tmp_path / "part-1.jsonl.gz").unlink()  # the damaged file is taken out of the dataset
-    prepared = run_prepare(config, location, storage, renderer, 1000, None, workers=1)
+    prepared = run_prepare(config, location, storage, renderer, PrepareSettings(shard_size=1000, limit=None, workers=1))
     assert sorted(storage.list_keys(location.prompts_folder)) == sorted(
         [s.prompts_key for s in prepared.shards] + [location.prepared]
     )

@@ -14,7 +14,7 @@ from regen.chat import ChatRenderer
 from regen.config import DatasetConfig, HubDataset, load_config
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset
-from regen.stages.prepare.prepare import run_prepare
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.storage import LocalStorage, Storage
 from tests.conftest import prepare_sample
 
@@ -35,7 +35,7 @@ def prepare_config(
     location = DatasetLocation(storage.root_uri, renderer.profile.name, name, "v1")
     options = {"workers": 1, **kwargs}
     resolve = lambda p: p if "://" in p else str(tmp_path / p)  # noqa: E731  (as RegenConfig.resolve does)
-    return run_prepare(config, location, storage, renderer, 10, limit, resolve, **options), storage
+    return run_prepare(config, location, storage, renderer, PrepareSettings(10, limit, resolve, **options)), storage
 
 
 def shard_rows(storage: Storage, prepared: PreparedDataset) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from regen.config import DatasetConfig, DecontaminationConfig, EvalSuite, load_c
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset
 from regen.stages.prepare.eval_suites import Decontamination, load_suites
-from regen.stages.prepare.prepare import PreparedParts, finish_parts, prepare_part, run_prepare
+from regen.stages.prepare.prepare import PreparedParts, PrepareSettings, finish_parts, prepare_part, run_prepare
 from regen.storage import LocalStorage, Storage
 from tests.unit.stages.prepare.test_prepare_parts import rejected, rows_of
 
@@ -94,7 +94,13 @@ def dataset(tmp_path: Path, name: str, lines: list[str]) -> DatasetConfig:
 def prepared_in_parts(
     config: DatasetConfig, location: DatasetLocation, storage: Storage, renderer: ChatRenderer, **options: Any
 ) -> PreparedDataset:
-    parts = run_prepare(config, location, storage, renderer, 10, None, workers=1, part_prompts=20, **options)
+    parts = run_prepare(
+        config,
+        location,
+        storage,
+        renderer,
+        PrepareSettings(shard_size=10, limit=None, workers=1, part_prompts=20, **options),
+    )
     assert isinstance(parts, PreparedParts) and parts.parts > 1
     for part in range(parts.parts):
         prepare_part(config, location, storage, renderer, part, workers=1)
@@ -129,6 +135,8 @@ def test_planted_eval_items_are_rejected_and_no_clean_prompt_is_lost(
 def run_prepare_whole(
     config: DatasetConfig, location: DatasetLocation, storage: Storage, renderer: ChatRenderer, **options: Any
 ) -> PreparedDataset:
-    prepared = run_prepare(config, location, storage, renderer, 10, None, workers=1, **options)
+    prepared = run_prepare(
+        config, location, storage, renderer, PrepareSettings(shard_size=10, limit=None, workers=1, **options)
+    )
     assert isinstance(prepared, PreparedDataset)
     return prepared

@@ -15,7 +15,14 @@ from regen.chat import ChatRenderer
 from regen.config import DatasetConfig, load_config
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset
-from regen.stages.prepare.prepare import PartsNotPrepared, PreparedParts, finish_parts, prepare_part, run_prepare
+from regen.stages.prepare.prepare import (
+    PartsNotPrepared,
+    PreparedParts,
+    PrepareSettings,
+    finish_parts,
+    prepare_part,
+    run_prepare,
+)
 from regen.storage import LocalStorage, Storage
 
 
@@ -53,8 +60,16 @@ def prepare_whole_and_in_parts(
     storage = LocalStorage(tmp_path / "root")
     whole_at = DatasetLocation(storage.root_uri, renderer.profile.name, "whole", "v1")
     parts_at = DatasetLocation(storage.root_uri, renderer.profile.name, "parts", "v1")
-    whole = run_prepare(config, whole_at, storage, renderer, shard_size, None, workers=1)
-    parts = run_prepare(config, parts_at, storage, renderer, shard_size, None, workers=1, part_prompts=part_prompts)
+    whole = run_prepare(
+        config, whole_at, storage, renderer, PrepareSettings(shard_size=shard_size, limit=None, workers=1)
+    )
+    parts = run_prepare(
+        config,
+        parts_at,
+        storage,
+        renderer,
+        PrepareSettings(shard_size=shard_size, limit=None, workers=1, part_prompts=part_prompts),
+    )
     assert isinstance(whole, PreparedDataset) and isinstance(parts, PreparedParts)
     for part in range(parts.parts):
         prepare_part(config, parts_at, storage, renderer, part, workers=1)
@@ -119,11 +134,18 @@ def test_parts_are_retried_alone_and_finish_waits_for_every_one(
     storage = LocalStorage(tmp_path / "root")
     config = DatasetConfig(paths=[str(mixed)])
     location = DatasetLocation(storage.root_uri, renderer.profile.name, "d", "v1")
-    parts = run_prepare(config, location, storage, renderer, 10, None, workers=1, part_prompts=20)
+    parts = run_prepare(
+        config, location, storage, renderer, PrepareSettings(shard_size=10, limit=None, workers=1, part_prompts=20)
+    )
     assert isinstance(parts, PreparedParts)
     index = Path(storage.uri(location.prepare_index))
     written = index.stat().st_mtime_ns
-    assert run_prepare(config, location, storage, renderer, 10, None, workers=1, part_prompts=20) == parts
+    assert (
+        run_prepare(
+            config, location, storage, renderer, PrepareSettings(shard_size=10, limit=None, workers=1, part_prompts=20)
+        )
+        == parts
+    )
     assert index.stat().st_mtime_ns == written  # a retried reader reuses its parts, it does not read again
 
     first = prepare_part(config, location, storage, renderer, 0, workers=1)
@@ -139,7 +161,9 @@ def test_parts_are_retried_alone_and_finish_waits_for_every_one(
     finished = finish_parts(config, location, storage)
     read_and_dropped = finished.stats.dropped - finished.stats.dropped_by_reason["prompt_too_long"]
     assert finished.stats.total == parts.prompts + read_and_dropped  # what the reader passed on, and what it dropped
-    again = run_prepare(config, location, storage, renderer, 10, None, workers=1, part_prompts=20)
+    again = run_prepare(
+        config, location, storage, renderer, PrepareSettings(shard_size=10, limit=None, workers=1, part_prompts=20)
+    )
     assert again == finished == finish_parts(config, location, storage)
 
 
@@ -149,9 +173,13 @@ def test_a_limit_or_a_dataset_of_one_part_is_prepared_in_one_task(
     storage = LocalStorage(tmp_path / "root")
     config = DatasetConfig(paths=[str(mixed)])
     at = [DatasetLocation(storage.root_uri, renderer.profile.name, name, "v1") for name in ("limited", "one", "two")]
-    limited = run_prepare(config, at[0], storage, renderer, 10, 30, workers=1, part_prompts=20)
-    one_part = run_prepare(config, at[1], storage, renderer, 10, None, workers=1, part_prompts=10**6)
-    whole = run_prepare(config, at[2], storage, renderer, 10, None, workers=1)
+    limited = run_prepare(
+        config, at[0], storage, renderer, PrepareSettings(shard_size=10, limit=30, workers=1, part_prompts=20)
+    )
+    one_part = run_prepare(
+        config, at[1], storage, renderer, PrepareSettings(shard_size=10, limit=None, workers=1, part_prompts=10**6)
+    )
+    whole = run_prepare(config, at[2], storage, renderer, PrepareSettings(shard_size=10, limit=None, workers=1))
     assert isinstance(limited, PreparedDataset) and limited.stats.kept == 30
     assert isinstance(one_part, PreparedDataset) and one_part.stats == whole.stats  # type: ignore[union-attr]
     assert rows_of(storage, one_part) == rows_of(storage, whole)  # type: ignore[arg-type]

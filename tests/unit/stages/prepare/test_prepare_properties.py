@@ -18,7 +18,7 @@ from regen.profiles import lookup
 from regen.reasons import Reason
 from regen.stages.prepare.formats import CONVERTERS, SHAREGPT_ROLES, normalise_row
 from regen.stages.prepare.normalise import Conversation, Rejection
-from regen.stages.prepare.prepare import run_prepare
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.storage import LocalStorage
 
 KIMI_IDS = "functions.{name}:{index}"
@@ -141,7 +141,9 @@ def test_prepare_accounts_for_every_row(data: list[bytes], turns: Any) -> None:
         storage = LocalStorage(Path(tmp) / "root")
         location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "prop", "v1")
         config = DatasetConfig(paths=[str(source)], turns=turns)
-        prepared = run_prepare(config, location, storage, RENDERER, 5, None, workers=1)
+        prepared = run_prepare(
+            config, location, storage, RENDERER, PrepareSettings(shard_size=5, limit=None, workers=1)
+        )
         stats = prepared.stats
         rows_read = json.loads(storage.get_bytes(location.prepared))["rows_read"]
         assert rows_read == len(data)  # every line, a blank one included

@@ -12,7 +12,7 @@ from regen.layout import DatasetLocation, report_writer
 from regen.manifest import PreparedDataset
 from regen.stages.prepare.decontaminate import prompt_text
 from regen.stages.prepare.eval_suites import load_suites
-from regen.stages.prepare.prepare import run_prepare
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.stages.publish.publish import run_publish
 from regen.storage import LocalStorage
 from regen.ui.catalog import Catalog
@@ -39,7 +39,13 @@ def test_the_manifest_report_and_page_name_the_suites(
     storage = LocalStorage(tmp_path / "root")
     location = DatasetLocation(storage.root_uri, renderer.profile.name, "B1_glaive", "v1")
     prepared = run_prepare(
-        source, location, storage, renderer, 10, 12, config.resolve, workers=1, decontamination=load_suites(suites)
+        source,
+        location,
+        storage,
+        renderer,
+        PrepareSettings(
+            shard_size=10, limit=12, resolve_path=config.resolve, workers=1, decontamination=load_suites(suites)
+        ),
     )
     assert isinstance(prepared, PreparedDataset)
     finish_shards(prepared.shards, storage, renderer, simulator.url)

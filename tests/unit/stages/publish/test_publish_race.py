@@ -19,7 +19,7 @@ from regen.chat import ChatRenderer
 from regen.config import load_config
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset
-from regen.stages.prepare.prepare import run_prepare
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.stages.publish.publish import run_publish, verify_contents
 from regen.storage import LocalStorage, S3Storage, Storage
 from regen.verify import verify_version
@@ -60,7 +60,13 @@ class Racing:
 def finished_version(storage: Storage, renderer: ChatRenderer, url: str) -> PreparedDataset:
     config = load_config()
     location = DatasetLocation(storage.root_uri, renderer.profile.name, "B1_glaive", "v1")
-    prepared = run_prepare(config.dataset("B1_glaive"), location, storage, renderer, 10, 20, config.resolve, workers=1)
+    prepared = run_prepare(
+        config.dataset("B1_glaive"),
+        location,
+        storage,
+        renderer,
+        PrepareSettings(shard_size=10, limit=20, resolve_path=config.resolve, workers=1),
+    )
     finish_shards(prepared.shards, storage, renderer, url)
     return prepared
 
