@@ -23,6 +23,7 @@ token used nowhere else in the scripts (any byte-level spelling decodes to the s
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,7 +162,7 @@ def transitions(start: int, plain: list[int], tools: list[int]) -> tuple[dict[in
     flagged: dict[int, int] = {}
     for script, is_tools in ((plain, False), (tools, True)):
         sequence = [start, *script]
-        for source, target in zip(sequence, sequence[1:], strict=False):
+        for source, target in itertools.pairwise(sequence):
             if is_tools and source in always and always[source] != target:
                 flagged[source] = target
             elif source in always and always[source] != target:
@@ -219,7 +220,8 @@ def greedy(tensors: dict[str, np.ndarray], start: int, flag: bool, eos: set[int]
     """The model's greedy answer after a prompt ending in `start`, by the same arithmetic (FLAG about 7 after a
     declared tool; the RMS norms scale a position's logits uniformly, so argmax ignores them)."""
     embed, head = tensors["model.embed_tokens.weight"], tensors["lm_head.weight"]
-    out, token = [], start
+    out: list[int] = []
+    token = start
     while len(out) < limit:
         x = embed[token].copy()
         if flag:
