@@ -5,7 +5,8 @@ Interface (kept stable; tests of other modules use it):
   kimi-k2.5-mini: Kimi-K2.5-layout mini tokenizer, `--tool-call-parser kimi_k2 --reasoning-parser kimi_k2`), launched
   as production launches it: `--model-path <a cache folder not named after the model> --served-model-name
   kimi-k2.5-mini --log-requests --log-requests-level 3`. Fields: `url`, `served_name`, `model` (the folder), `log`;
-  `finished()` is every request it finished, parsed from its log ({rid, input_ids, output_ids, text, meta_info});
+  `finished()` is every request it finished, parsed from its log ({rid, input_ids, output_ids, text, meta_info};
+  its own warm-up and health probes left out);
   `alive()`. Do not stop or kill it (it is shared): start your own with `start_real_server` for that.
 - `real_sglang_qwen` (session): the same for profile qwen3.6 (Qwen3.6's tokenizer, served as `qwen3.6`,
   `--tool-call-parser qwen3_coder --reasoning-parser qwen3`).

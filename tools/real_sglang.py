@@ -130,6 +130,7 @@ def server_command(
     ]  # fmt: skip
 
 
+READY = "The server is fired up and ready to roll!"  # SGLang's line once its warm-up request has finished
 FINISH = re.compile(r"Finish: obj=GenerateReqInput\((?P<obj>.*)\), out=(?P<out>\{.*\})\s*$")
 RID = re.compile(r"\brid='(?P<rid>[^']*)'")
 INPUT_IDS = re.compile(r"\binput_ids=(?P<ids>\[[-0-9, ]*\]|None)")
@@ -164,10 +165,13 @@ class RealServer:
     log: Path
     process: subprocess.Popen[bytes]
 
-    def finished(self, include_health_checks: bool = False) -> list[dict[str, Any]]:
-        """Every request the server finished, in log order (its /health_generate probes left out unless asked)."""
-        records = [r for line in self.log.read_text(errors="replace").splitlines() if (r := parse_finished(line))]
-        return [r for r in records if include_health_checks or not str(r["rid"]).startswith("HEALTH_CHECK")]
+    def finished(self, include_own: bool = False) -> list[dict[str, Any]]:
+        """Every request the server finished, in log order. Its own requests are left out unless asked: its warm-up
+        (before it logs READY) and its /health_generate probes (rid HEALTH_CHECK_...)."""
+        lines = self.log.read_text(errors="replace").splitlines()
+        ready = next((i for i, line in enumerate(lines) if READY in line), len(lines))
+        records = [(i, r) for i, line in enumerate(lines) if (r := parse_finished(line))]
+        return [r for i, r in records if include_own or (i > ready and not str(r["rid"]).startswith("HEALTH_CHECK"))]
 
     def alive(self) -> bool:
         return self.process.poll() is None

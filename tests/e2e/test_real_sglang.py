@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import requests
 
 from regen.chat import ChatRenderer
 from regen.config import Sampling
@@ -19,8 +22,10 @@ from regen.reasons import OK
 from regen.records import RawAnswer, text_digest
 from regen.sglang.client import Generation, SGLangClient
 from regen.sglang.fleet import EndpointPool
+from regen.sglang.parity import PROVEN_SGLANG_VERSION
+from regen.sglang.server_check import ServerMismatch, check_fleet
 from tests.real_sglang import GET_WEATHER
-from tools.real_sglang import RealServer
+from tools.real_sglang import RealServer, model_dir, real_server
 
 pytestmark = pytest.mark.e2e
 GREEDY = Sampling(temperature=0.0, max_new_tokens=96).as_params()
@@ -88,3 +93,33 @@ def _qwen_profile() -> Any:
     from regen.config import load_config
 
     return load_config().profiles["qwen3.6"]
+
+
+def test_check_server_passes_on_the_real_server_launched_as_production_launches_it(real_sglang: RealServer) -> None:
+    """`--model-path <a folder> --served-model-name kimi-k2.5-mini`: judged by model_path, this failed ("serves
+    '<the folder>', but profile 'kimi-k2.5-mini' expects one of ['kimi-k2.5-mini']")."""
+    renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
+    [info] = check_fleet([real_sglang.url], renderer, Sampling(temperature=0.0).as_params(), deadline_s=60)
+    assert info["model_path"] == str(real_sglang.model) and not info["model_path"].endswith("kimi-k2.5-mini")
+    assert info["served_model_name"] == "kimi-k2.5-mini" and info["version"] == PROVEN_SGLANG_VERSION
+    assert info["vocab_size"] == 163_840 and info["context_length"] == 16384
+    assert info["seeds_honoured"] is False  # torch_native cannot run --enable-deterministic-inference
+    assert info["probe_finish_reason"]["type"] == "stop" and info["probe_output_tokens"] > 0
+
+
+def test_a_real_server_with_a_smaller_vocabulary_fails_check_server_and_stays_alive(tmp_path: Path) -> None:
+    """Its model (Qwen's vocabulary of 151,936 ids) is smaller than the profile's Kimi tokenizer (163,840): the
+    probe's ids (<|im_end|> is 163,586) would kill SGLang 0.5.23. The run fails at check_server, before any prompt."""
+    folder = tmp_path / "smaller-model"
+    folder.mkdir()
+    for file in model_dir("kimi-k2.5-mini").iterdir():
+        if file.suffix != ".safetensors":
+            shutil.copy(file, folder / file.name)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 151_936}))
+    renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
+    with real_server(tmp_path / "server.log", model=folder, extra_args=("--load-format", "dummy")) as small:
+        with pytest.raises(ServerMismatch, match=r"vocabulary of 151936 ids, but profile 'kimi-k2.5-mini'.*163840"):
+            check_fleet([small.url], renderer, Sampling(temperature=0.0).as_params(), deadline_s=60)
+        assert small.alive() and requests.get(f"{small.url}/health_generate", timeout=30).status_code == 200
+        assert small.finished() == []  # no prompt reached it

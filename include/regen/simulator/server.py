@@ -160,6 +160,14 @@ class SimulatorState:
             "reasoning_parser": profile.reasoning_parser,
         }
         self.version = version  # the SGLang version /server_info reports; "": one that does not say
+        # What /model_info and /server_info say of the model, as SGLang does: --model-path as given (a folder in most
+        # deployments), --served-model-name (the name clients use), and whether sampling seeds are applied.
+        name = profile.served_model_names[0]
+        self.served: dict[str, Any] = {
+            "model_path": name,
+            "served_model_name": name,
+            "enable_deterministic_inference": True,  # the simulated model draws from sampling_seed
+        }
         self.faults = faults or FaultModel()
         self.fault_rng = random.Random(fault_seed)
         self.counters = Counters(max_running=latency.max_running)
