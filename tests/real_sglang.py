@@ -10,7 +10,7 @@ Interface (kept stable; tests of other modules use it):
   `alive()`. Do not stop or kill it (it is shared): start your own with `start_real_server` for that.
 - `real_sglang_qwen` (session): the same for profile qwen3.6 (Qwen3.6's tokenizer, served as `qwen3.6`,
   `--tool-call-parser qwen3_coder --reasoning-parser qwen3`).
-- `real_sglang_pair` (module): two more kimi-k2.5-mini servers, for a router in front of them.
+- `real_sglang_pair` (module): two more kimi-k2.5-mini servers (started together), for a router in front of them.
 Greedy answers (temperature 0) follow tools/tiny_model.py's scripts: reasoning, `</think>`, content, EOS; and when the
 prompt declares a tool named `get_weather`, reasoning, `</think>`, one call `get_weather({"city": "Paris"})`, EOS.
 The first use builds the SGLang env (minutes, once per lock) and the model folder (seconds); a server starts in about
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tools.real_sglang import RealServer, start_real_server
+from tools.real_sglang import RealServer, start_real_server, start_real_servers
 
 GET_WEATHER = {
     "type": "function",
@@ -59,11 +59,7 @@ def real_sglang_qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealS
 @pytest.fixture(scope="module")
 def real_sglang_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RealServer]]:
     folder = tmp_path_factory.mktemp("real-sglang-pair")
-    servers: list[RealServer] = []
-    try:
-        for i in range(2):
-            servers.append(start_real_server(folder / f"server{i}.log"))
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
+    servers = start_real_servers([folder / "server0.log", folder / "server1.log"])
+    yield servers
+    for server in servers:
+        server.stop()

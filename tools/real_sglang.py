@@ -211,6 +211,26 @@ def server_env() -> dict[str, str]:
     }
 
 
+def launch_real_server(
+    log: Path,
+    profile_name: str = "kimi-k2.5-mini",
+    port: int | None = None,
+    extra_args: tuple[str, ...] = (),
+    model: Path | None = None,
+) -> RealServer:
+    """A real server's process, started (not yet ready: see start_real_server)."""
+    profile = PROFILES[profile_name]
+    model = model or model_dir(profile_name)
+    port = port or free_port()
+    argv = server_command(sglang_python(), model, port, profile, extra_args)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            argv, env=server_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=log.parent
+        )
+    return RealServer(f"http://127.0.0.1:{port}", profile.served_name, model, log, process)
+
+
 def start_real_server(
     log: Path,
     profile_name: str = "kimi-k2.5-mini",
@@ -221,22 +241,30 @@ def start_real_server(
 ) -> RealServer:
     """A real server, returned once /health_generate answers 200 (its own generation probe passed). `model`: another
     model folder (e.g. one with a smaller vocabulary); `extra_args`: more server flags."""
-    profile = PROFILES[profile_name]
-    model = model or model_dir(profile_name)
-    port = port or free_port()
-    argv = server_command(sglang_python(), model, port, profile, extra_args)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            argv, env=server_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=log.parent
-        )
-    server = RealServer(f"http://127.0.0.1:{port}", profile.served_name, model, log, process)
-    try:
-        _wait_ready(server, ready_timeout_s)
-    except BaseException:
-        server.stop()
-        raise
+    [server] = start_real_servers([log], profile_name, extra_args, model, ready_timeout_s, port)
     return server
+
+
+def start_real_servers(
+    logs: list[Path],
+    profile_name: str = "kimi-k2.5-mini",
+    extra_args: tuple[str, ...] = (),
+    model: Path | None = None,
+    ready_timeout_s: float = 300.0,
+    port: int | None = None,
+) -> list[RealServer]:
+    """One server per log, started together (their start-ups overlap), returned once all are ready."""
+    servers: list[RealServer] = []
+    try:
+        for log in logs:
+            servers.append(launch_real_server(log, profile_name, port, extra_args, model))
+        for server in servers:
+            _wait_ready(server, ready_timeout_s)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
 
 
 def _wait_ready(server: RealServer, timeout_s: float) -> None:

@@ -15,7 +15,7 @@ from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.stages.generate.generate import GenerateSettings, run_generate
 from tests.conftest import prepare_sample, raw_answers, shard_prompt_ids
-from tools.real_sglang import RealServer, model_dir, start_real_server
+from tools.real_sglang import RealServer, model_dir, start_real_servers
 from tools.router import start_router
 
 pytestmark = pytest.mark.e2e
@@ -24,14 +24,10 @@ KILL_AFTER = 6  # answers the doomed server finishes first
 
 @pytest.fixture
 def doomed_pair(tmp_path: Path) -> Iterator[list[RealServer]]:
-    servers: list[RealServer] = []
-    try:
-        for i in range(2):
-            servers.append(start_real_server(tmp_path / f"server{i}.log"))
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
+    servers = start_real_servers([tmp_path / "server0.log", tmp_path / "server1.log"])
+    yield servers
+    for server in servers:
+        server.stop()
 
 
 def kill_when_answered(server: RealServer, count: int, killed: list[float]) -> None:
