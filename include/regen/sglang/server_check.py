@@ -21,7 +21,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
@@ -36,7 +36,7 @@ from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
 from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens
 from regen.sglang.parity import sglang_version_warnings
-from regen.sglang.served_model import seeds_honoured, served_name, served_vocab
+from regen.sglang.served_model import fleet_seeds_honoured, seeds_honoured, served_name, served_vocab
 
 log = logging.getLogger(__name__)
 PROBES = (
@@ -224,7 +224,7 @@ async def _check_one(
     version = fleet_version(workers) if workers else server.get("version")
     served_by = f"SGLang {version}" if version else "an SGLang that does not say its version"
     log.info("%s serves %s (%s) on %s; its probe answer passed", redact_url(url), name, model_path, served_by)
-    seeds = _fleet_seeds(workers) if workers else seeds_honoured(server)
+    seeds = fleet_seeds_honoured([asdict(w) for w in workers if w.healthy]) if workers else seeds_honoured(server)
     if seeds is False:
         log.warning(
             "%s does not run --enable-deterministic-inference: sampling_seed has no effect there, so the seeds the "
@@ -246,11 +246,6 @@ async def _check_one(
         router=bool(server.get("router_manager")),
         workers=workers,
     )
-
-
-def _fleet_seeds(workers: list[WorkerInfo]) -> bool | None:
-    answers = [w.seeds_honoured for w in workers if w.healthy]
-    return False if False in answers else (True if answers and all(answers) else None)
 
 
 def context_length_of(server: dict[str, Any]) -> int | None:
@@ -285,7 +280,10 @@ async def _router_fleet(
             )
     served = await asyncio.gather(*(_worker_server_info(session, w.url) for w in workers))
     for worker, info in zip(workers, served, strict=True):
-        check_parsers(f"{redact_url(url)} (worker {redact_url(worker.url)})", info, renderer)
+        where = f"{redact_url(url)} (worker {redact_url(worker.url)})"
+        check_parsers(where, info, renderer)
+        if (vocab := served_vocab(info, {})) is not None:  # each worker's own model, where this process reads it
+            check_vocab(where, vocab, renderer)
     log.info(
         "%s is an sglang-router in front of %d workers: %s",
         redact_url(url),
