@@ -5,20 +5,26 @@ dependency can say "this dataset's shards". A small deferrable task waits instea
 `OwnShardsTrigger`, which polls, in the triggerer (no worker slot held), the states of the dataset's own shard tasks,
 and fires once every one succeeded, or at once when one failed, naming it. Not reschedule mode: Airflow 3.3 may fail
 a rescheduled sensor on a stale executor event (apache/airflow#71172).
+
+Under `dag.test()` (and `airflow dags test`, which calls it) there is no triggerer: Airflow runs a deferred task's
+trigger inline, in the one loop that also runs every other task, so a trigger waiting for the shards would wait
+forever for tasks that loop can no longer run. There the wait asks once and, while the shards are still to finish,
+hands the loop back by rescheduling itself (no executor there, so no stale event either).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 SHARD_TASKS = ("process_shard.generate_shard", "process_shard.validate_shard", "process_shard.export_shard")
+DAG_TEST_USER = "dag_test"  # the triggering user Airflow's dag.test() names on the run it makes
 # A shard task in any other state (none yet, queued, running, up_for_retry, restarting) is still to finish.
 NOT_SUCCEEDED = frozenset({"failed", "upstream_failed", "skipped", "removed"})
 
@@ -64,6 +70,23 @@ class ShardsDidNotFinish(AirflowFailException):
     mended_by_clearing = True
 
 
+def shard_states(dag_id: str, run_id: str) -> dict[str, str | None]:
+    """The run's shard task states, from the execution API (a task's or the triggerer's call)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    found = RuntimeTaskInstance.get_task_states(dag_id=dag_id, task_ids=list(SHARD_TASKS), run_ids=[run_id])
+    return dict(found.get(run_id, {}))
+
+
+def settled(indexes: list[int], states: dict[str, str | None]) -> dict[str, Any] | None:
+    """The trigger's event once the shards of `indexes` are settled (all succeeded, or one failed); else None."""
+    if failures := shard_failures(indexes, states):
+        return {"status": "failed", "failures": failures}
+    if shards_succeeded(indexes, states):
+        return {"status": "success"}
+    return None
+
+
 class OwnShardsTrigger(BaseTrigger):
     """Polls the states of one run's shard tasks of the given map indexes (the triggerer reaches Airflow's execution
     API as a task does); fires {"status": "success"} once all succeeded, {"status": "failed", "failures": [...]} as
@@ -78,19 +101,12 @@ class OwnShardsTrigger(BaseTrigger):
         return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
         from asgiref.sync import sync_to_async
 
         while True:
-            found = await sync_to_async(RuntimeTaskInstance.get_task_states)(
-                dag_id=self.dag_id, task_ids=list(SHARD_TASKS), run_ids=[self.run_id]
-            )
-            states = dict(found.get(self.run_id, {}))
-            if failures := shard_failures(self.indexes, states):
-                yield TriggerEvent({"status": "failed", "failures": failures})
-                return
-            if shards_succeeded(self.indexes, states):
-                yield TriggerEvent({"status": "success"})
+            states = await sync_to_async(shard_states)(self.dag_id, self.run_id)
+            if (event := settled(self.indexes, states)) is not None:
+                yield TriggerEvent(event)
                 return
             await asyncio.sleep(self.poll_s)
 
@@ -115,6 +131,11 @@ class WaitForOwnShards(BaseOperator):
         if not indexes:  # unchanged since its last version, or no shards listed for it
             return
         ti = context["ti"]
+        if context["dag_run"].triggering_user_name == DAG_TEST_USER:  # no triggerer: see the module's docstring
+            event = settled(indexes, shard_states(ti.dag_id, ti.run_id))
+            if event is None:
+                raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=self.poll_s))
+            return self.execute_complete(context, event)
         trigger = OwnShardsTrigger(ti.dag_id, ti.run_id, indexes, self.poll_s)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=self.wait_limit)
 

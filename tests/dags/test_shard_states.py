@@ -66,8 +66,9 @@ def test_the_wait_defers_to_a_trigger_the_triggerer_rebuilds_from_its_classpath(
 
     wait = WaitForOwnShards(task_id="wait", prepared={"dataset": "large"}, groups=GROUPS, poll_s=2)
     ti = SimpleNamespace(dag_id="eagle3_regen", run_id="manual__1")
+    run = SimpleNamespace(triggering_user_name="admin")  # triggered from the UI, run by the scheduler
     with pytest.raises(TaskDeferred) as deferred:
-        wait.execute({"ti": ti})
+        wait.execute({"ti": ti, "dag_run": run})
     assert deferred.value.method_name == "execute_complete"
     classpath, kwargs = deferred.value.trigger.serialize()
     rebuilt = import_string(classpath)(**kwargs)  # what the triggerer does with the stored trigger
@@ -76,6 +77,33 @@ def test_the_wait_defers_to_a_trigger_the_triggerer_rebuilds_from_its_classpath(
     # Nothing to wait for: no shards of its own, or no groups at all (list_shards failed): no deferral.
     assert WaitForOwnShards(task_id="w", prepared={"dataset": "absent"}, groups=GROUPS, poll_s=2).execute({}) is None
     assert WaitForOwnShards(task_id="w", prepared={"dataset": "large"}, groups=None, poll_s=2).execute({}) is None
+
+
+def test_under_dag_test_the_wait_reschedules_itself_until_its_shards_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dag.test() has no triggerer and would run the trigger inline, blocking the loop that runs the shards: there
+    the wait asks once, and reschedules while its own shards are still to finish."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    from regen_airflow import shard_states
+    from regen_airflow.shard_states import DAG_TEST_USER, ShardsDidNotFinish, WaitForOwnShards
+
+    context = {
+        "ti": SimpleNamespace(dag_id="eagle3_regen", run_id="manual__1"),
+        "dag_run": SimpleNamespace(triggering_user_name=DAG_TEST_USER),
+    }
+    wait = WaitForOwnShards(task_id="wait", prepared={"dataset": "large"}, groups=GROUPS, poll_s=2)
+    export = "process_shard.export_shard"
+    for states in [{}, {f"{export}_1": "success", f"{export}_2": "running"}]:
+        monkeypatch.setattr(shard_states, "shard_states", lambda dag_id, run_id, found=states: found)
+        with pytest.raises(AirflowRescheduleException):
+            wait.execute(context)
+    monkeypatch.setattr(shard_states, "shard_states", lambda *_: {f"{export}_1": "success", f"{export}_2": "success"})
+    assert wait.execute(context) is None
+    monkeypatch.setattr(shard_states, "shard_states", lambda *_: {f"{export}_1": "success", f"{export}_2": "failed"})
+    with pytest.raises(ShardsDidNotFinish, match="large/shard"):
+        wait.execute(context)
 
 
 def test_the_wait_fails_naming_the_failed_shard_when_the_trigger_says_so() -> None:
