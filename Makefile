@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-s3 ui test test-fast test-parity lint sglang-env bench bench-scale bench-fleet-scale clean
+.PHONY: demo demo-s3 ui test test-fast test-parity lint sglang-env real-sglang bench bench-scale bench-fleet-scale clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ test-parity: $(BIN)/.installed sglang-env  ## production parity: prompts and ans
 
 sglang-env:  ## .venv-sglang: SGLang 0.5.23's own code on CPU (requirements-sglang.txt), the tests' oracle; cached
 	PYTHON=$(PYTHON) bash tools/sglang_env.sh
+
+PROFILE ?= kimi-k2.5-mini
+real-sglang: $(BIN)/.installed sglang-env  ## the real SGLang 0.5.23 server on CPU with the tiny model (PROFILE=qwen3.6); Ctrl-C stops it
+	$(BIN)/python -m tools.real_sglang --profile $(PROFILE)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

@@ -23,6 +23,8 @@ from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.storage import LocalStorage, Storage, read_table
 from tools.devstack import Simulator, free_port, start_simulator
 
+pytest_plugins = ["tests.real_sglang"]  # the real SGLang server fixtures
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Property tests draw the same cases on every run and machine: a red CI run is reproduced by running it again, and a

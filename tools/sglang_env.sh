@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the SGLang oracle environment (requirements-sglang.txt: sglang 0.5.23's own code and its pins, CPU only)
-# and links it as .venv-sglang in the repo root. The env lives in a cache directory keyed by the sha256 of
-# requirements-sglang.txt, so a machine builds each version of the lock once:
+# Builds the SGLang oracle environment (requirements-sglang.txt: sglang 0.5.23's own code and its pins, CPU only: its
+# chat layer for the parity tests, its server for tools/real_sglang.py) and links it as .venv-sglang in the repo
+# root. The env lives in a cache directory keyed by the sha256 of requirements-sglang.txt, so a machine builds each
+# version of the lock once:
 #   ${REGEN_CACHE_DIR:-$HOME/.cache/eagle3-regen}/sglang-env-<first 12 hex of the sha256>
 # A cached env that still imports is only re-linked (seconds). A build goes into a temporary sibling that is renamed
 # into place only once it verified, so a killed build never leaves a directory that looks done.
@@ -29,6 +30,9 @@ modules=(
   sglang.srt.utils.hf_transformers.tokenizer
   sglang.srt.server_args
   tiktoken jsonschema jinja2 orjson regex pydantic
+  # What the real server (tools/real_sglang.py) imports beyond the chat layer: each stops its start-up when missing.
+  soundfile setproctitle prometheus_client python_multipart interegular xxhash watchfiles blobfile anthropic
+  openai_harmony llguidance pynvml scipy
 )
 
 verify() {  # verify ENV_DIR: every module imports on CPU, and the installed set is exactly the lock

@@ -101,8 +101,13 @@ def test_a_sample_makes_exactly_its_attempts_and_counts_each_retry(max_attempts:
     assert stats.requests == max_attempts and +stats.retries_by_cause == Counter(connection=max_attempts - 1)
 
 
-def test_error_message_reads_both_sglang_shapes() -> None:
+def test_error_message_reads_every_sglang_shape() -> None:
     assert error_message('{"error": {"message": "input too long"}}') == "input too long"
+    # An unknown sampling field: SGLang 0.5.23's request parser answers with the error as a string.
+    assert (
+        error_message('{"error": "unknown field `bogus`, expected one of `n`"}')
+        == "unknown field `bogus`, expected one of `n`"
+    )
     assert error_message('{"object": "error", "message": "queue full", "code": 503}') == "queue full"
     assert error_message("<html>bad gateway</html>") == "<html>bad gateway</html>"
 

@@ -87,7 +87,8 @@ def test_the_wrong_model_fails_with_what_differs(simulator: Simulator, renderer:
     other = ChatRenderer.__new__(ChatRenderer)
     other.__dict__.update(renderer.__dict__)
     other.profile = renderer.profile.replaced(served_model_names=("moonshotai/Kimi-K2.5",))
-    with pytest.raises(ServerMismatch, match=r"serves 'kimi-k2.5-mini', but profile .* expects one of"):
+    expected = r"serves 'kimi-k2.5-mini' \(its --served-model-name\), but profile .* expects one of"
+    with pytest.raises(ServerMismatch, match=expected):
         check_fleet([simulator.url], other, SAMPLING)
 
 
@@ -195,3 +196,62 @@ def test_a_fleet_reports_its_smallest_context_and_each_version_once() -> None:
     ]
     assert fleet_context_length(workers) == 131072
     assert fleet_version(workers) == "0.5.10, 0.5.9"
+
+
+def test_the_served_model_is_known_by_its_served_name_not_its_folder(
+    tmp_path: Path, renderer: ChatRenderer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As production launches SGLang: `--model-path /models/<a folder> --served-model-name <the profile's name>`.
+    Judged by model_path, this fleet failed ("serves '/models/...', but profile ... expects ...")."""
+    folder = tmp_path / "models" / "snapshot-3367c8d"
+    sim = start_simulator(tmp_path, "--model-path", str(folder), "--served-model-name", "kimi-k2.5-mini")
+    try:
+        [info] = check_fleet([sim.url], renderer, SAMPLING)
+        assert info["model_path"] == str(folder) and info["served_model_name"] == "kimi-k2.5-mini"
+        assert info["seeds_honoured"] is True
+        wrong = start_simulator(tmp_path, "--model-path", "kimi-k2.5-mini", "--served-model-name", "other-model")
+        try:
+            with pytest.raises(ServerMismatch, match=r"serves 'other-model' \(its --served-model-name\)"):
+                check_fleet([wrong.url], renderer, SAMPLING)
+        finally:
+            wrong.stop()
+    finally:
+        sim.stop()
+
+
+def test_a_model_smaller_than_the_tokenizer_fails_before_any_prompt_is_sent(
+    tmp_path: Path, renderer: ChatRenderer
+) -> None:
+    """SGLang 0.5.23 dies on an input id past its vocabulary; its API does not report the vocabulary, so it is read
+    from the served folder's config.json (here 151,936 ids, Qwen's, under a 163,840-id Kimi tokenizer)."""
+    import json
+
+    folder = tmp_path / "qwen-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 151_936}))
+    sim = start_simulator(tmp_path, "--model-path", str(folder), "--served-model-name", "kimi-k2.5-mini")
+    try:
+        with pytest.raises(ServerMismatch, match=r"vocabulary of 151936 ids, but profile 'kimi-k2.5-mini'.* 163840"):
+            check_fleet([sim.url], renderer, SAMPLING)
+        assert sim.records() == []  # no probe was sent
+        (folder / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 163_840}}))  # Kimi's layout
+        [info] = check_fleet([sim.url], renderer, SAMPLING)
+        assert info["vocab_size"] == 163_840 and info["probe_output_tokens"] > 0
+    finally:
+        sim.stop()
+
+
+def test_seeds_are_recorded_as_ignored_without_deterministic_inference(
+    tmp_path: Path, renderer: ChatRenderer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from regen.sglang.served_model import fleet_seeds_honoured
+
+    sim = start_simulator(tmp_path, "--seeds-ignored")
+    try:
+        fleet = check_fleet([sim.url], renderer, SAMPLING)
+    finally:
+        sim.stop()
+    assert fleet[0]["seeds_honoured"] is False and fleet_seeds_honoured(fleet) is False
+    assert "does not run --enable-deterministic-inference" in caplog.text
+    assert fleet_seeds_honoured([{"seeds_honoured": True}, {"workers": [{"seeds_honoured": True}]}]) is True
+    assert fleet_seeds_honoured([{"seeds_honoured": True}, {"workers": [{"seeds_honoured": None}]}]) is None

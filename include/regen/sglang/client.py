@@ -76,7 +76,8 @@ class Generation:
 
 
 def error_message(body: str) -> str:
-    """The message out of either SGLang error shape, or the raw body."""
+    """The message out of any of SGLang's error shapes ({"error": {"message"}} from the engine, {"error": "..."} from
+    its request parser, {"message"} from the schema check), or the raw body."""
     try:
         data = json.loads(body)
     except json.JSONDecodeError:
@@ -84,6 +85,8 @@ def error_message(body: str) -> str:
     if isinstance(data, dict):
         if isinstance(data.get("error"), dict):
             return str(data["error"].get("message", data))
+        if isinstance(data.get("error"), str):
+            return data["error"]
         if "message" in data:
             return str(data["message"])
     return body[:500]

@@ -21,7 +21,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
@@ -36,6 +36,7 @@ from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
 from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens
 from regen.sglang.parity import sglang_version_warnings
+from regen.sglang.served_model import fleet_seeds_honoured, seeds_honoured, served_name, served_vocab
 
 log = logging.getLogger(__name__)
 PROBES = (
@@ -68,6 +69,7 @@ class WorkerInfo:
     version: str | None = None
     context_length: int | None = None
     gpus: int | None = None
+    seeds_honoured: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ class EndpointInfo:
     gpus: int | None = None  # tp_size x dp_size of the server (a router: its healthy workers' sum); None: unknown
     router: bool = False
     workers: list[WorkerInfo] = field(default_factory=list)
+    served_model_name: str = ""  # the name clients use (--served-model-name); model_path is --model-path
+    vocab_size: int | None = None  # the served model's vocabulary (regen.sglang.served_model); None: unknown
+    seeds_honoured: bool | None = None  # --enable-deterministic-inference: sampling_seed is applied; None: not said
 
 
 def model_matches(model_path: str, accepted: tuple[str, ...]) -> bool:
@@ -92,11 +97,11 @@ def model_matches(model_path: str, accepted: tuple[str, ...]) -> bool:
 
 def router_workers(workers: dict[str, Any]) -> list[WorkerInfo]:
     """The workers in a router's /workers answer (sglang-router 0.3: the model in each worker's metadata, which the
-    router read from the worker; "" when it has none)."""
+    router read from the worker, by the name clients use; "" when it has none)."""
     infos = []
     for worker in workers.get("workers", []):
         metadata = worker.get("metadata") or {}
-        model_path = metadata.get("model_path") or metadata.get("served_model_name") or ""
+        model_path = metadata.get("served_model_name") or metadata.get("model_path") or ""
         infos.append(WorkerInfo(str(worker["url"]).rstrip("/"), str(model_path), bool(worker.get("is_healthy"))))
     return infos
 
@@ -145,11 +150,33 @@ async def get_either(
     return dict(await get_json(session, f"{url}{paths[-1]}", timeout_s))
 
 
-def _check_model(url: str, model_path: str, renderer: ChatRenderer) -> None:
-    if not model_matches(model_path, renderer.profile.served_model_names):
+def _check_model(url: str, name: str, renderer: ChatRenderer) -> None:
+    if not model_matches(name, renderer.profile.served_model_names):
         raise ServerMismatch(
-            f"{redact_url(url)} serves {model_path!r}, but profile {renderer.profile.name!r} expects one of "
-            f"{list(renderer.profile.served_model_names)}: point the run at the right fleet or pick the right profile"
+            f"{redact_url(url)} serves {name!r} (its --served-model-name), but profile {renderer.profile.name!r} "
+            f"expects one of {list(renderer.profile.served_model_names)}: point the run at the right fleet, pick the "
+            "right profile, or start the servers with --served-model-name set to one of those"
+        )
+
+
+def check_vocab(url: str, vocab: int | None, renderer: ChatRenderer) -> None:
+    """The profile's tokenizer must fit the served model's vocabulary: one prompt id at or past it kills an SGLang
+    0.5.23 server (no range check), so a larger tokenizer would take the fleet down one server at a time. Checked
+    before any prompt is sent; an unknown vocabulary is a warning."""
+    size = renderer.roles.vocab_size
+    if vocab is None:
+        log.warning(
+            "%s does not say its model's vocabulary (and its model_path is no folder here with a config.json): "
+            "prompt ids are kept below the tokenizer's %d, which is all this run can check",
+            redact_url(url),
+            size,
+        )
+    elif size > vocab:
+        raise ServerMismatch(
+            f"{redact_url(url)} serves a model with a vocabulary of {vocab} ids, but profile "
+            f"{renderer.profile.name!r}'s tokenizer ({renderer.profile.tokenizer}) has {size}: an id of {vocab} or "
+            "more would kill the server (SGLang does not range-check input ids). Serve the profile's model, or pick "
+            "the profile of the model served"
         )
 
 
@@ -189,15 +216,27 @@ async def _check_one(
     else:
         check_parsers(url, server, renderer)
     info = await get_either(session, url, MODEL_INFO)
-    model_path = str(info.get("model_path", ""))
-    _check_model(url, model_path, renderer)
+    model_path, name = str(info.get("model_path", "")), served_name(server, info)
+    _check_model(url, name, renderer)
+    vocab = served_vocab(server, info)  # a router: the worker it forwarded /get_model_info to
+    check_vocab(url, vocab, renderer)
     generation = await _probe(session, url, renderer, sampling)
     version = fleet_version(workers) if workers else server.get("version")
     served_by = f"SGLang {version}" if version else "an SGLang that does not say its version"
-    log.info("%s serves %s on %s; its probe answer passed", redact_url(url), model_path, served_by)
+    log.info("%s serves %s (%s) on %s; its probe answer passed", redact_url(url), name, model_path, served_by)
+    seeds = fleet_seeds_honoured([asdict(w) for w in workers if w.healthy]) if workers else seeds_honoured(server)
+    if seeds is False:
+        log.warning(
+            "%s does not run --enable-deterministic-inference: sampling_seed has no effect there, so the seeds the "
+            "records carry do not reproduce their answers (docs/operations.md)",
+            redact_url(url),
+        )
     return EndpointInfo(
         url=url,
         model_path=model_path,
+        served_model_name=name,
+        vocab_size=vocab,
+        seeds_honoured=seeds,
         version=version,
         context_length=fleet_context_length(workers) if workers else context_length_of(server),
         max_running_requests=fleet_capacity(workers) if workers else server.get("max_running_requests"),
@@ -241,7 +280,10 @@ async def _router_fleet(
             )
     served = await asyncio.gather(*(_worker_server_info(session, w.url) for w in workers))
     for worker, info in zip(workers, served, strict=True):
-        check_parsers(f"{redact_url(url)} (worker {redact_url(worker.url)})", info, renderer)
+        where = f"{redact_url(url)} (worker {redact_url(worker.url)})"
+        check_parsers(where, info, renderer)
+        if (vocab := served_vocab(info, {})) is not None:  # each worker's own model, where this process reads it
+            check_vocab(where, vocab, renderer)
     log.info(
         "%s is an sglang-router in front of %d workers: %s",
         redact_url(url),
@@ -255,6 +297,7 @@ async def _router_fleet(
             version=s.get("version"),
             context_length=context_length_of(s),
             gpus=gpus_of(s),
+            seeds_honoured=seeds_honoured(s),
         )
         for w, s in zip(workers, served, strict=True)
     ]

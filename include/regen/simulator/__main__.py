@@ -60,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     faults.add_argument("--hang-s", type=float, default=3600.0)
     faults.add_argument("--fault-seed", type=int, default=0)
     _add_defect_flags(parser)
+    served = parser.add_argument_group("the served model, as /model_info and /server_info report it")
+    served.add_argument("--model-path", help="reported as SGLang reports --model-path (default: the served name)")
+    served.add_argument("--served-model-name", help="the name clients use (default: the profile's first)")
+    served.add_argument(
+        "--seeds-ignored", action="store_true", help="report enable_deterministic_inference false, as SGLang's default"
+    )
     parser.add_argument(
         "--record", type=Path, help="append every answer (rid, input_ids, output_ids, defect) to this JSONL"
     )
@@ -116,7 +122,7 @@ def build_state(args: argparse.Namespace) -> SimulatorState:
         key: getattr(profile, key) if getattr(args, key) is None else getattr(args, key) or None
         for key in ("tool_call_parser", "reasoning_parser")
     }
-    return SimulatorState(
+    state = SimulatorState(
         model,
         profile,
         latency,
@@ -127,6 +133,10 @@ def build_state(args: argparse.Namespace) -> SimulatorState:
         args.sglang_version,
         parsers,
     )
+    name = args.served_model_name or profile.served_model_names[0]
+    state.served.update(model_path=args.model_path or name, served_model_name=name)
+    state.served["enable_deterministic_inference"] = not args.seeds_ignored
+    return state
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,8 @@ async def model_info(request: web.Request) -> web.Response:
     state: SimulatorState = request.app[STATE]
     return web.json_response(
         {
-            "model_path": state.profile.served_model_names[0],
+            "model_path": state.served["model_path"],
+            "served_model_name": state.served["served_model_name"],
             "tokenizer_path": state.profile.tokenizer,
             "is_generation": True,
             "preferred_sampling_params": None,
@@ -39,8 +40,7 @@ async def server_info(request: web.Request) -> web.Response:
     return web.json_response(
         {
             **version,
-            "model_path": state.profile.served_model_names[0],
-            "served_model_name": state.profile.served_model_names[0],
+            **state.served,
             "context_length": state.context_length,
             "max_req_input_len": state.context_length - 1,
             "max_total_num_tokens": state.context_length * state.latency.max_running,
@@ -87,7 +87,7 @@ async def get_load(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     state: SimulatorState = request.app[STATE]
-    name = state.profile.served_model_names[0]
+    name = state.served["served_model_name"]
     return web.json_response(
         {
             "object": "list",

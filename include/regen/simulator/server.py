@@ -47,8 +47,25 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
 }
 
 
+# The sampling fields SGLang 0.5.23's /generate takes; any other is refused with a 400 whose `error` is a string
+# (its request parser's message), not the engine's {"message": ...} (tests/e2e/test_simulator_matches_real_sglang.py).
+SAMPLING_FIELDS = (
+    "max_new_tokens stop stop_token_ids stop_regex temperature top_p top_k min_p frequency_penalty presence_penalty "
+    "repetition_penalty min_new_tokens n json_schema regex ebnf structural_tag ignore_eos skip_special_tokens "
+    "spaces_between_special_tokens no_stop_trim stream_interval logit_bias sampling_seed custom_params beam_width "
+    "watermark choice"
+).split()
+
+
+STREAM_FINAL_ONLY = ("weight_versions", "e2e_latency")  # meta_info keys SGLang sends on a stream's last chunk only
+
+
 class EngineError(ValueError):
     """What SGLang's engine raises as ValueError: 400 {"error": {"message": ...}}."""
+
+
+class UnknownField(ValueError):
+    """A sampling field SGLang does not know: 400 {"error": "unknown field ..."}."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +90,13 @@ def _engine_error(message: str) -> web.Response:
 
 def verify_sampling(params: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     """SGLang's SamplingParams.verify, the checks a client can trip."""
+    for name in params:
+        if name not in SAMPLING_FIELDS:
+            expected = ", ".join(f"`{field}`" for field in SAMPLING_FIELDS)
+            raise UnknownField(f"unknown field `{name}`, expected one of {expected}")
     merged = {**SAMPLING_DEFAULTS, **params}
     if merged["temperature"] < 0.0:
-        raise EngineError(f"temperature must be non-negative, got {merged['temperature']}.")
+        raise EngineError(f"temperature must be a non-negative finite number, got {merged['temperature']}.")
     if not 0.0 < merged["top_p"] <= 1.0:
         raise EngineError(f"top_p must be in (0, 1], got {merged['top_p']}.")
     if merged["top_k"] < 1 and merged["top_k"] != -1:
@@ -160,6 +181,14 @@ class SimulatorState:
             "reasoning_parser": profile.reasoning_parser,
         }
         self.version = version  # the SGLang version /server_info reports; "": one that does not say
+        # What /model_info and /server_info say of the model, as SGLang does: --model-path as given (a folder in most
+        # deployments), --served-model-name (the name clients use), and whether sampling seeds are applied.
+        name = profile.served_model_names[0]
+        self.served: dict[str, Any] = {
+            "model_path": name,
+            "served_model_name": name,
+            "enable_deterministic_inference": True,  # the simulated model draws from sampling_seed
+        }
         self.faults = faults or FaultModel()
         self.fault_rng = random.Random(fault_seed)
         self.counters = Counters(max_running=latency.max_running)
@@ -208,6 +237,22 @@ def _split_batch(body: dict[str, Any]) -> tuple[list[list[int]], list[dict[str, 
     return prompts, samplings, rids, is_batch
 
 
+def check_context(prompt_tokens: int, max_new_tokens: int | None, context_length: int) -> None:
+    """SGLang's two refusals of a request the context cannot hold: the prompt alone, or with its answer."""
+    if prompt_tokens >= context_length:
+        raise EngineError(
+            f"The input ({prompt_tokens} tokens) is longer than the model's context length ({context_length} tokens)."
+        )
+    total = prompt_tokens + (max_new_tokens or 0)
+    if total > context_length:
+        raise EngineError(
+            f"Requested token count exceeds the model's maximum context length of {context_length} tokens. You "
+            f"requested a total of {total} tokens: {prompt_tokens} tokens from the input messages and "
+            f"{max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input messages "
+            "or the completion to fit within the limit."
+        )
+
+
 def _finish(full: list[int], params: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
     """Cut the model's answer where SGLang would: a stop id (kept in output_ids) or max_new_tokens."""
     stop_ids = set(params["stop_token_ids"] or [])
@@ -238,13 +283,20 @@ async def _one(
         finally:
             state.counters.slot_released()
     output_ids, defect = defect_sent(answer.defect, answer.defect_at, output_ids, finish_reason, state.model.roles)
-    meta_info = {
+    meta_info = {  # the keys and types SGLang 0.5.23 answers with (some only a GPU server fills)
         "id": rid,
         "finish_reason": finish_reason,
         "prompt_tokens": len(prompt_ids),
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
         "completion_tokens": len(output_ids),
         "cached_tokens": cached,
+        "weight_versions": [{"version": "default", "start": 0, "end": len(output_ids)}],
+        "cached_tokens_details": {"device": cached, "host": 0},
+        "dp_rank": None,
         "e2e_latency": round(time.monotonic() - started, 6),
+        "response_sent_to_client_ts": time.time(),
     }
     text = _text(state, output_ids, finish_reason, params)
     if defect is not None and BY_NAME[defect].in_response:
@@ -285,19 +337,15 @@ async def generate(request: web.Request) -> web.Response:
         return _schema_error(f"Invalid JSON body: {e}")
     if not isinstance(body, dict):
         return _schema_error("The request body must be a JSON object.")
-    if body.get("stream"):
-        return _schema_error("The simulator does not stream; send stream=false.")
     try:
         prompts, samplings, rids, is_batch = _split_batch(body)
         params = [verify_sampling(s, state.model.vocab_size) for s in samplings]
-        for prompt_ids in prompts:
-            if len(prompt_ids) >= state.context_length:
-                raise EngineError(
-                    f"The input ({len(prompt_ids)} tokens) is longer than the model's context length "
-                    f"({state.context_length} tokens)."
-                )
+        for prompt_ids, p in zip(prompts, params, strict=True):
+            check_context(len(prompt_ids), p["max_new_tokens"], state.context_length)
             if any(not 0 <= t < state.model.vocab_size for t in prompt_ids):
                 raise EngineError(f"Token id out of range: the vocabulary has {state.model.vocab_size} ids.")
+    except UnknownField as e:
+        return web.json_response({"error": str(e)}, status=400)
     except (EngineError, TypeError) as e:
         return _engine_error(str(e))
     except KeyError as e:
@@ -306,15 +354,42 @@ async def generate(request: web.Request) -> web.Response:
     for i, (prompt_ids, p, rid) in enumerate(zip(prompts, params, rids, strict=True)):
         base_rid = rid or uuid.uuid4().hex
         for k in range(p["n"]):
-            items.append((prompt_ids, p, f"{base_rid}_{k}" if p["n"] > 1 else base_rid, i * p["n"] + k))
+            items.append((prompt_ids, p, uuid.uuid4().hex if p["n"] > 1 else base_rid, i * p["n"] + k))
     item_rids = [item[2] for item in items]
     if state.active_rids.intersection(item_rids) or len(set(item_rids)) < len(item_rids):
         return _engine_error("Duplicate request ID detected")
     state.active_rids.update(item_rids)
     try:
+        if body.get("stream"):
+            return await _stream(request, state, items)
         return await _answer(request, state, items, is_batch)
     finally:
         state.active_rids.difference_update(item_rids)
+
+
+async def _stream(request: web.Request, state: SimulatorState, items: list[Item]) -> web.StreamResponse:
+    """SGLang's default stream: Server-Sent Events, each chunk the CUMULATIVE text and output_ids so far with
+    `finish_reason` null until the last, then `[DONE]`. The answer is made whole first, then sent in chunks."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for prompt_ids, params, rid, index in items:
+        whole = await _one(state, prompt_ids, params, rid, index)
+        ids = whole["output_ids"]
+        for end in range(1, len(ids) + 1):
+            last = end == len(ids)
+            meta = {**whole["meta_info"], "completion_tokens": end}
+            if end > 1:  # SGLang stamps only the first chunk with when it was sent
+                del meta["response_sent_to_client_ts"]
+            if not last:
+                meta = {key: value for key, value in meta.items() if key not in STREAM_FINAL_ONLY} | {
+                    "finish_reason": None
+                }
+            so_far = _text(state, ids[:end], meta["finish_reason"] or {"type": "length"}, params)
+            chunk = {"text": whole["text"] if last else so_far, "output_ids": ids[:end], "meta_info": meta}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
 
 
 async def _answer(request: web.Request, state: SimulatorState, items: list[Item], is_batch: bool) -> web.Response:

@@ -64,6 +64,7 @@ class GenerateSettings:
     fleet_wait_s: float = 120.0
     backoff_max_s: float = 30.0
     api_keys: ApiKeys = field(default=NO_KEYS, repr=False)
+    vocab_size: int | None = None  # prompt ids must be below it; None: the prepared tokenizer's (run_generate)
 
 
 def raw_answer(sample_id: str, generation: Generation) -> RawAnswer:
@@ -92,6 +93,10 @@ async def _ask(
 ) -> RawAnswer | None:
     """One answer, checkpointed; or None when the sample is rejected (checkpointed with its reason). `keep`:
     the answer carries its prompt (one that prompts/ does not hold: an on-policy turn's)."""
+    bad = out_of_vocab(prompt_ids, settings.vocab_size)
+    if bad is not None:  # never sent: SGLang 0.5.23 does not range-check input ids, and one kills the server
+        _reject(checkpointer, progress, answer_id, Reason.PROMPT_ID_OUT_OF_VOCAB, bad)
+        return None
     try:
         generation = await client.generate(prompt_ids, params, answer_id)
     except PermanentError as e:
@@ -109,6 +114,23 @@ async def _ask(
     checkpointer.add(encode_answer(answer))
     progress.answer(generation)
     return answer
+
+
+def out_of_vocab(prompt_ids: list[int], vocab_size: int | None) -> str | None:
+    """What is wrong with a prompt whose ids leave the vocabulary [0, vocab_size), or None."""
+    if vocab_size is None:
+        return None
+    bad = next((i for i in prompt_ids if not 0 <= i < vocab_size), None)
+    return None if bad is None else f"prompt id {bad} is outside the vocabulary of {vocab_size} ids"
+
+
+def prepared_vocab(storage: Storage, shard: ShardManifest) -> int | None:
+    """The vocabulary of the tokenizer the shard's prompts were prepared with (prompts/prepare.json's token roles)."""
+    key = shard.location.prepared
+    if not storage.exists(key):
+        return None
+    size = (json.loads(storage.get_bytes(key)).get("token_roles") or {}).get("vocab_size")
+    return int(size) if isinstance(size, int) else None
 
 
 def _reject(checkpointer: Checkpointer, progress: Progress, answer_id: str, reason: Reason, detail: str) -> None:
@@ -222,6 +244,8 @@ def run_generate(
         len(todo),
     )
     if todo:
+        if settings.vocab_size is None:
+            settings = dataclasses.replace(settings, vocab_size=prepared_vocab(storage, shard))
         every, outage_s = settings.checkpoint_every, settings.checkpoint_outage_s
         checkpointer = Checkpointer(storage, shard, done.next_part, every, settings.checkpoint_s, outage_s)
         progress = Progress(shard, len(ids), len(done))

@@ -24,6 +24,7 @@ from regen.layout import DatasetLocation, dataset_prefix, is_report_file, report
 from regen.manifest import GenerationReport, PreparedDataset, ShardManifest, StageStats
 from regen.reasons import OK
 from regen.run_report import generation_cost
+from regen.sglang.served_model import fleet_seeds_honoured
 from regen.stages.publish.dataset_report import dataset_report, read_verdicts, write_dataset_report
 from regen.storage import KeyExists, Storage, get_json
 from regen.verify import verify_manifest
@@ -197,6 +198,7 @@ def _write_manifest(
         "retokenize_drift": report.get("retokenize_drift"),
         "cost": report["cost"],
         "sampling_params": sampling_params,
+        "seeds_honoured": fleet_seeds_honoured(fleet),  # whether the fleet applied each record's sampling_seed
         "inputs": prepared.inputs,
         "decontamination": prepared.decontamination,  # what the prompts were cleaned against (suites, sha256)
         "fleet": fleet,

@@ -105,3 +105,35 @@ def test_answers_are_flushed_within_the_interval_even_when_no_more_arrive(tmp_pa
 
 def answer_line(sample_id: str) -> bytes:
     return json.dumps({"id": sample_id, "output_ids": [1, 2]}).encode()
+
+
+def test_a_prompt_id_outside_the_vocabulary_is_rejected_and_never_sent(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    """One such id kills an SGLang 0.5.23 server (no range check): a corrupted prompt file must not take the fleet
+    down. The bound is the vocabulary of the tokenizer the prompts were prepared with (prompts/prepare.json)."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    from regen.storage import read_table, write_table
+
+    prepared, storage = prepare_sample(tmp_path, renderer, "B1_glaive", 8, limit=8)
+    shard = prepared.shards[0]
+    table = read_table(storage, shard.prompts_key)
+    rows = table.to_pylist()
+    rows[3]["prompt_ids"] = [*rows[3]["prompt_ids"][:5], renderer.roles.vocab_size, *rows[3]["prompt_ids"][5:]]
+    corrupted_id = rows[3]["id"]
+    digest = write_table(storage, shard.prompts_key, pa.Table.from_pylist(rows, schema=table.schema))
+    shard = dataclasses.replace(shard, prompts_sha256=digest)
+    before = {r["rid"] for r in simulator.records()}
+
+    done = run_generate(shard, storage, GenerateSettings([simulator.url], Sampling().as_params(), concurrency=4))
+    sent = [r for r in simulator.records() if r["rid"] not in before]
+    assert len(sent) == 7 and all(max(r["input_ids"]) < renderer.roles.vocab_size for r in sent)
+    stats = done.stats["generate"]
+    assert stats.kept == 7 and stats.dropped_by_reason == {"prompt_id_out_of_vocab": 1}
+    [line] = storage.get_bytes(shard.keys.rejected("generate")).decode().splitlines()
+    rejection = json.loads(line)
+    assert rejection["id"] == corrupted_id and rejection["reason"] == "prompt_id_out_of_vocab"
+    assert "prompt id 163840 is outside the vocabulary of 163840 ids" in rejection["detail"]

@@ -1,0 +1,65 @@
+"""Pytest fixtures for the real SGLang 0.5.23 server on CPU (tools/real_sglang.py); loaded by tests/conftest.py.
+
+Interface (kept stable; tests of other modules use it):
+- `real_sglang` (session): a `tools.real_sglang.RealServer` serving the tiny model as `kimi-k2.5-mini` (profile
+  kimi-k2.5-mini: Kimi-K2.5-layout mini tokenizer, `--tool-call-parser kimi_k2 --reasoning-parser kimi_k2`), launched
+  as production launches it: `--model-path <a cache folder not named after the model> --served-model-name
+  kimi-k2.5-mini --log-requests --log-requests-level 3`. Fields: `url`, `served_name`, `model` (the folder), `log`;
+  `finished()` is every request it finished, parsed from its log ({rid, input_ids, output_ids, text, meta_info};
+  its own warm-up and health probes left out);
+  `alive()`. Do not stop or kill it (it is shared): start your own with `start_real_server` for that.
+- `real_sglang_qwen` (session): the same for profile qwen3.6 (Qwen3.6's tokenizer, served as `qwen3.6`,
+  `--tool-call-parser qwen3_coder --reasoning-parser qwen3`).
+- `real_sglang_pair` (module): two more kimi-k2.5-mini servers (started together), for a router in front of them.
+Greedy answers (temperature 0) follow tools/tiny_model.py's scripts: reasoning, `</think>`, content, EOS; and when the
+prompt declares a tool named `get_weather`, reasoning, `</think>`, one call `get_weather({"city": "Paris"})`, EOS.
+The first use builds the SGLang env (minutes, once per lock) and the model folder (seconds); a server starts in about
+30-60 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tools.real_sglang import RealServer, start_real_server, start_real_servers
+
+GET_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "the city"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _serve(factory: pytest.TempPathFactory, profile: str) -> Iterator[RealServer]:
+    folder = factory.mktemp(f"real-sglang-{profile}")
+    server = start_real_server(folder / "server.log", profile)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def real_sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    yield from _serve(tmp_path_factory, "kimi-k2.5-mini")
+
+
+@pytest.fixture(scope="session")
+def real_sglang_qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    yield from _serve(tmp_path_factory, "qwen3.6")
+
+
+@pytest.fixture(scope="module")
+def real_sglang_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RealServer]]:
+    folder = tmp_path_factory.mktemp("real-sglang-pair")
+    servers = start_real_servers([folder / "server0.log", folder / "server1.log"])
+    yield servers
+    for server in servers:
+        server.stop()
