@@ -328,7 +328,7 @@ def _text(state: SimulatorState, output_ids: list[int], finish_reason: dict[str,
     return state.model.decode_text(text_ids, params["skip_special_tokens"], params["spaces_between_special_tokens"])
 
 
-async def generate(request: web.Request) -> web.Response:
+async def generate(request: web.Request) -> web.StreamResponse:
     state: SimulatorState = request.app[STATE]
     state.counters.requests += 1
     try:
