@@ -37,6 +37,8 @@ from typing import Any
 
 import requests
 
+from regen.config import find_profile
+from regen.profiles import Profile
 from tools.devstack import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,14 +52,13 @@ CONTEXT = 16384
 
 @dataclass(frozen=True)
 class ServedProfile:
-    """How the tiny model is built and served for one profile."""
+    """How the tiny model is built and served for one profile: served under the profile's name, with its parsers."""
 
     served_name: str
     tokenizer_dir: Callable[[], Path]
-    flavour: str  # a tools.tiny_model Flavour's name
-    suffix_end: str  # the last token of the profile's generation suffix: the script starts after it
-    tool_call_parser: str
-    reasoning_parser: str
+
+    def profile(self) -> Profile:
+        return find_profile(self.served_name)
 
 
 def _kimi_tokenizer() -> Path:
@@ -73,8 +74,8 @@ def _qwen_tokenizer() -> Path:
 
 
 PROFILES = {
-    "kimi-k2.5-mini": ServedProfile("kimi-k2.5-mini", _kimi_tokenizer, "KIMI", "<think>", "kimi_k2", "kimi_k2"),
-    "qwen3.6": ServedProfile("qwen3.6", _qwen_tokenizer, "QWEN", "\n", "qwen3_coder", "qwen3"),
+    "kimi-k2.5-mini": ServedProfile("kimi-k2.5-mini", _kimi_tokenizer),
+    "qwen3.6": ServedProfile("qwen3.6", _qwen_tokenizer),
 }
 
 
@@ -96,10 +97,9 @@ def _build_model(profile: ServedProfile, directory: Path) -> None:
         if file.is_file():
             shutil.copy(file, directory / file.name)
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    start = tokenizer.encode(profile.suffix_end, add_special_tokens=False)
-    if len(start) != 1:
-        raise ValueError(f"{profile.suffix_end!r} is {len(start)} tokens, not one")
-    tiny_model.build_model(directory, tokenizer, getattr(tiny_model, profile.flavour), start[0], CONTEXT)
+    target = profile.profile()
+    start = tokenizer.encode(target.generation_suffix, add_special_tokens=False)[-1]  # the script starts after it
+    tiny_model.build_model(directory, tokenizer, tiny_model.flavour(target), start, CONTEXT)
 
 
 def model_dir(profile_name: str = "kimi-k2.5-mini") -> Path:
@@ -111,6 +111,7 @@ def model_dir(profile_name: str = "kimi-k2.5-mini") -> Path:
     digest = hashlib.sha256((ROOT / "tools" / "tiny_model.py").read_bytes())
     digest.update(Path(__file__).read_bytes())
     digest.update(profile.tokenizer_dir().name.encode())
+    digest.update(profile.profile().model_dump_json().encode())  # the scripts are written in its markup
     target = cache_root() / f"tiny-qwen3-{profile_name}-{digest.hexdigest()[:12]}"
     return build_once(target, "model.safetensors", lambda staging: _build_model(profile, staging))
 
@@ -118,12 +119,13 @@ def model_dir(profile_name: str = "kimi-k2.5-mini") -> Path:
 def server_command(
     python: Path, model: Path, port: int, profile: ServedProfile, extra: tuple[str, ...] = ()
 ) -> list[str]:
+    parsers = profile.profile()
     return [
         str(python), "-m", "sglang.launch_server",
         "--model-path", str(model),
         "--served-model-name", profile.served_name,
         "--host", "127.0.0.1", "--port", str(port),
-        "--tool-call-parser", profile.tool_call_parser, "--reasoning-parser", profile.reasoning_parser,
+        "--tool-call-parser", str(parsers.tool_call_parser), "--reasoning-parser", str(parsers.reasoning_parser),
         "--log-requests", "--log-requests-level", "3",
         "--context-length", str(CONTEXT),
         *CPU_FLAGS, *extra,

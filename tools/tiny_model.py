@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from regen.profiles import Profile, SectionCalls
+
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 128, 4, 2, 16, 128
 BIAS, MARK, FLAG, FIRST_STATE = 0, 1, 2, 3
 L_NEXT, M_FLAG, FLAG_THRESHOLD = 20.0, 1.0, 3.0
@@ -48,39 +50,28 @@ class Flavour:
     tools: tuple[str, ...]
 
 
-KIMI = Flavour(
-    reasoning_end="</think>",
-    eos="<|im_end|>",
-    plain=("The user asks; I reply briefly", "</think>", "Here is a short answer.", "<|im_end|>"),
-    tools=(
-        "I should call the weather tool",
-        "</think>",
-        "<|tool_calls_section_begin|>",
-        "<|tool_call_begin|>",
-        f"functions.{TOOL_NAME}:0",
-        "<|tool_call_argument_begin|>",
-        json.dumps({"city": TOOL_CITY}),
-        "<|tool_call_end|>",
-        "<|tool_calls_section_end|>",
-        "<|im_end|>",
-    ),
-)
-# Qwen's pre-tokeniser keeps every newline a token of its own, and "\n" ends the generation suffix: the script has
-# none but the "\n\n" after </think>.
-QWEN = Flavour(
-    reasoning_end="</think>",
-    eos="<|im_end|>",
-    plain=("The user asks; I reply briefly", "</think>", "\n\nHere is a short answer.", "<|im_end|>"),
-    tools=(
-        "I should call the weather tool",
-        "</think>",
-        "\n\n",
-        "<tool_call>",
-        f"<function={TOOL_NAME}><parameter=city>{TOOL_CITY}</parameter></function>",
-        "</tool_call>",
-        "<|im_end|>",
-    ),
-)
+PLAIN = ("The user asks; I reply briefly", "Here is a short answer.")  # reasoning, content
+TOOLS_REASONING = "I should call the weather tool"
+
+
+def flavour(profile: Profile) -> Flavour:
+    """The two scripts in the profile's own markup: its reasoning end, its first EOS and its tool-call grammar."""
+    end, eos, calls = profile.reasoning_end, profile.eos_tokens[0], profile.tool_calls
+    if end is None or calls is None:
+        raise ValueError(f"{profile.name} has no reasoning end or no tool-call grammar; the tiny model needs both")
+    if isinstance(calls, SectionCalls):
+        call_id = calls.call_id_format.format(name=TOOL_NAME, index=0, id="call_0")
+        call = (calls.call_begin, call_id, calls.argument_begin, json.dumps({"city": TOOL_CITY}), calls.call_end)
+        section = (calls.section_begin, *call, calls.section_end)
+        return Flavour(end, eos, (PLAIN[0], end, PLAIN[1], eos), (TOOLS_REASONING, end, *section, eos))
+    # Tagged calls (Qwen's): its pre-tokeniser keeps every newline a token of its own, and "\n" ends the generation
+    # suffix, so the script has none but the "\n\n" after the reasoning end.
+    if calls.format == "tagged_json":
+        body = json.dumps({"name": TOOL_NAME, "arguments": {"city": TOOL_CITY}})
+    else:
+        body = f"<function={TOOL_NAME}><parameter=city>{TOOL_CITY}</parameter></function>"
+    plain = (PLAIN[0], end, "\n\n" + PLAIN[1], eos)
+    return Flavour(end, eos, plain, (TOOLS_REASONING, end, "\n\n", calls.call_begin, body, calls.call_end, eos))
 
 
 class Speller:

@@ -73,6 +73,9 @@ def real_run(tmp_path_factory: pytest.TempPathFactory, real_sglang_pair: list[Re
                 "storage_root": str(storage_root),
                 "temperature": 0.0,
                 "max_new_tokens": 64,
+                # One request at a time: each server's later prompts then find the earlier ones' shared prefix in
+                # its radix cache (prompts arriving together may be prefilled in one batch, none hitting it).
+                "in_flight": 1,
             }
             run_id = stack.trigger(conf)
             state = stack.wait_for_run(run_id, timeout_s=600)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from regen.profiles import lookup
 from regen.tokenizers.fast_kimi import load_mini_tokenizer
 from tools import tiny_model
 from tools.real_sglang import parse_finished
@@ -44,7 +45,7 @@ def test_a_finish_line_is_read_back_exactly() -> None:
 def test_the_tiny_models_weights_answer_its_two_scripts() -> None:
     tokenizer = load_mini_tokenizer()
     start = tokenizer.convert_tokens_to_ids("<think>")
-    plain, tools = tiny_model.script_ids(tokenizer, tiny_model.KIMI, start)
+    plain, tools = tiny_model.script_ids(tokenizer, tiny_model.flavour(lookup("kimi-k2.5-mini")), start)
     assert tokenizer.decode(plain) == "The user asks; I reply briefly</think>Here is a short answer.<|im_end|>"
     assert tokenizer.decode(tools).endswith(
         '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}'

@@ -223,7 +223,8 @@ async def _check_one(
     generation = await _probe(session, url, renderer, sampling)
     version = fleet_version(workers) if workers else server.get("version")
     served_by = f"SGLang {version}" if version else "an SGLang that does not say its version"
-    log.info("%s serves %s (%s) on %s; its probe answer passed", redact_url(url), name, model_path, served_by)
+    model = name if model_path in ("", name) else f"{name} (from {model_path})"
+    log.info("%s serves %s on %s; its probe answer passed", redact_url(url), model, served_by)
     seeds = fleet_seeds_honoured([asdict(w) for w in workers if w.healthy]) if workers else seeds_honoured(server)
     if seeds is False:
         log.warning(
