@@ -38,6 +38,44 @@ settings.load_profile("deterministic")
 hypothesis_providers._get_local_constants = lambda: hypothesis_providers._local_constants
 
 
+# Under pytest-xdist (make test runs `-n auto`), a module's tests stay on one worker, so its module-scoped fixtures
+# (an Airflow stack, a finished run) are built once; the modules that use the session's real SGLang server share one
+# worker, which starts it once. Parity tests, each minutes of SGLang's own code, go wherever a worker is free. (xdist's
+# own --dist loadgroup cannot do this under pytest 9: it renames items through a private field pytest 9 dropped.)
+REAL_SERVER_MODULES = {
+    "tests/e2e/test_real_sglang.py",
+    "tests/e2e/test_real_sglang_chat.py",
+    "tests/e2e/test_simulator_matches_real_sglang.py",
+}
+REAL_SERVER_FIXTURES = {"real_sglang", "real_sglang_qwen"}
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit one xdist worker runs whole: a parity test alone, the real server's modules together, else a module."""
+    module = nodeid.split("::", 1)[0]
+    if module.startswith("tests/parity/"):
+        return nodeid
+    return "real SGLang server" if module in REAL_SERVER_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    strays = {i.nodeid for i in items if REAL_SERVER_FIXTURES & set(getattr(i, "fixturenames", ()))}
+    strays = {n for n in strays if n.split("::", 1)[0] not in REAL_SERVER_MODULES}
+    if strays:  # it would start another real server on another worker
+        raise pytest.UsageError(f"add the modules of {sorted(strays)} to REAL_SERVER_MODULES (tests/conftest.py)")
+
+
 def raw_answers(storage: Storage, key: str | None) -> list[dict[str, Any]]:
     """A shard's raw answers as dicts, read back through the project's own reader."""
     assert key is not None
