@@ -17,7 +17,7 @@ USER, SECRET = "alice", "s3cr3t-pw"
 
 class LoginProxy:
     """A proxy on loopback that wants `Authorization: Basic alice:s3cr3t-pw` on every request (401 without it) and
-    passes the request on to the simulator; every `refuse_every`-th /generate is answered 418 (a refusal the
+    passes the request on to the simulator; every `refuse_every`-th /generate is refused with a 400 (a rejection the
     client records with the endpoint's URL)."""
 
     def __init__(self, target: str, refuse_every: int = 0) -> None:
@@ -43,7 +43,7 @@ class LoginProxy:
             return web.Response(status=401, text="login required")
         generates = sum(path == "/generate" for path, _ in self.seen)
         if request.path == "/generate" and self.refuse_every and generates % self.refuse_every == 0:
-            return web.json_response({"message": "a teapot"}, status=418)
+            return web.json_response({"error": {"message": "a refused prompt"}}, status=400)
         async with (
             ClientSession() as session,
             session.request(request.method, f"{self.target}{request.path_qs}", data=await request.read()) as answer,

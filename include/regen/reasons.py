@@ -57,6 +57,7 @@ class Reason(StrEnum):
     SERVER_REJECTED = "server_rejected", GENERATE  # HTTP 400 with the server's message
     SERVER_ABORTED = "server_aborted", GENERATE  # finish_reason abort on every attempt
     COUNT_MISMATCH = "count_mismatch", GENERATE  # completion_tokens != len(output_ids) on every attempt
+    SAMPLE_TIMEOUT = "sample_timeout", GENERATE  # no answer in time, sample_timeouts times, on working servers
     # a prompt id outside the vocabulary (a corrupted prompt file): never sent, since one kills an SGLang server
     PROMPT_ID_OUT_OF_VOCAB = "prompt_id_out_of_vocab", GENERATE
     # generate, on-policy: the turns of a conversation after the one that ended it

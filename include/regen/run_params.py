@@ -250,6 +250,8 @@ class RunSpec(BaseModel):
     request_timeout_s: float
     max_attempts: int
     fleet_wait_s: float
+    sample_timeouts: int = 2  # (a spec planned before these existed: the defaults)
+    max_server_rejected_share: float = 0.02
     checkpoint_every: int
     checkpoint_s: float
     export: dict[str, bool]
@@ -338,6 +340,8 @@ class RunSpec(BaseModel):
             request_timeout_s=d.request_timeout_s,
             max_attempts=d.max_attempts,
             fleet_wait_s=d.fleet_wait_s,
+            sample_timeouts=d.sample_timeouts,
+            max_server_rejected_share=d.max_server_rejected_share,
             checkpoint_every=d.checkpoint_every,
             checkpoint_s=d.checkpoint_s,
             export=(given.export or d.export).model_dump(),

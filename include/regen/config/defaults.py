@@ -113,8 +113,22 @@ class Defaults(BaseModel):
     max_attempts: int = Field(
         5,
         ge=1,
-        description="per sample for transient faults (connection reset, timeout, 408/429/5xx, abort, count mismatch), "
-        "with exponential backoff and jitter, on another endpoint when there is one; a 400 rejects the sample",
+        description="per sample for transient faults (connection reset, timeout, any status but 200 and 400, abort, "
+        "count mismatch), with exponential backoff and jitter, on another endpoint when there is one; a 400 rejects "
+        "the sample once a second endpoint (where there is one) gives it too",
+    )
+    sample_timeouts: int = Field(
+        2,
+        ge=1,
+        description="a sample whose request timed out this many times while its endpoint answered others is "
+        "rejected (sample_timeout) and the shard goes on; such timeouts are not held against the endpoint",
+    )
+    max_server_rejected_share: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="a shard whose server-side rejections (server_rejected, server_aborted, count_mismatch, "
+        "sample_timeout) pass this share of its samples fails red instead of publishing; one alone never does",
     )
     fleet_wait_s: float = Field(
         120.0,

@@ -3,6 +3,16 @@
 aiohttp: one pooled session for thousands of concurrent requests in one thread (the GPU server is the bottleneck,
 the client must never be). Every failure is classified: `TransientError` is retried (on the least-loaded endpoint,
 with exponential backoff and jitter), `PermanentError` (a 400 with the server's message) rejects the sample.
+
+What an answer says about whom:
+- 400: the request is wrong. Where the fleet has another endpoint, the sample is asked there once more first: a 400
+  only one server gives (a smaller --context-length) is that server's, not the prompt's.
+- Any other status than 200 is the endpoint's fault, never the sample's: a 4xx other than 408 and 429 (a proxy's
+  404 page, a 401 for a wrong key) comes from something that is no working SGLang /generate, and ejects the endpoint
+  at once (fleet.py); the sample is retried elsewhere.
+- A timeout on an endpoint that works (it answered another request meanwhile, or its /health answers now) is the
+  sample's (`sample_timeout`): it does not count against the endpoint, and after `sample_timeouts` of them the
+  sample is rejected instead of failing the task again and again. A timeout on an endpoint that does not is its own.
 """
 
 from __future__ import annotations
@@ -20,14 +30,13 @@ from typing import Any
 
 import aiohttp
 import msgspec
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from regen.endpoints import redact_url
-from regen.sglang.fleet import EndpointPool, FleetUnavailable, readiness
+from regen.sglang.fleet import Endpoint, EndpointPool, FleetUnavailable, readiness
 
 log = logging.getLogger(__name__)
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 JSON_HEADERS = {"Content-Type": "application/json"}
 _encoder = msgspec.json.Encoder()
 
@@ -44,10 +53,15 @@ class TransientError(Exception):
 class PermanentError(Exception):
     """The server refused the request itself (400); retrying cannot help."""
 
+    def __init__(self, message: str, endpoint: str | None = None) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
 
-# Faults of one sample's answer, not of the fleet: when every attempt ends in one, the sample is rejected with that
-# cause as its reason and the shard goes on.
-RECORD_FAULTS = frozenset({"abort", "count_mismatch"})
+
+# Faults of one sample's answer, not of the fleet: when a sample's attempts end in one, the sample is rejected with
+# that cause as its reason and the shard goes on.
+RECORD_FAULTS = frozenset({"abort", "count_mismatch", "sample_timeout"})
+REFUSED_HERE = "refused_here"  # a 400 that is asked again on another endpoint
 
 
 class _Response(msgspec.Struct):
@@ -129,11 +143,13 @@ class SGLangClient:
         request_timeout_s: float = 3600.0,
         max_attempts: int = 5,
         backoff_max_s: float = 30.0,
+        sample_timeouts: int = 2,
     ) -> None:
         self.pool = pool
         self.session = session
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.max_attempts = max_attempts
+        self.sample_timeouts = sample_timeouts
         self.backoff_max_s = backoff_max_s
         self._backoff = wait_random_exponential(multiplier=0.5, max=backoff_max_s)
         self.stats = ClientStats()
@@ -153,17 +169,18 @@ class SGLangClient:
                 body = await resp.read()
             if resp.status == 400:
                 cause = None  # the endpoint works; the request is wrong
-                raise PermanentError(error_message(body.decode("utf-8", "replace")))
-            if resp.status in RETRYABLE_STATUS:
+                raise PermanentError(error_message(body.decode("utf-8", "replace")), endpoint.url)
+            if resp.status != 200:  # the endpoint's fault, whatever it is (module docstring)
                 message = error_message(body.decode("utf-8", "replace"))
                 raise TransientError(f"http_{resp.status}", f"{endpoint.url}: {message}", endpoint.url)
-            if resp.status != 200:
-                message = error_message(body.decode("utf-8", "replace"))
-                raise PermanentError(f"HTTP {resp.status} from {endpoint.url}: {message}")
             data = check_response(body)
             cause = None
-        except (aiohttp.ClientError, TimeoutError) as e:
-            cause = "timeout" if isinstance(e, TimeoutError) else "connection"
+        except TimeoutError as e:
+            waited = time.monotonic() - sent
+            cause = "sample_timeout" if await self._alive(endpoint, sent) else "timeout"
+            raise TransientError(cause, f"{endpoint.url}: no answer in {waited:.0f}s", endpoint.url) from e
+        except aiohttp.ClientError as e:
+            cause = "connection"
             raise TransientError(cause, f"{endpoint.url}: {e!r}", endpoint.url) from e
         except TransientError as e:
             cause, e.endpoint = e.cause, endpoint.url
@@ -173,6 +190,16 @@ class SGLangClient:
             self.pool.release(endpoint, cause)
         assert data.output_ids is not None
         return Generation(data.output_ids, data.meta_info, data.text, endpoint.url, rid, 0)
+
+    async def _alive(self, endpoint: Endpoint, since: float) -> bool:
+        """Whether an endpoint a request timed out on works: it answered another request since, or its /health
+        (SGLang's: a 1-token generation) answers now. Then the sample is the slow one, not the server."""
+        if endpoint.answered_at > since:
+            return True
+        try:
+            return await readiness(self.session, endpoint.url) is None
+        except FleetUnavailable:  # nothing listens there any more
+            return False
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], rid: str) -> Generation:
         """One sample: transient faults retried with exponential backoff and jitter, on another endpoint if any.
@@ -184,8 +211,15 @@ class SGLangClient:
         body = _encoder.encode({"input_ids": prompt_ids, "sampling_params": sampling_params, "rid": ""})
         head, tail = body[: -len(b'""}')], b'"}'  # the body ends with the empty rid
         avoid: str | None = None
+        refused_once, timeouts = False, 0
+
+        def worth_another(error: BaseException) -> bool:
+            if not isinstance(error, TransientError):
+                return False
+            return error.cause != "sample_timeout" or timeouts < self.sample_timeouts
+
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(TransientError),
+            retry=retry_if_exception(worth_another),
             stop=stop_after_attempt(self.max_attempts),
             wait=self._backoff,
             before_sleep=self._count_retry,
@@ -200,7 +234,13 @@ class SGLangClient:
                     generation = await self._attempt(payload, attempt_rid, avoid)
                 except TransientError as e:
                     avoid = e.endpoint  # the next try goes elsewhere where the fleet has another endpoint
+                    timeouts += e.cause == "sample_timeout"
                     raise
+                except PermanentError as e:
+                    if refused_once or attempt == self.max_attempts or not self.pool.has_other(e.endpoint):
+                        raise
+                    refused_once, avoid = True, e.endpoint  # asked once more, elsewhere (module docstring)
+                    raise TransientError(REFUSED_HERE, f"{e.endpoint}: {e}", e.endpoint) from e
                 return dataclasses.replace(generation, attempts=attempt)
         raise AssertionError("unreachable: tenacity reraises the last error")
 

@@ -7,6 +7,8 @@ the normal case and must be kept busy, while a dead one must be out within secon
   fleet-wide fault rate singles nobody out), never more than a capped share of the fleet at once;
 - an endpoint that answers nothing (a long run of failures in a row: refused, reset, timed out) is ejected whatever
   the cap, since every request sent there is an attempt burnt;
+- an endpoint that answers /generate with a 4xx other than 400, 408 and 429 (a proxy's 404 page, a 401 for a wrong
+  key) is no working SGLang server for this run: ejected at once, whatever the cap;
 - each repeat ejection lasts longer; after it, /health must answer 200 before the endpoint is admitted again;
 - a 503 or 429 is backpressure, not a fault: the endpoint's in-flight limit is halved (at most once a second) and
   grows back by one with each round of answers (a limit's worth), as TCP's congestion window does in congestion
@@ -73,12 +75,19 @@ async def health_problem(session: aiohttp.ClientSession, url: str) -> str | None
         return str(e)
 
 
-# Faults that say something about the endpoint itself. A 503 or 429 is the server asking for less (LOAD_SIGNALS);
-# an abort or a 400 says nothing about the endpoint's health.
-ENDPOINT_FAULTS = frozenset(
-    {"connection", "timeout", "http_500", "http_502", "http_504", "bad_response", "count_mismatch"}
-)
+# Faults that say something about the endpoint itself: every status but 200 and 400, and the causes below. A 503 or
+# 429 is the server asking for less (LOAD_SIGNALS); an abort, a 400 or one slow sample says nothing about its health.
+ENDPOINT_FAULTS = frozenset({"connection", "timeout", "bad_response", "count_mismatch"})
 LOAD_SIGNALS = frozenset({"http_429", "http_503"})
+
+
+def endpoint_fault(cause: str) -> bool:
+    return cause in ENDPOINT_FAULTS or (cause.startswith("http_") and cause not in LOAD_SIGNALS)
+
+
+def not_sglang(cause: str) -> bool:
+    """A 4xx other than 400, 408 and 429: an answer no working SGLang /generate gives to a well-formed request."""
+    return cause.startswith("http_4") and cause not in ("http_408", "http_429")
 
 
 @dataclass(frozen=True)
@@ -106,6 +115,7 @@ class Endpoint:
     outcomes: deque[bool] = field(default_factory=deque)  # True: a failure; the last OutlierPolicy.window outcomes
     failures: int = 0  # of those outcomes
     slowed_at: float = float("-inf")
+    answered_at: float = float("-inf")  # time.monotonic() of its last answer: a timeout there since is the sample's
 
     @property
     def failure_rate(self) -> float:
@@ -140,6 +150,10 @@ class EndpointPool:
     def ejections(self) -> int:
         return sum(e.ejections for e in self.endpoints)
 
+    def has_other(self, url: str | None) -> bool:
+        """Whether an admitted endpoint other than `url` could take a request."""
+        return any(not e.ejected and e.url != url for e in self.endpoints)
+
     async def acquire(self, avoid: str | None = None) -> Endpoint:
         """The least-loaded admitted endpoint under its in-flight limit (not `avoid` if another will do), its
         outstanding count taken. Waits for a release while every admitted endpoint is at its limit."""
@@ -162,15 +176,20 @@ class EndpointPool:
         self._released.set()
         self._released = asyncio.Event()
         if cause is None:
+            endpoint.answered_at = time.monotonic()
             endpoint.consecutive_failures = 0
             endpoint.limit += 1 / endpoint.limit  # one a round: growing by one an answer doubles it each round
             self._record(endpoint, failed=False)
         elif cause in LOAD_SIGNALS:
             self._slow_down(endpoint)
-        elif cause in ENDPOINT_FAULTS:
+        elif endpoint_fault(cause):
             endpoint.consecutive_failures += 1
             self._record(endpoint, failed=True)
-            if not endpoint.ejected:
+            if endpoint.ejected:
+                return
+            if not_sglang(cause):
+                self._eject(endpoint, f"it answers /generate with HTTP {cause[5:]}: no working SGLang server there")
+            else:
                 self._judge(endpoint, cause)
 
     def _record(self, endpoint: Endpoint, failed: bool) -> None:

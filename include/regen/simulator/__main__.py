@@ -58,6 +58,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         faults.add_argument(f"--{kind}-rate", type=float, default=0.0, help=what)
     faults.add_argument("--slow-s", type=float, default=2.0)
     faults.add_argument("--hang-s", type=float, default=3600.0)
+    faults.add_argument(
+        "--hang-prompt-rate",
+        type=float,
+        default=0.0,
+        help="share of prompts (drawn from their ids) that hang for --hang-s on every attempt, on every server",
+    )
     faults.add_argument("--fault-seed", type=int, default=0)
     _add_defect_flags(parser)
     served = parser.add_argument_group("the served model, as /model_info and /server_info report it")

@@ -1,10 +1,12 @@
 """Faults the simulator injects, each shaped the way SGLang (or the network) produces it.
 
-Faults are drawn per HTTP request from their own random stream, so a prompt is not doomed to fail on every attempt.
+Faults are drawn per HTTP request from their own random stream, so a prompt is not doomed to fail on every attempt;
+except `hang_prompt_rate`'s, drawn from the prompt itself: such a prompt hangs on every attempt, on every server.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,14 @@ class FaultModel:
     slow_rate: float = 0.0  # slow_s added to the latency
     slow_s: float = 2.0
     hang_s: float = 3600.0
+    hang_prompt_rate: float = 0.0  # of prompts (by their ids), each hanging for hang_s on every attempt
+
+    def hangs(self, prompt_ids: list[int]) -> bool:
+        """Whether this prompt is one that never gets an answer in time: drawn from its ids, the same everywhere."""
+        if not self.hang_prompt_rate:
+            return False
+        digest = hashlib.sha256(str(prompt_ids).encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < self.hang_prompt_rate
 
     def __post_init__(self) -> None:
         rates = [getattr(self, f"{kind}_rate") for kind in FAULT_KINDS]

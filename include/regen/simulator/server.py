@@ -404,7 +404,7 @@ async def _answer(request: web.Request, state: SimulatorState, items: list[Item]
         assert request.transport is not None
         request.transport.abort()  # the client sees the connection drop, no response
         return web.Response(status=500)
-    if fault == "hang":
+    if fault == "hang" or any(state.faults.hangs(item[0]) for item in items):
         await asyncio.sleep(state.faults.hang_s)  # cancelled when the client gives up and disconnects
     if fault == "abort":
         now = time.monotonic()

@@ -22,6 +22,7 @@ from tenacity import AsyncRetrying, RetryCallState, stop_after_delay, wait_rando
 
 from regen.manifest import GenerationReport, ShardManifest
 from regen.reasons import Reason
+from regen.samples import sample_of
 from regen.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,11 @@ MERGE_AFTER = 32  # small parts of one try merged into one: a long shard leaves 
 # local disk's hiccups (botocore already retries within each PUT); short enough that a task whose storage is gone
 # fails in well under a minute, holding at most that long of answers in memory, and Airflow's retry resumes it.
 OUTAGE_S = 30.0
+
+
+# Rejections that say more about the fleet than about the sample: until the shard is done, every try asks for them
+# again (a fleet mended between tries answers them), and a shard with too many of them fails (generate.py).
+SERVER_SIDE = frozenset({Reason.SERVER_REJECTED, Reason.SERVER_ABORTED, Reason.COUNT_MISMATCH, Reason.SAMPLE_TIMEOUT})
 
 
 class CheckpointsUnwritable(Exception):
@@ -54,6 +60,23 @@ class Checkpoints:
     def __len__(self) -> int:
         return len(self.answers) + len(self.rejected)
 
+    def server_side(self) -> dict[str, dict[str, Any]]:
+        return {i: r for i, r in self.rejected.items() if r["reason"] in SERVER_SIDE}
+
+    def ask_again(self) -> list[str]:
+        """Forgets the server-side rejections of earlier tries, and the later turns of their conversations that
+        were rejected as unusable because of them, so that this try asks for them again; their ids."""
+        released = set(self.server_side())
+        conversations = {sample_of(i) for i in released}
+        released |= {
+            i
+            for i, r in self.rejected.items()
+            if r["reason"] == Reason.EARLIER_TURN_UNUSABLE and sample_of(i) in conversations
+        }
+        for answer_id in released:
+            del self.rejected[answer_id]
+        return sorted(released)
+
 
 def load_checkpoints(storage: Storage, shard: ShardManifest) -> Checkpoints:
     found = Checkpoints()
@@ -66,14 +89,21 @@ def load_checkpoints(storage: Storage, shard: ShardManifest) -> Checkpoints:
                 earlier = found.tries.get(record["try"])
                 if earlier is None or report.finished_at >= earlier.finished_at:
                     found.tries[record["try"]] = report
-            elif record["id"] in found:
+            elif record["id"] in found and not _asked_again(found, record["id"]):
                 continue  # a merged part repeats its small parts until they are deleted: the same bytes
             elif "rejected" in record:
                 found.rejected[record["id"]] = record["rejected"]
             else:
+                found.rejected.pop(record["id"], None)  # a later try answered what an earlier one rejected
                 found.answers[record["id"]] = bytes(line)
     found.next_part = 1 + max((int(k.rsplit("part-", 1)[1].split(".")[0]) for k in keys), default=-1)
     return found
+
+
+def _asked_again(found: Checkpoints, answer_id: str) -> bool:
+    """Whether a later part's record replaces what an earlier part holds: a rejection a later try asks again."""
+    earlier = found.rejected.get(answer_id, {}).get("reason")
+    return earlier in SERVER_SIDE or earlier == Reason.EARLIER_TURN_UNUSABLE
 
 
 class Checkpointer:
@@ -203,5 +233,7 @@ class Checkpointer:
             self.storage.delete(small)
 
 
-def rejection_line(sample_id: str, reason: Reason, detail: str) -> bytes:
-    return msgspec.json.encode({"id": sample_id, "rejected": {"reason": reason.value, "detail": detail}})
+def rejection_line(sample_id: str, reason: Reason, detail: str, endpoint: str | None = None) -> bytes:
+    """`endpoint`: the server that gave a server-side rejection (redacted), for the message of a shard with too many."""
+    rejected = {"reason": reason.value, "detail": detail, **({"endpoint": endpoint} if endpoint else {})}
+    return msgspec.json.encode({"id": sample_id, "rejected": rejected})

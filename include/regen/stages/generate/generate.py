@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import tempfile
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -25,7 +26,8 @@ import aiohttp
 import msgspec
 
 from regen.chat import ChatRenderer
-from regen.endpoints import Endpoint
+from regen.endpoints import Endpoint, redact_url
+from regen.errors import FinalError
 from regen.manifest import GenerationReport, ShardManifest, StageStats
 from regen.on_policy import turn_count
 from regen.reasons import Reason
@@ -42,7 +44,13 @@ from regen.rejections import RejectionWriter
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLangClient, TransientError
 from regen.sglang.fleet import EndpointPool, FleetUnavailable
-from regen.stages.generate.checkpoints import OUTAGE_S, Checkpointer, Checkpoints, load_checkpoints, rejection_line
+from regen.stages.generate.checkpoints import (
+    OUTAGE_S,
+    Checkpointer,
+    Checkpoints,
+    load_checkpoints,
+    rejection_line,
+)
 from regen.stages.generate.conversations import Conversations, longest_first
 from regen.stages.generate.progress import Progress
 from regen.storage import Storage, sha256_file
@@ -63,6 +71,8 @@ class GenerateSettings:
     progress_s: float = 10.0
     fleet_wait_s: float = 120.0
     backoff_max_s: float = 30.0
+    sample_timeouts: int = 2  # a sample that timed out this often, its endpoint answering others, is rejected
+    max_server_rejected_share: float = 0.02  # server-side rejections past this share of a shard fail it (red)
     api_keys: ApiKeys = field(default=NO_KEYS, repr=False)
     vocab_size: int | None = None  # prompt ids must be below it; None: the prepared tokenizer's (run_generate)
 
@@ -100,13 +110,13 @@ async def _ask(
     try:
         generation = await client.generate(prompt_ids, params, answer_id)
     except PermanentError as e:
-        _reject(checkpointer, progress, answer_id, Reason.SERVER_REJECTED, str(e))
+        detail = f"{redact_url(e.endpoint)}: {e}" if e.endpoint else str(e)
+        _reject(checkpointer, progress, answer_id, Reason.SERVER_REJECTED, detail, e.endpoint)
         return None
     except TransientError as e:
         if e.cause not in RECORD_FAULTS:
             raise  # the fleet, not this sample: the task fails and Airflow retries it
-        reason = Reason.SERVER_ABORTED if e.cause == "abort" else Reason.COUNT_MISMATCH
-        _reject(checkpointer, progress, answer_id, reason, f"{settings.max_attempts} attempts: {e}")
+        _reject(checkpointer, progress, answer_id, RECORD_FAULT_REASONS[e.cause], f"last attempt: {e}", e.endpoint)
         return None
     answer = raw_answer(answer_id, generation)
     if keep:
@@ -114,6 +124,31 @@ async def _ask(
     checkpointer.add(encode_answer(answer))
     progress.answer(generation)
     return answer
+
+
+RECORD_FAULT_REASONS = {
+    "abort": Reason.SERVER_ABORTED,
+    "count_mismatch": Reason.COUNT_MISMATCH,
+    "sample_timeout": Reason.SAMPLE_TIMEOUT,
+}
+
+
+class TooManyServerRejections(FinalError):
+    """A shard whose server-side rejections pass `max_server_rejected_share`: the fleet is at fault, not the data, so
+    the shard fails red instead of publishing what is left. Its rejected samples are asked again by the next run."""
+
+
+def check_server_rejections(shard: ShardManifest, total: int, done: Checkpoints, share: float) -> None:
+    rejected = done.server_side()
+    if len(rejected) <= max(1, int(share * total)):  # one rejected prompt alone never fails a shard
+        return
+    reasons = Counter(r["reason"] for r in rejected.values())
+    endpoints = Counter(r.get("endpoint", "unknown") for r in rejected.values())
+    raise TooManyServerRejections(
+        f"{shard.location.dataset} {shard.name}: the servers rejected {len(rejected)} of {total} samples "
+        f"({dict(reasons)}), past max_server_rejected_share {share:.0%}; by endpoint: {dict(endpoints)}. Fix or "
+        "remove those endpoints and run again: these samples are asked again, the answers kept"
+    )
 
 
 def out_of_vocab(prompt_ids: list[int], vocab_size: int | None) -> str | None:
@@ -133,8 +168,15 @@ def prepared_vocab(storage: Storage, shard: ShardManifest) -> int | None:
     return int(size) if isinstance(size, int) else None
 
 
-def _reject(checkpointer: Checkpointer, progress: Progress, answer_id: str, reason: Reason, detail: str) -> None:
-    checkpointer.add(rejection_line(answer_id, reason, detail))
+def _reject(
+    checkpointer: Checkpointer,
+    progress: Progress,
+    answer_id: str,
+    reason: Reason,
+    detail: str,
+    endpoint: str | None = None,
+) -> None:
+    checkpointer.add(rejection_line(answer_id, reason, detail, endpoint and redact_url(endpoint)))
     progress.done += 1
 
 
@@ -171,7 +213,14 @@ async def _generate_missing(
     targets = [Endpoint.parse(url) for url in settings.endpoints]
     async with settings.api_keys.session(targets, connector=connector) as session:
         pool = EndpointPool([t.base for t in targets], session, fleet_wait_s=settings.fleet_wait_s)
-        client = SGLangClient(pool, session, settings.request_timeout_s, settings.max_attempts, settings.backoff_max_s)
+        client = SGLangClient(
+            pool,
+            session,
+            settings.request_timeout_s,
+            settings.max_attempts,
+            settings.backoff_max_s,
+            settings.sample_timeouts,
+        )
         queue = iter(todo)  # shared by the workers: each sample is taken exactly once
         work = (
             conversations.worker(
@@ -234,14 +283,16 @@ def run_generate(
     if storage.exists(raw_key):  # an earlier attempt finished this shard
         return _summarise_existing(storage, shard, raw_key, ids)
     done = load_checkpoints(storage, shard)
+    asked_again = done.ask_again()
     todo = [answer_id for answer_id in ids if answer_id not in done]
     log.info(
-        "%s %s: %d prompts, %d checkpointed, %d to generate",
+        "%s %s: %d prompts, %d checkpointed, %d to generate (%d rejected server-side before, asked again)",
         shard.location.dataset,
         shard.name,
         len(ids),
         len(done),
         len(todo),
+        len(asked_again),
     )
     if todo:
         if settings.vocab_size is None:
@@ -260,6 +311,7 @@ def run_generate(
             if conversations is not None:
                 conversations.render_thread.shutdown()
         done = load_checkpoints(storage, shard)
+    check_server_rejections(shard, len(ids), done, settings.max_server_rejected_share)
     report = GenerationReport.combined(list(done.tries.values()))
     if report is not None:  # beside the raw file, for a try that finds the shard already done
         storage.put_bytes(shard.keys.generation, msgspec.json.encode(dataclasses.asdict(report)))
