@@ -62,18 +62,48 @@ class ExportSettings:
         return ("parquet", "jsonl") if self.jsonl else ("parquet",)
 
 
-def build_training_columns(prompts: list[np.ndarray], outputs: list[np.ndarray]) -> tuple[pa.Array, pa.Array]:
+# An Arrow list array addresses its values with int32 offsets, so one holds fewer than 2^31 token ids: a shard's
+# columns are built in chunks below that (a shard of long answers can pass it; one chunk per array, same schema).
+MAX_LIST_VALUES = 2**31 - 1
+
+
+def build_training_columns(
+    prompts: list[np.ndarray], outputs: list[np.ndarray]
+) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
     """input_ids = prompt + output per record and the loss mask (0 over the prompt, 1 over the output), as Arrow
-    list columns built from one buffer each."""
+    list columns, each chunk built from one buffer."""
+    lengths = np.fromiter((len(p) + len(o) for p, o in zip(prompts, outputs, strict=True)), np.int64, len(prompts))
+    ids, masks = [], []
+    for start, end in _chunks(lengths):
+        chunk_ids, chunk_mask = _list_columns(prompts[start:end], outputs[start:end], lengths[start:end])
+        ids.append(chunk_ids)
+        masks.append(chunk_mask)
+    return pa.chunked_array(ids, pa.list_(pa.int32())), pa.chunked_array(masks, pa.list_(pa.int8()))
+
+
+def _chunks(lengths: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) record ranges, each holding at most MAX_LIST_VALUES values (at least one range)."""
+    ranges, start, total = [], 0, 0
+    for i, length in enumerate(lengths.tolist()):
+        if total + length > MAX_LIST_VALUES and i > start:
+            ranges.append((start, i))
+            start, total = i, 0
+        total += length
+    ranges.append((start, len(lengths)))
+    return ranges
+
+
+def _list_columns(prompts: list[np.ndarray], outputs: list[np.ndarray], lengths: np.ndarray) -> tuple[Any, Any]:
     parts = [part for pair in zip(prompts, outputs, strict=True) for part in pair]
     values = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
-    lengths = np.fromiter((len(p) + len(o) for p, o in zip(prompts, outputs, strict=True)), np.int64, len(prompts))
-    offsets = np.zeros(len(prompts) + 1, dtype=np.int32)
+    offsets = np.zeros(len(prompts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > MAX_LIST_VALUES:  # one record past the limit: far beyond any context length
+        raise ValueError(f"a record of {offsets[-1]} token ids does not fit an Arrow list")
     mask = np.ones(len(values), dtype=np.int8)
     for start, prompt in zip(offsets[:-1].tolist(), prompts, strict=True):
         mask[start : start + len(prompt)] = 0
-    arrow_offsets = pa.array(offsets)
+    arrow_offsets = pa.array(offsets.astype(np.int32))
     return pa.ListArray.from_arrays(arrow_offsets, pa.array(values)), pa.ListArray.from_arrays(
         arrow_offsets, pa.array(mask)
     )

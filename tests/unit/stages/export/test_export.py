@@ -160,3 +160,22 @@ def test_a_template_that_changed_since_prepare_fails_validate(
     )
     with pytest.raises(TemplateDrift, match=r"renders differently now than at prepare \(first difference at id \d+\)"):
         run_validate(shard, storage, ChatRenderer(moved))
+
+
+def test_a_shard_past_an_arrow_lists_int32_offsets_is_built_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Arrow list array holds fewer than 2^31 values; a shard of long answers holds more. Its columns are built in
+    chunks below the limit (here lowered to 50 ids), and read back record for record as one column would be."""
+    import numpy as np
+
+    from regen.stages import export
+
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 1000, n).astype(np.int32) for n in rng.integers(1, 20, 40)]
+    outputs = [rng.integers(0, 1000, n).astype(np.int32) for n in rng.integers(1, 20, 40)]
+    whole_ids, whole_mask = export.build_training_columns(prompts, outputs)
+    monkeypatch.setattr(export, "MAX_LIST_VALUES", 50)
+    ids, mask = export.build_training_columns(prompts, outputs)
+    assert ids.num_chunks > 10 and all(len(chunk.values) <= 50 for chunk in ids.chunks)
+    pairs = list(zip(prompts, outputs, strict=True))
+    assert ids.to_pylist() == whole_ids.to_pylist() == [[*p, *o] for p, o in pairs]
+    assert mask.to_pylist() == whole_mask.to_pylist() == [[0] * len(p) + [1] * len(o) for p, o in pairs]
