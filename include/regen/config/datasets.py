@@ -4,7 +4,7 @@ and answered, and the eval suites no prompt may hold. Models only (regen.config 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -98,6 +98,9 @@ class EvalSuite(BaseModel):
     id_field: str | None = Field(None, description="the item's id, a dotted path; null: its position, #1 on")
 
 
+MessageRole = Literal["system", "developer", "user", "assistant", "tool"]
+
+
 class DecontaminationConfig(BaseModel):
     """Prompts holding an eval item are rejected at prepare (`eval_overlap`), compared by hashed word n-grams."""
 
@@ -106,6 +109,11 @@ class DecontaminationConfig(BaseModel):
     ngram: int = Field(13, ge=4, le=64, description="words per n-gram (13, as GPT-3's contamination study)")
     threshold: float = Field(0.5, gt=0.0, le=1.0, description="share of an item's n-grams in a prompt that rejects it")
     min_item_words: int = Field(4, ge=1, description="items with fewer words are left out: too generic to judge by")
+    roles: list[MessageRole] = Field(
+        default_factory=lambda: list(get_args(MessageRole)),
+        min_length=1,
+        description="the messages read, besides the tool declarations: by default every one a prompt shows",
+    )
 
     @model_validator(mode="after")
     def _names_once(self) -> DecontaminationConfig:

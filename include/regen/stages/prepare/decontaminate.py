@@ -26,7 +26,10 @@ from regen.reasons import Reason
 from regen.stages.prepare.normalise import Conversation, Rejection
 
 WORD = re.compile(r"[^\W_]+")  # letters and digits: `_`, markdown and punctuation separate words
-CHECKED_ROLES = frozenset({"system", "developer", "user"})
+# Every text a prompt renders is read: an eval item pasted into a tool result, a tool's description or an earlier
+# assistant turn reaches the model as surely as one in a user turn. The roles are configurable (`roles`).
+ALL_ROLES = ("system", "developer", "user", "assistant", "tool")
+NOT_TEXT = frozenset({"role", "type", "id", "tool_call_id"})  # a message's keys that hold markup, not text
 
 
 def words(text: str) -> tuple[str, ...]:
@@ -39,17 +42,27 @@ def _gram_hashes(tokens: tuple[str, ...], n: int) -> list[int]:
     return [hash(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
 
 
-def prompt_text(messages: Iterable[dict[str, Any]]) -> str:
-    """What a prompt asks, as decontamination reads it: its system, developer and user turns' text."""
-    texts = []
-    for message in messages:
-        if message.get("role") in CHECKED_ROLES:
-            content = message.get("content")
-            if isinstance(content, list):
-                content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-            if isinstance(content, str):
-                texts.append(content)
+def prompt_text(
+    messages: Iterable[dict[str, Any]], tools: Iterable[dict[str, Any]] = (), roles: Iterable[str] = ALL_ROLES
+) -> str:
+    """What a prompt shows the model, as decontamination reads it: every text of its messages of `roles` (content,
+    content parts, reasoning, tool calls' names and arguments) and of its tool declarations (names, descriptions,
+    parameters)."""
+    wanted = set(roles)
+    texts = [text for message in messages if message.get("role") in wanted for text in _texts(message)]
+    texts += [text for tool in tools for text in _texts(tool)]
     return "\n".join(texts)
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string in a message or a declaration, in order, but the values of markup keys (NOT_TEXT)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for key, item in value.items() if key not in NOT_TEXT for text in _texts(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in _texts(item)]
+    return []
 
 
 @dataclass(frozen=True)
@@ -94,8 +107,11 @@ class _Short:
 class OverlapIndex:
     """The suites' items by their n-grams: `add` each item, then `check` prompts."""
 
-    def __init__(self, ngram: int = 13, threshold: float = 0.5, min_item_words: int = 4) -> None:
+    def __init__(
+        self, ngram: int = 13, threshold: float = 0.5, min_item_words: int = 4, roles: Iterable[str] = ALL_ROLES
+    ) -> None:
         self.ngram, self.threshold, self.min_item_words = ngram, threshold, min_item_words
+        self.roles = tuple(roles)  # the messages read (prompt_text)
         self.items: list[tuple[str, str]] = []  # (suite, item id)
         self._sizes: list[int] = []  # distinct n-grams per item
         self._grams: dict[int, int] = {}  # n-gram -> the first item holding it
@@ -151,10 +167,16 @@ class OverlapIndex:
         return None
 
 
+def sent_later(prompt: Conversation) -> list[dict[str, Any]]:
+    """An on-policy conversation's later messages that its later prompts send: all but the recorded answers, which
+    the model's own answers replace."""
+    return [m for m in prompt.later if m.get("role") != "assistant"]
+
+
 def check_prompts(index: OverlapIndex, prompts: list[Conversation]) -> list[EvalOverlap | None]:
     """Each prompt of a row checked: its turns and, on-policy, the later turns it will send. A row's prompts are
     prefixes of its last, so when the last is clean (the common case), so is every other, unchecked."""
-    texts = [prompt_text([*p.messages, *p.later]) for p in prompts]
+    texts = [prompt_text([*p.messages, *sent_later(p)], p.tools, index.roles) for p in prompts]
     last = index.check(texts[-1]) if texts else None
     if last is None:
         return [None] * len(prompts)

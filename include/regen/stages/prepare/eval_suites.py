@@ -137,7 +137,7 @@ def load_suites(
     """Every suite read into one index; None when none is configured. Raises ConfigError saying what to fix."""
     if not config.suites:
         return None
-    index = OverlapIndex(config.ngram, config.threshold, config.min_item_words)
+    index = OverlapIndex(config.ngram, config.threshold, config.min_item_words, config.roles)
     locate, records = Locator(s3_client), []
     with tempfile.TemporaryDirectory(prefix="regen-suites-") as tmp:
         for suite in config.suites:

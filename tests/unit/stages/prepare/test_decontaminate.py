@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from regen.reasons import Reason
@@ -113,15 +115,49 @@ def test_an_ngram_two_items_share_counts_for_both() -> None:
     assert overlap is not None and (overlap.suite, overlap.fraction) == ("a", 1.0)
 
 
-def test_the_text_checked_is_system_and_user_turns() -> None:
+def test_every_text_a_prompt_shows_is_checked_and_the_roles_are_configurable() -> None:
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]},
-        {"role": "assistant", "content": GSM8K},
-        {"role": "tool", "content": GSM8K, "tool_call_id": "x"},
+        {"role": "assistant", "content": "Earlier answer.", "tool_calls": [_call('{"q": "call args"}')]},
+        {"role": "tool", "content": "Tool result.", "tool_call_id": "call_0"},
         {"role": "developer", "content": "Mind the units."},
     ]
-    assert prompt_text(messages) == "Be brief.\npart one\npart two\nMind the units."
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "Finds a fact."}}]
+    assert prompt_text(messages, tools) == (
+        'Be brief.\npart one\npart two\nEarlier answer.\nlookup\n{"q": "call args"}\nTool result.\nMind the units.'
+        "\nlookup\nFinds a fact."
+    )
+    assert prompt_text(messages, roles=["system", "user"]) == "Be brief.\npart one\npart two"
+
+
+def _call(arguments: str) -> dict[str, object]:
+    return {"id": "call_0", "type": "function", "function": {"name": "lookup", "arguments": arguments}}
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param(lambda item: ([{"role": "tool", "content": item, "tool_call_id": "c"}], []), id="tool-result"),
+        pytest.param(
+            lambda item: ([], [{"type": "function", "function": {"description": item}}]), id="tool-description"
+        ),
+        pytest.param(lambda item: ([{"role": "assistant", "content": item}], []), id="earlier-assistant-turn"),
+        pytest.param(lambda item: ([{"role": "assistant", "tool_calls": [_call(item)]}], []), id="call-arguments"),
+    ],
+)
+def test_an_item_pasted_anywhere_the_prompt_shows_is_found(index: OverlapIndex, where: Any) -> None:
+    extra, tools = where(GSM8K)
+    messages = [{"role": "user", "content": "Please help."}, *extra, {"role": "user", "content": "Thanks."}]
+    [found] = check_prompts(index, [Conversation(messages, tools)])
+    assert found is not None and found.suite == "gsm8k"
+
+
+def test_an_on_policy_rows_recorded_answers_are_not_what_it_sends(index: OverlapIndex) -> None:
+    """Its later recorded answers are replaced by the model's own: only its later user turns and tool results count."""
+    first = [{"role": "user", "content": "Hi, can you help with maths?"}]
+    later = [{"role": "assistant", "content": GSM8K}, {"role": "user", "content": "Thanks."}]
+    assert check_prompts(index, [Conversation(first, [], later=later)]) == [None]
 
 
 def test_only_the_prompts_of_a_row_that_hold_the_item_are_rejected(index: OverlapIndex) -> None:
