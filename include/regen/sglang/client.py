@@ -23,6 +23,7 @@ import msgspec
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from regen.endpoints import redact_url
+from regen.redaction import describe
 from regen.sglang.fleet import EndpointPool, FleetUnavailable, readiness
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ class SGLangClient:
             cause = None
         except (aiohttp.ClientError, TimeoutError) as e:
             cause = "timeout" if isinstance(e, TimeoutError) else "connection"
-            raise TransientError(cause, f"{endpoint.url}: {e!r}", endpoint.url) from e
+            raise TransientError(cause, f"{endpoint.url}: {describe(e)}", endpoint.url) from e
         except TransientError as e:
             cause, e.endpoint = e.cause, endpoint.url
             raise
