@@ -21,6 +21,7 @@ from typing import Any
 from regen.cli_checks import config_problems, config_summary, plan_summary
 from regen.config import ConfigError, config_path
 from regen.config.reference import render
+from regen.redaction import install_log_redaction
 from regen.verify import manifest_uri_of, verify_version
 
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--files-only", action="store_true", help="check files only, not every record")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    install_log_redaction()  # no login or key in what the CLI logs (regen.redaction)
     if args.command == "check-config":
         return _check_config(args.path or config_path())
     if args.command == "plan":

@@ -10,19 +10,14 @@ travels through XCom. Requests go to `base`, whose URL never carries a secret, s
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 from urllib.parse import unquote, urlsplit
 
 from pydantic import PlainSerializer, PlainValidator, SerializationInfo, WithJsonSchema
 
-STAND_IN = "***"  # what a URL's user and password are shown as
+from regen.redaction import STAND_IN, redact_url, remember_login
 
-
-def redact_url(url: str) -> str:
-    """A URL string as it may be shown: everything between `://` and its last `@` becomes `***`, whether or not
-    the URL is well formed (an error about a malformed URL must not show the password in it either)."""
-    return re.sub(r"://.*@", f"://{STAND_IN}@", url)
+__all__ = ["STAND_IN", "Endpoint", "EndpointUrl", "redact_url", "run_logins"]
 
 
 class Endpoint:
@@ -75,6 +70,8 @@ class Endpoint:
             raise ValueError(f"endpoint {shown!r} names no host")
         base = f"{parts.scheme}://{hostport}{parts.path}".rstrip("/")
         login = userinfo if at and userinfo != STAND_IN else None
+        if login is not None:
+            remember_login(login)  # scrubbed from every log line and alert from now on (regen.redaction)
         return cls(base, login, needs_login=bool(at))
 
     @property

@@ -88,14 +88,15 @@ class RunParams(BaseModel):
         "A published version is never changed: publishing other data into it fails. On: replace it (readers of "
         "the old one lose it).",
     )
-    # The pattern is the form's (refused at trigger); plan's governance check says what is wrong with a URL.
+    # The pattern is the form's (refused at trigger); plan's governance check says what is wrong with a URL. A value
+    # with an `@` passes the form, whose refusal (Airflow's) would quote it, login and all: plan refuses it redacted.
     endpoints: list[str] | None = _in(
         "Servers",
         "SGLang endpoints",
         "Base URLs of SGLang servers, or one sglang-router URL; within the deployment's governance.allowed_endpoints. "
         "http://***@host stands for the config's login for that host; a login typed here is stored in the run's conf.",
         min_length=1,
-        items={"type": "string", "pattern": r"^https?://[^\s?#]+$"},
+        items={"type": "string", "pattern": r"^(https?://[^\s?#]+|[^@]*@[\s\S]*)$"},
     )
     storage_root: str | None = _in(
         "Servers",

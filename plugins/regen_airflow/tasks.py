@@ -76,9 +76,23 @@ def sglang_api_keys(
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
+        mask_known_secrets()
         return ApiKeys(source=f"{source}, which does not exist", logins=logins)
     per_endpoint = conn.extra_dejson.get("api_keys") or {}
-    return ApiKeys(conn.password, per_endpoint if isinstance(per_endpoint, dict) else {}, source, logins)
+    keys = ApiKeys(conn.password, per_endpoint if isinstance(per_endpoint, dict) else {}, source, logins)
+    mask_known_secrets()
+    return keys
+
+
+def mask_known_secrets() -> None:
+    """The logins and API keys this process knows (regen.redaction) given to Airflow's own secrets masker too: it
+    scrubs what Airflow logs itself (a failed task's traceback), where the project's log filter does not reach."""
+    from airflow.sdk.log import mask_secret
+
+    from regen.redaction import known_secrets
+
+    for secret in known_secrets():
+        mask_secret(secret)
 
 
 def worker_task_slots() -> int:
@@ -98,11 +112,14 @@ def worker_task_slots() -> int:
 @contextmanager
 def final_errors_fail_now(prefix: str = "") -> Iterator[None]:
     """What a retry cannot mend (regen.errors.FinalError) fails the task at once with its message; the rest is
-    retried by the task's policy."""
+    retried by the task's policy. Every task that does the pipeline's work runs in it: the task log's handlers, set up
+    by Airflow by now, get the log filter that scrubs secrets (regen.redaction)."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from regen.errors import FinalError
+    from regen.redaction import install_log_redaction
 
+    install_log_redaction()
     try:
         yield
     except FinalError as e:

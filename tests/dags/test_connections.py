@@ -76,6 +76,9 @@ def test_a_task_gets_endpoint_logins_from_the_config_and_the_runs_params(
     assert keys.login_for(URL("http://gpu-2:30000/health")) == "Basic " + b64encode(b"bob:from-run").decode()
     assert keys.login_for(URL("http://gpu-3:30000/health")) is None
     assert "from-config" not in repr(keys) and "from-run" not in repr(keys)
+    from airflow.sdk.log import redact  # Airflow's own masker, for what Airflow logs itself, knows them too
+
+    assert redact("pw from-config, pw from-run") == "pw ***, pw ***"
 
 
 def test_the_alert_mail_and_log_line_show_no_login(tmp_path: Path) -> None:
@@ -88,7 +91,7 @@ def test_the_alert_mail_and_log_line_show_no_login(tmp_path: Path) -> None:
     from regen.chat import ChatRenderer
     from regen.profiles import lookup
     from regen.stages.generate.generate import GenerateSettings, run_generate
-    from regen_airflow.alerts import BODY, failure_message
+    from regen_airflow.alerts import BODY, failure_message, why
     from tests.conftest import free_port, prepare_sample
 
     prepared, storage = prepare_sample(tmp_path, ChatRenderer(lookup("kimi-k2.5-mini")), "B1_glaive", 4, limit=4)
@@ -98,7 +101,38 @@ def test_the_alert_mail_and_log_line_show_no_login(tmp_path: Path) -> None:
         run_generate(prepared.shards[0], storage, settings)
     ti = SimpleNamespace(task_id="generate_shard", rendered_map_index="B1_glaive/shard-00000", run_id="r", try_number=1)
     context = {"ti": ti, "exception": failed.value, "dag": SimpleNamespace(dag_id="eagle3_regen"), "run_id": "r"}
-    body = jinja2.Environment(autoescape=True).from_string(BODY).render(**context, advice="")
+    body = jinja2.Environment(autoescape=True).from_string(BODY).render(**context, advice="", why=why(failed.value))
     line = failure_message(context)
     assert "127.0.0.1" in body and "127.0.0.1" in line
     assert "mail-secret" not in body and "mail-secret" not in line
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http:/alice:form-secret@gpu-1:30000",
+        "alice:form-secret@gpu-1:30000",
+        "http://alice:form secret@gpu-1:30000",
+        "http://alice:form-secret@gpu-1:30000/x?y",
+    ],
+)
+def test_the_trigger_form_quotes_no_login_of_a_refused_url(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Airflow's own validation of the DAG's params quotes the value it refuses: a URL with a login passes the form,
+    and plan refuses it with the login redacted."""
+    from airflow.sdk import Param
+    from airflow.sdk.exceptions import ParamValidationError
+
+    from regen.config import ConfigError, load_config
+    from regen.run_params import form
+
+    monkeypatch.setenv("REGEN_CONFIG", str(project_config_in(tmp_path)))
+    endpoints = Param(**form(load_config())["endpoints"])  # as the DAG declares it
+    try:
+        endpoints.resolve([url])
+    except ParamValidationError as e:
+        assert "secret" not in str(e)
+    with pytest.raises(ConfigError) as at_plan:
+        RunSpec.from_params({"endpoints": [url]}, "manual__1")
+    assert "secret" not in str(at_plan.value) and "***@gpu-1:30000" in str(at_plan.value)

@@ -216,14 +216,14 @@ def test_the_alert_mail_escapes_what_it_quotes() -> None:
 
     import jinja2
 
-    from regen_airflow.alerts import BODY
+    from regen_airflow.alerts import BODY, why
 
     hostile = "<img src=x onerror=alert(1)>"
     ti = SimpleNamespace(task_id=hostile, rendered_map_index=hostile, try_number=1)
     body = (
         jinja2.Environment(autoescape=False)
         .from_string(BODY)
-        .render(dag=SimpleNamespace(dag_id="eagle3_regen"), run_id=hostile, ti=ti, exception=RuntimeError(hostile))
+        .render(dag=SimpleNamespace(dag_id="eagle3_regen"), run_id=hostile, ti=ti, why=why(RuntimeError(hostile)))
     )
     assert "<img" not in body and body.count("&lt;img src=x onerror=alert(1)&gt;") == 4
 

@@ -22,6 +22,7 @@ from yarl import URL
 
 from regen.endpoints import Endpoint, redact_url
 from regen.errors import FinalError
+from regen.redaction import remember
 
 
 class Unauthorized(FinalError):
@@ -41,6 +42,7 @@ class ApiKeys:
     ) -> None:
         self._fleet_key = fleet_key or None
         self._by_origin = {URL(url).origin(): key for url, key in (by_endpoint or {}).items() if key}
+        remember(self._fleet_key, *self._by_origin.values())  # scrubbed from every log line and alert from now on
         self.source = source
         self._logins = {e.origin: aiohttp.encode_basic_auth(*auth) for e in logins if (auth := e.basic_auth())}
 

@@ -33,6 +33,7 @@ import msgspec
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from regen.endpoints import redact_url
+from regen.redaction import describe
 from regen.sglang.fleet import Endpoint, EndpointPool, FleetUnavailable, readiness
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ class SGLangClient:
             raise TransientError(cause, f"{endpoint.url}: no answer in {waited:.0f}s", endpoint.url) from e
         except aiohttp.ClientError as e:
             cause = "connection"
-            raise TransientError(cause, f"{endpoint.url}: {e!r}", endpoint.url) from e
+            raise TransientError(cause, f"{endpoint.url}: {describe(e)}", endpoint.url) from e
         except TransientError as e:
             cause, e.endpoint = e.cause, endpoint.url
             raise

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from regen.endpoints import redact_url
+from regen.redaction import describe
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ async def readiness(session: aiohttp.ClientSession, url: str, path: str = "/heal
                 f"{redact_url(url)}: nothing listens there ({cause}: {e}): check the endpoint's host and port, and "
                 "that its server is running"
             ) from e
-        return repr(e)
+        return describe(e)
 
 
 async def health_problem(session: aiohttp.ClientSession, url: str) -> str | None:

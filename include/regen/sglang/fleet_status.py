@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from regen.endpoints import Endpoint
+from regen.redaction import describe
 from regen.sglang.auth import NO_KEYS, ApiKeys, Unauthorized
 from regen.sglang.client import get_json
 from regen.sglang.server_check import MODEL_INFO, SERVER_INFO, context_length_of, get_either, redacted, router_workers
@@ -86,7 +87,7 @@ async def endpoint_status(
             "waiting_requests": _sum_known([s["waiting_requests"] for s in reached], len(workers)),
         }
     except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, LookupError, Unauthorized) as e:
-        return {**status, "error": f"{type(e).__name__}: {e}"[:300]}
+        return {**status, "error": describe(e)[:300]}
 
 
 NOT_ASKED = "not asked: outside governance.allowed_endpoints"

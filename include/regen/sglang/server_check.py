@@ -32,6 +32,7 @@ from regen.errors import FinalError
 from regen.judge import judge
 from regen.reasons import Reason
 from regen.records import RawAnswer, text_digest
+from regen.redaction import describe
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
 from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens
@@ -311,7 +312,9 @@ async def _worker_server_info(session: aiohttp.ClientSession, url: str) -> dict[
         return await get_either(session, url, SERVER_INFO)
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:
         log.warning(
-            "router worker %s: no /get_server_info from here (%r); its running slots are unknown", redact_url(url), e
+            "router worker %s: no /get_server_info from here (%s); its running slots are unknown",
+            redact_url(url),
+            describe(e),
         )
         return {}
 
