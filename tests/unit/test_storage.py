@@ -197,3 +197,27 @@ def test_of_writers_replacing_what_they_read_at_once_exactly_one_wins(tmp_path: 
         assert len(winners) == 1, (round_, winners)
         assert storage.get_bytes("v/latest.json") == f"round {round_} writer {winners[0]} ".encode() * 500
     assert storage.list_keys("v/") == ["v/latest.json"]  # no temporary file left behind
+
+
+def test_a_local_create_whose_link_landed_but_was_reported_as_existing_is_its_writers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NFS a LINK whose reply is lost is sent again and answered EEXIST by the link it made itself (open(2):
+    check the staged file is the one now in place). Its writer succeeds; another writer is still refused."""
+    import os
+
+    import regen.storage.local as local
+
+    storage = LocalStorage(tmp_path / "root")
+    real_link = os.link
+
+    def link_then_lose_the_reply(src: str, dst: Path) -> None:
+        real_link(src, dst)
+        raise FileExistsError(17, "File exists", str(dst))
+
+    monkeypatch.setattr(local.os, "link", link_then_lose_the_reply)
+    assert storage.create("v/manifest.json", b"mine") == hashlib.sha256(b"mine").hexdigest()
+    monkeypatch.setattr(local.os, "link", real_link)
+    with pytest.raises(KeyExists):
+        storage.create("v/manifest.json", b"theirs")
+    assert storage.get_bytes("v/manifest.json") == b"mine" and storage.list_keys("v/") == ["v/manifest.json"]

@@ -60,6 +60,13 @@ def _file_mode() -> int:
 FILE_MODE = _file_mode()
 
 
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except FileNotFoundError:
+        return False
+
+
 @contextlib.contextmanager
 def _folder_locked(folder: Path) -> Iterator[None]:
     """The folder held under an exclusive flock (threads and processes alike: each open is its own lock). The
@@ -122,7 +129,10 @@ class LocalStorage:
         try:
             os.link(tmp, target)
         except FileExistsError:
-            raise KeyExists(f"{target} exists already") from None
+            # On NFS a LINK whose reply was lost is sent again and refused by the link it made: the file in place is
+            # then the staged one itself (the check open(2) gives), and this writer's.
+            if not _same_file(tmp, target):
+                raise KeyExists(f"{target} exists already") from None
         finally:
             Path(tmp).unlink(missing_ok=True)
         return digest
