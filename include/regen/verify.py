@@ -127,7 +127,9 @@ class VersionFolder:
     """A version's files where its manifest lies: the manifest's keys (relative to the root it was published in,
     `{profile}/{dataset}/{version}/...`) are read relative to the manifest's own folder."""
 
-    KEYED = frozenset("uri exists get_bytes get_file size iter_chunks open content_id list_keys folders glob".split())
+    KEYED = frozenset(
+        "uri exists get_bytes get_file size iter_chunks open content_id stamp list_keys folders glob".split()
+    )
 
     def __init__(self, storage: Storage, prefix: str) -> None:
         self.storage, self.prefix = storage, prefix.rstrip("/") + "/"

@@ -221,3 +221,16 @@ def test_a_local_create_whose_link_landed_but_was_reported_as_existing_is_its_wr
     with pytest.raises(KeyExists):
         storage.create("v/manifest.json", b"theirs")
     assert storage.get_bytes("v/manifest.json") == b"mine" and storage.list_keys("v/") == ["v/manifest.json"]
+
+
+def test_a_stamp_changes_when_a_file_is_written_again_with_other_bytes(storage: Storage) -> None:
+    """What publish compares with what the verifier read, without reading the file again: size and S3's ETag, or a
+    local file's inode and time."""
+    storage.put_bytes("v/train/a.parquet", b"1234")
+    size, tag = storage.stamp("v/train/a.parquet")
+    assert size == 4 and storage.stamp("v/train/a.parquet") == (size, tag)
+    storage.put_bytes("v/train/a.parquet", b"4321")
+    assert storage.stamp("v/train/a.parquet")[0] == 4 and storage.stamp("v/train/a.parquet")[1] != tag
+    with pytest.raises(Exception) as missing:
+        storage.stamp("v/train/missing.parquet")
+    assert is_not_found(missing.value)

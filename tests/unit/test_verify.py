@@ -317,6 +317,27 @@ def test_publish_refuses_data_that_changed_after_it_was_verified(
         storage.delete(extra)
 
 
+def test_a_file_written_again_after_it_was_verified_is_never_published(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    """The shard manifests still name the sha256 the verifier read, but the file under them was written again (a
+    task of an earlier try still writing): with a fresh size, with its size unchanged, or even with the very bytes
+    read. Publish refuses each; once verified again, the manifest names exactly the bytes the verifier read."""
+    prepared, storage = prepare_sample(tmp_path, renderer, "B2_opencodeinstruct", 30)
+    finish_shards(prepared.shards, storage, renderer, simulator.url)
+    verified = verify_contents(prepared, storage)
+    train = Path(storage.uri(prepared.shards[0].keys.split("train")))
+    body = train.read_bytes()
+    for rewritten in (body + b"\0", body[:100] + bytes([body[100] ^ 1]) + body[101:], body):
+        train.write_bytes(rewritten)
+        with pytest.raises(ChangedSinceVerified, match="changed after they were verified"):
+            run_publish(prepared, storage, fleet=[], verified=verified)
+        assert not storage.exists(prepared.location.manifest)
+    published = run_publish(prepared, storage, fleet=[], verified=verify_contents(prepared, storage))
+    result = verify_version(published["manifest"])
+    assert result.problems == [] and result.manifest["sizes"][str(train.relative_to(storage.root))] == len(body)
+
+
 def test_latest_json_pins_the_manifest_by_its_sha256(published: tuple[PreparedDataset, LocalStorage, str]) -> None:
     """latest.json moves only after the manifest landed, and names its sha256: a manifest edited afterwards is caught
     by the CLI, by a trainer given the sha256, and by the nightly skip, which then regenerates the dataset."""

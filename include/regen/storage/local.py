@@ -248,6 +248,12 @@ class LocalStorage:
         """The file's sha256."""
         return sha256_file(self._path(key))
 
+    def stamp(self, key: str) -> tuple[int, str]:
+        """The file's size, and its inode and modification time: every write makes a new file (renamed or linked
+        into place) at a new time, so a file written again has another stamp, read without reading it."""
+        stat = self._path(key).stat()
+        return stat.st_size, f"{stat.st_ino}:{stat.st_mtime_ns}"
+
     def folders(self, prefix: str) -> list[str]:
         """The names of the folders directly under `prefix` (a key ending in `/`), sorted."""
         base = self._path(prefix) if prefix else self.root

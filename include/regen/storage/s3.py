@@ -278,6 +278,12 @@ class S3Storage:
         head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         return f"etag:{head['ETag'].strip(chr(34))}:{head['ContentLength']}"
 
+    def stamp(self, key: str) -> tuple[int, str]:
+        """The object's size, and its ETag: what changes whenever it is written with other bytes, read without
+        reading them (one HEAD)."""
+        head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        return int(head["ContentLength"]), str(head["ETag"])
+
     def folders(self, prefix: str) -> list[str]:
         """The names of the folders directly under `prefix` (a key ending in `/`), sorted: one listing with a
         delimiter, not every key below."""
