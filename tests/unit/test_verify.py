@@ -94,6 +94,30 @@ def test_records_that_break_an_invariant_are_found_even_when_their_checksums_mat
     assert "2 records whose" in sent and rows[0]["id"] in sent and rows[2]["id"] in sent, sent  # output, prompt
 
 
+def test_split_counts_and_files_the_manifest_does_not_list_are_named(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    """The manifest's truncated/ count is checked against the records read, and every file in the version's folder
+    that the manifest does not list (bookkeeping aside) is named, records or files only."""
+    path, manifest = copy_version(tmp_path, published)
+    truncated = manifest["splits"]["truncated"]
+    manifest["splits"]["truncated"] = truncated + 1
+    path.write_text(json.dumps(manifest))
+    assert verify_version(str(path)).problems == [
+        f"truncated/ holds {truncated} records, manifest says {truncated + 1}"
+    ]
+    manifest["splits"]["truncated"] = truncated
+    path.write_text(json.dumps(manifest))
+    folder = path.parent
+    (folder / "train" / "shard-00099.parquet").write_bytes(b"not listed")
+    (folder / "notes.txt").write_text("not listed either")
+    prefix = str(folder.relative_to(manifest["root"]))
+    stray = f"2 files in the version's folder are not listed in the manifest: {prefix}/notes.txt, {prefix}/train/"
+    for records in (True, False):
+        [problem] = verify_version(str(path), records=records).problems
+        assert problem == stray + "shard-00099.parquet"
+
+
 def to_s3(
     s3_client: Any, tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
 ) -> tuple[str, S3Storage]:
