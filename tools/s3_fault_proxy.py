@@ -7,7 +7,8 @@ Each request is forwarded whole to the upstream (method, path, query, headers, b
 - a connection reset: the request is forwarded, then the connection is dropped without an answer, so the client
   cannot know whether its write landed (it must retry, and a retried PUT must be harmless).
 Faults at a chosen request too: `drop_replies` (tests set it) lists (method, path suffix) pairs; the next request
-matching one lands and loses its reply (a connection reset, counted as one), and the pair is used up.
+matching one lands and loses its reply (a connection reset, counted as one), and the pair is used up. And a store
+that ignores some request headers: `strip_headers` (lower case) are never forwarded.
 Draws come from one seeded stream, so a run is repeatable. `GET /__faults` reports what was injected. An outage:
 `down` set (tests set the attribute) answers every request 503 until it is cleared.
 """
@@ -49,6 +50,7 @@ class FaultProxy:
         self.forwarded = 0
         self.down = False  # an outage: every request answered 503, none forwarded
         self.drop_replies: list[tuple[str, str]] = []  # (method, path suffix): the next such reply is dropped
+        self.strip_headers: set[str] = set()  # request headers (lower case) never forwarded: a store ignoring them
         self.session: aiohttp.ClientSession | None = None
 
     def draw(self) -> str | None:
@@ -77,7 +79,8 @@ class FaultProxy:
             status = int(fault)
             return web.Response(status=status, body=error_body(status, request.path), content_type="application/xml")
         assert self.session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"host"}}
+        kept_back = HOP_BY_HOP | {"host"} | self.strip_headers
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in kept_back}
         async with self.session.request(
             request.method, self.upstream + request.path_qs, headers=headers, data=body, allow_redirects=False
         ) as upstream:

@@ -171,3 +171,24 @@ def test_outside_airflow_the_client_takes_botocores_retry_variables_or_the_confi
     monkeypatch.setenv("AWS_RETRY_MODE", "legacy")
     with pytest.raises(ValueError, match=r"AWS_RETRY_MODE / AWS_MAX_ATTEMPTS: retry_mode: .*standard or adaptive"):
         default_s3_client()
+
+
+def test_a_store_that_ignores_conditional_headers_is_named_in_seconds(
+    s3_endpoint: str, exact: tuple[FaultProxy, str]
+) -> None:
+    """An S3-compatible store that ignores If-None-Match or If-Match would turn claims and the manifest's create into
+    overwrites: plan's probe of the root names the store and what it lacks, and leaves nothing behind."""
+    import time
+
+    proxy, url = exact
+    client(s3_endpoint).create_bucket(Bucket="unconditional")
+    storage = S3Storage("unconditional", "x", client(url))
+    check_writable(storage, "probe")  # a store that honours both
+    for header in ("If-None-Match", "If-Match"):
+        proxy.strip_headers = {header.lower()}
+        started = time.monotonic()
+        with pytest.raises(PermissionError, match=rf"^storage root s3://unconditional/x: .* ignores {header}\)"):
+            check_writable(storage, "probe")
+        assert time.monotonic() - started < 5
+    proxy.strip_headers = set()
+    assert storage.list_keys("") == []

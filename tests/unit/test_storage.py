@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from regen.storage import Changed, KeyExists, LocalStorage, S3Storage, Storage, is_not_found, open_storage
+from regen.storage import (
+    Changed,
+    KeyExists,
+    LocalStorage,
+    S3Storage,
+    Storage,
+    check_writable,
+    is_not_found,
+    open_storage,
+)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -234,3 +243,36 @@ def test_a_stamp_changes_when_a_file_is_written_again_with_other_bytes(storage: 
     with pytest.raises(Exception) as missing:
         storage.stamp("v/train/missing.parquet")
     assert is_not_found(missing.value)
+
+
+def test_a_local_root_without_hard_links_or_flock_or_whose_creates_overwrite_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plan's probe: a file system that refuses links or locks fails in seconds naming what it lacks, not every task
+    after plan with a raw error; a store whose create overwrites is named too."""
+    import errno
+    import fcntl
+
+    import regen.storage.local as local
+
+    storage = LocalStorage(tmp_path / "root")
+    check_writable(storage, "probe")
+
+    def refused(*args: Any) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    for module, name in ((local.os, "link"), (fcntl, "flock")):
+        with monkeypatch.context() as patched:
+            patched.setattr(module, name, refused)
+            with pytest.raises(
+                PermissionError, match=r"conditional writes fail \(.*Operation not permitted\).*hard links"
+            ):
+                check_writable(storage, "probe")
+
+    class Overwriting(LocalStorage):
+        def create(self, key: str, data: bytes) -> str:
+            return self.put_bytes(key, data)
+
+    with pytest.raises(PermissionError, match=r"a create over an existing key replaced it"):
+        check_writable(Overwriting(tmp_path / "root"), "probe")
+    assert storage.list_keys("") == []
