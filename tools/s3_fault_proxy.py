@@ -6,6 +6,9 @@ Each request is forwarded whole to the upstream (method, path, query, headers, b
 - 500 InternalError and 503 SlowDown, with S3's XML error body, before the upstream sees the request;
 - a connection reset: the request is forwarded, then the connection is dropped without an answer, so the client
   cannot know whether its write landed (it must retry, and a retried PUT must be harmless).
+Faults at a chosen request too: `drop_replies` (tests set it) lists (method, path suffix) pairs; the next request
+matching one lands and loses its reply (a connection reset, counted as one), and the pair is used up. And a store
+that ignores some request headers: `strip_headers` (lower case) are never forwarded.
 Draws come from one seeded stream, so a run is repeatable. `GET /__faults` reports what was injected. An outage:
 `down` set (tests set the attribute) answers every request 503 until it is cleared.
 """
@@ -46,6 +49,8 @@ class FaultProxy:
         self.injected: Counter[str] = Counter()
         self.forwarded = 0
         self.down = False  # an outage: every request answered 503, none forwarded
+        self.drop_replies: list[tuple[str, str]] = []  # (method, path suffix): the next such reply is dropped
+        self.strip_headers: set[str] = set()  # request headers (lower case) never forwarded: a store ignoring them
         self.session: aiohttp.ClientSession | None = None
 
     def draw(self) -> str | None:
@@ -53,10 +58,18 @@ class FaultProxy:
             return None
         return self.rng.choice(("500", "503", "reset"))
 
+    def chosen(self, request: web.Request) -> str | None:
+        """A reset for the first request matching a pair of `drop_replies` (the pair used up), else None."""
+        for pair in self.drop_replies:
+            if request.method == pair[0] and request.path.endswith(pair[1]):
+                self.drop_replies.remove(pair)
+                return "reset"
+        return None
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.path == "/__faults":
             return web.json_response({"injected": dict(self.injected), "forwarded": self.forwarded})
-        fault = "outage" if self.down else self.draw()
+        fault = "outage" if self.down else self.chosen(request) or self.draw()
         body = await request.read()
         if fault == "outage":
             self.injected[fault] += 1
@@ -66,7 +79,8 @@ class FaultProxy:
             status = int(fault)
             return web.Response(status=status, body=error_body(status, request.path), content_type="application/xml")
         assert self.session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"host"}}
+        kept_back = HOP_BY_HOP | {"host"} | self.strip_headers
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in kept_back}
         async with self.session.request(
             request.method, self.upstream + request.path_qs, headers=headers, data=body, allow_redirects=False
         ) as upstream:

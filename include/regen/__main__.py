@@ -1,7 +1,8 @@
 """`regen verify | check-config | plan | config-reference` (or `python -m regen ...`, in the project's venv).
 
 `verify <manifest URI | dataset/version | dataset>`: is a published version whole and right? `check-config [PATH]`:
-is the config valid (every problem one line, exit 2)? `plan [--conf JSON]`: what a run's conf would run, without
+is the config valid (every problem one line, exit 2)? With `--probe-storage`, does its storage root take writes,
+conditional ones included (plan's probe)? `plan [--conf JSON]`: what a run's conf would run, without
 running it. `config-reference`: the configuration reference page, from the config models.
 
 `verify` streams every file the manifest names (sha256 and size), reads every training record (prompt + output, mask
@@ -30,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check-config", help="validate a config file: every problem one line, exit 2")
     check.add_argument("path", nargs="?", type=Path, help="the config file (default: $REGEN_CONFIG or the project's)")
+    check.add_argument(
+        "--probe-storage",
+        action="store_true",
+        help="also probe defaults.storage_root as plan does: it takes a write, refuses a create over an existing key "
+        "and a stale If-Match (S3: boto3's usual credentials)",
+    )
     plan = commands.add_parser("plan", help="what a run's conf would run (datasets, sizes, endpoints), not running it")
     plan.add_argument("--conf", default="{}", help="the run's conf as JSON, as given at trigger (default: {})")
     plan.add_argument("--config", type=Path, help="the config file (default: $REGEN_CONFIG or the project's)")
@@ -51,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     install_log_redaction()  # no login or key in what the CLI logs (regen.redaction)
     if args.command == "check-config":
-        return _check_config(args.path or config_path())
+        return _check_config(args.path or config_path(), args.probe_storage)
     if args.command == "plan":
         return _plan(args.conf, args.config or config_path(), args.run_id)
     if args.command == "config-reference":
@@ -80,12 +87,24 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_config(path: Path) -> int:
+def _check_config(path: Path, probe_storage: bool = False) -> int:
     config, problems = config_problems(path)
     for problem in problems:
         print(f"regen check-config: {problem}", file=sys.stderr)
     if config is None or problems:
         return 2
+    if probe_storage:
+        import uuid
+
+        from regen.layout import write_check_key
+        from regen.storage import check_writable, open_storage
+
+        try:
+            storage = open_storage(config.storage_root)
+            check_writable(storage, write_check_key(config.defaults.profile, uuid.uuid4().hex))
+        except (PermissionError, ValueError) as e:
+            print(f"regen check-config: {e}", file=sys.stderr)
+            return 2
     summary = config_summary(config)
     print(f"{path}: valid; {len(summary['datasets'])} datasets, {len(summary['profiles'])} profiles")
     print(json.dumps(summary, indent=1))

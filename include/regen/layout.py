@@ -44,6 +44,12 @@ REPORT_PLOTS = (
     "lengths.png",
     "verdicts.png",
 )  # the plots report.html shows (regen.stages.publish.dataset_report draws them)
+# Files of a version's folder (keys relative to it) besides those its manifest lists: the bookkeeping that makes each
+# stage idempotent, and the claim. Anything else there that the manifest does not list is a stray the verifier names.
+BOOKKEEPING = re.compile(
+    r"(manifest\.json|writer\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json"
+    r"|reports/shard-\d+(\.generate|\.validate)?\.json)"
+)
 # What a version's page may be asked to serve to a signed-in user: the manifest and the dataset report, nothing else.
 VIEWABLE_FILES = (MANIFEST, *REPORT_FILES, *REPORT_PLOTS)
 

@@ -7,7 +7,8 @@ the train and truncated splits and checks the invariants a trainer relies on:
 - the loss mask is 0 over the prompt and 1 over the output;
 - every id is inside the vocabulary;
 - a kept (`ok`) record ends with an EOS id;
-- each split holds the records the manifest counts.
+- each split holds the records the manifest counts (every shard's train/ file, and train/ and truncated/ in all);
+and it names every file in the version's folder that the manifest does not list (bookkeeping aside).
 
 `verify_manifest` does the same for a manifest not written yet: the DAG's verify_dataset task reads a finished
 version back before publish writes its manifest, so no manifest names data that was not read back whole.
@@ -22,6 +23,7 @@ import hashlib
 import json
 import logging
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +32,7 @@ from typing import Any, cast
 import numpy as np
 
 from regen.errors import FinalError
-from regen.layout import MANIFEST, DatasetLocation, latest_key
+from regen.layout import BOOKKEEPING, MANIFEST, SPLITS, DatasetLocation, latest_key
 from regen.reasons import OK
 from regen.storage import Storage, get_json, is_not_found, open_storage
 
@@ -50,6 +52,7 @@ class Verification:
     bytes_read: int = 0
     records_checked: int = 0
     bad_files: set[str] = field(default_factory=set)  # missing or not as listed: nothing is compared with them
+    split_records: Counter[str] = field(default_factory=Counter)  # records read, per split
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -127,7 +130,9 @@ class VersionFolder:
     """A version's files where its manifest lies: the manifest's keys (relative to the root it was published in,
     `{profile}/{dataset}/{version}/...`) are read relative to the manifest's own folder."""
 
-    KEYED = frozenset("uri exists get_bytes get_file size iter_chunks open content_id list_keys folders glob".split())
+    KEYED = frozenset(
+        "uri exists get_bytes get_file size iter_chunks open content_id stamp list_keys folders glob".split()
+    )
 
     def __init__(self, storage: Storage, prefix: str) -> None:
         self.storage, self.prefix = storage, prefix.rstrip("/") + "/"
@@ -152,7 +157,25 @@ def verify_version(
         manifest, storage = read_manifest(manifest_uri, s3_client, manifest_sha256)
     except VerificationFailed as e:
         return Verification(manifest_uri, {}, problems=[str(e)])
-    return verify_manifest(manifest, storage, records, manifest_uri)
+    result = verify_manifest(manifest, storage, records, manifest_uri)
+    result.problems += _unlisted(manifest, storage)
+    return result
+
+
+def _unlisted(manifest: dict[str, Any], storage: Storage) -> list[str]:
+    """The files in the version's folder that the manifest does not list (its bookkeeping aside), as one problem."""
+    location = DatasetLocation(manifest["root"], manifest["profile"]["name"], manifest["dataset"], manifest["version"])
+    folder = location.prefix + "/"
+    strays = [
+        f"{folder}{name}"
+        for name in storage.list_keys(folder)  # relative to the version's folder (a VersionFolder's listing)
+        if f"{folder}{name}" not in manifest["files"] and not BOOKKEEPING.fullmatch(name)
+    ]
+    if not strays:
+        return []
+    more = f" and {len(strays) - MAX_PROBLEMS_PER_FILE} more" if len(strays) > MAX_PROBLEMS_PER_FILE else ""
+    listed = ", ".join(strays[:MAX_PROBLEMS_PER_FILE])
+    return [f"{len(strays)} files in the version's folder are not listed in the manifest: {listed}{more}"]
 
 
 def verify_manifest(
@@ -175,6 +198,11 @@ def verify_manifest(
             if _check_file(storage, key, files[key], sizes.get(key), keep, result) and keep is not None:
                 _check_records(storage, manifest, key, keep, counted.get(key), result)
                 keep.unlink()
+    splits = (manifest.get("splits") or {}) if records else {}  # a draft manifest has none yet
+    for split, expected in splits.items():
+        whole = not any(f"/{split}/" in key for key in result.bad_files)  # a bad file is named already
+        if split in SPLITS and whole and (held := result.split_records[split]) != expected:
+            result.problems.append(f"{split}/ holds {held} records, manifest says {expected}")
     return result
 
 
@@ -283,6 +311,7 @@ def _check_records(
         rows = (sample_ids, values, starts, lengths, prompt_len)
         problems += _against_sources(storage, manifest, key, rows, result.bad_files)
     result.records_checked += table.num_rows
+    result.split_records[next(s for s in SPLITS if f"/{s}/" in key)] += table.num_rows
     result.problems += [f"{key}: {problem}" for problem in problems]
 
 

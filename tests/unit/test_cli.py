@@ -107,3 +107,35 @@ def test_plan_fails_when_shard_tasks_exceed_the_fleet_pool(tmp_path: Path) -> No
         RunSpec.from_params({}, "manual__1", config)
     wider = load_config(write(tmp_path, "datasets: {a: {paths: [x]}}\ndefaults: {shard_tasks: 2, fleet_pool_slots: 4}"))
     assert RunSpec.from_params({}, "manual__1", wider).concurrency == 128  # a pool shared with another DAG is fine
+
+
+def test_check_config_probes_the_storage_root_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--probe-storage` runs plan's probe of defaults.storage_root: a file system without hard links is named, in
+    one line, exit 2; a good root passes and keeps nothing of the probe."""
+    import errno
+
+    import yaml
+
+    import regen.storage.local as local
+    from tests.conftest import project_config_in
+
+    folder = tmp_path / "deployment"
+    folder.mkdir()
+    path = project_config_in(folder, allowed_storage_roots=[str(tmp_path)])
+    raw = yaml.safe_load(path.read_text())
+    raw["defaults"]["storage_root"] = str(tmp_path / "root")
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["check-config", str(path), "--probe-storage"]) == 0
+    assert [p for p in (tmp_path / "root").rglob("*") if p.is_file()] == []
+    capsys.readouterr()
+
+    def no_links(*args: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(local.os, "link", no_links)
+    assert main(["check-config", str(path), "--probe-storage"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"regen check-config: storage root {tmp_path / 'root'}: conditional writes fail (")
+    assert "hard links and flock on a local file system" in line

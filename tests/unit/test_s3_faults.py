@@ -4,6 +4,7 @@ botocore's retries the version lands exactly once and verifies clean. A user's S
 
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from regen.config import load_config
 from regen.layout import DatasetLocation
 from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.stages.publish.publish import run_publish
-from regen.storage import S3Storage, check_writable, s3_client_config
+from regen.storage import Changed, KeyExists, S3Storage, check_writable, s3_client_config
 from regen.verify import verify_version
 from tests.conftest import Simulator, finish_shards
 from tools.devstack import free_port, wait_until
@@ -72,6 +73,7 @@ def test_a_version_published_through_s3_faults_lands_exactly_once_and_verifies_c
         PrepareSettings(shard_size=20, limit=None, resolve_path=config.resolve, workers=1),
     )
     finish_shards(prepared.shards, storage, renderer, simulator.url)
+    proxy.drop_replies.append(("PUT", f"/{location.manifest}"))  # the manifest lands, its writer never hears it
     big = tmp_path / "big.bin"
     big.write_bytes(bytes(range(256)) * (9 * 4096 + 7))  # a multipart upload through the faults too
     assert storage.put_file("extra/big.bin", big) == S3Storage("faults", "runs", client(s3_endpoint)).put_file(
@@ -88,6 +90,38 @@ def test_a_version_published_through_s3_faults_lands_exactly_once_and_verifies_c
     assert set(manifest["files"]) <= set(held)
     assert [key for key in held if key not in manifest["files"] and not BOOKKEEPING.search(key)] == []  # no strays
     assert proxy.injected["500"] > 0 and proxy.injected["503"] > 0 and proxy.injected["reset"] > 0, proxy.injected
+    assert proxy.drop_replies == []  # the manifest's create was hit
+
+
+@pytest.fixture(scope="module")
+def exact(s3_endpoint: str) -> Iterator[tuple[FaultProxy, str]]:
+    """The proxy with no random faults: only the replies a test chooses are dropped."""
+    port = free_port()
+    proxy, stop = run_in_thread(s3_endpoint, port, fault_rate=0.0)
+    yield proxy, f"http://127.0.0.1:{port}"
+    stop()
+
+
+def test_a_conditional_write_whose_reply_is_lost_is_known_by_its_writer(
+    s3_endpoint: str, exact: tuple[FaultProxy, str]
+) -> None:
+    """A conditional PUT lands, its reply is lost, botocore retries and is refused (412) by the object it wrote
+    itself: its writer must be told it succeeded, and every other writer still refused."""
+    proxy, url = exact
+    client(s3_endpoint).create_bucket(Bucket="lost-replies")
+    storage = S3Storage("lost-replies", "x", client(url))
+    proxy.drop_replies.append(("PUT", "/v/manifest.json"))
+    assert storage.create("v/manifest.json", b"mine") == hashlib.sha256(b"mine").hexdigest()
+    assert proxy.drop_replies == [] and proxy.injected["reset"] == 1
+    with pytest.raises(KeyExists):
+        storage.create("v/manifest.json", b"theirs")
+    _, tag = storage.get_tagged("v/manifest.json")
+    proxy.drop_replies.append(("PUT", "/v/manifest.json"))
+    storage.replace("v/manifest.json", b"mine again", tag)  # If-Match: the retry finds the ETag it made
+    assert proxy.drop_replies == [] and storage.get_bytes("v/manifest.json") == b"mine again"
+    with pytest.raises(Changed):
+        storage.replace("v/manifest.json", b"stale", tag)
+    assert storage.get_bytes("v/manifest.json") == b"mine again"
 
 
 def test_a_missing_bucket_is_named(s3_endpoint: str) -> None:
@@ -137,3 +171,24 @@ def test_outside_airflow_the_client_takes_botocores_retry_variables_or_the_confi
     monkeypatch.setenv("AWS_RETRY_MODE", "legacy")
     with pytest.raises(ValueError, match=r"AWS_RETRY_MODE / AWS_MAX_ATTEMPTS: retry_mode: .*standard or adaptive"):
         default_s3_client()
+
+
+def test_a_store_that_ignores_conditional_headers_is_named_in_seconds(
+    s3_endpoint: str, exact: tuple[FaultProxy, str]
+) -> None:
+    """An S3-compatible store that ignores If-None-Match or If-Match would turn claims and the manifest's create into
+    overwrites: plan's probe of the root names the store and what it lacks, and leaves nothing behind."""
+    import time
+
+    proxy, url = exact
+    client(s3_endpoint).create_bucket(Bucket="unconditional")
+    storage = S3Storage("unconditional", "x", client(url))
+    check_writable(storage, "probe")  # a store that honours both
+    for header in ("If-None-Match", "If-Match"):
+        proxy.strip_headers = {header.lower()}
+        started = time.monotonic()
+        with pytest.raises(PermissionError, match=rf"^storage root s3://unconditional/x: .* ignores {header}\)"):
+            check_writable(storage, "probe")
+        assert time.monotonic() - started < 5
+    proxy.strip_headers = set()
+    assert storage.list_keys("") == []

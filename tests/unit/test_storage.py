@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from regen.storage import Changed, KeyExists, LocalStorage, S3Storage, Storage, is_not_found, open_storage
+from regen.storage import (
+    Changed,
+    KeyExists,
+    LocalStorage,
+    S3Storage,
+    Storage,
+    check_writable,
+    is_not_found,
+    open_storage,
+)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -197,3 +206,73 @@ def test_of_writers_replacing_what_they_read_at_once_exactly_one_wins(tmp_path: 
         assert len(winners) == 1, (round_, winners)
         assert storage.get_bytes("v/latest.json") == f"round {round_} writer {winners[0]} ".encode() * 500
     assert storage.list_keys("v/") == ["v/latest.json"]  # no temporary file left behind
+
+
+def test_a_local_create_whose_link_landed_but_was_reported_as_existing_is_its_writers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NFS a LINK whose reply is lost is sent again and answered EEXIST by the link it made itself (open(2):
+    check the staged file is the one now in place). Its writer succeeds; another writer is still refused."""
+    import os
+
+    import regen.storage.local as local
+
+    storage = LocalStorage(tmp_path / "root")
+    real_link = os.link
+
+    def link_then_lose_the_reply(src: str, dst: Path) -> None:
+        real_link(src, dst)
+        raise FileExistsError(17, "File exists", str(dst))
+
+    monkeypatch.setattr(local.os, "link", link_then_lose_the_reply)
+    assert storage.create("v/manifest.json", b"mine") == hashlib.sha256(b"mine").hexdigest()
+    monkeypatch.setattr(local.os, "link", real_link)
+    with pytest.raises(KeyExists):
+        storage.create("v/manifest.json", b"theirs")
+    assert storage.get_bytes("v/manifest.json") == b"mine" and storage.list_keys("v/") == ["v/manifest.json"]
+
+
+def test_a_stamp_changes_when_a_file_is_written_again_with_other_bytes(storage: Storage) -> None:
+    """What publish compares with what the verifier read, without reading the file again: size and S3's ETag, or a
+    local file's inode and time."""
+    storage.put_bytes("v/train/a.parquet", b"1234")
+    size, tag = storage.stamp("v/train/a.parquet")
+    assert size == 4 and storage.stamp("v/train/a.parquet") == (size, tag)
+    storage.put_bytes("v/train/a.parquet", b"4321")
+    assert storage.stamp("v/train/a.parquet")[0] == 4 and storage.stamp("v/train/a.parquet")[1] != tag
+    with pytest.raises(Exception) as missing:
+        storage.stamp("v/train/missing.parquet")
+    assert is_not_found(missing.value)
+
+
+def test_a_local_root_without_hard_links_or_flock_or_whose_creates_overwrite_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plan's probe: a file system that refuses links or locks fails in seconds naming what it lacks, not every task
+    after plan with a raw error; a store whose create overwrites is named too."""
+    import errno
+    import fcntl
+
+    import regen.storage.local as local
+
+    storage = LocalStorage(tmp_path / "root")
+    check_writable(storage, "probe")
+
+    def refused(*args: Any) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    for module, name in ((local.os, "link"), (fcntl, "flock")):
+        with monkeypatch.context() as patched:
+            patched.setattr(module, name, refused)
+            with pytest.raises(
+                PermissionError, match=r"conditional writes fail \(.*Operation not permitted\).*hard links"
+            ):
+                check_writable(storage, "probe")
+
+    class Overwriting(LocalStorage):
+        def create(self, key: str, data: bytes) -> str:
+            return self.put_bytes(key, data)
+
+    with pytest.raises(PermissionError, match=r"a create over an existing key replaced it"):
+        check_writable(Overwriting(tmp_path / "root"), "probe")
+    assert storage.list_keys("") == []

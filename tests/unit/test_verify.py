@@ -94,6 +94,30 @@ def test_records_that_break_an_invariant_are_found_even_when_their_checksums_mat
     assert "2 records whose" in sent and rows[0]["id"] in sent and rows[2]["id"] in sent, sent  # output, prompt
 
 
+def test_split_counts_and_files_the_manifest_does_not_list_are_named(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    """The manifest's truncated/ count is checked against the records read, and every file in the version's folder
+    that the manifest does not list (bookkeeping aside) is named, records or files only."""
+    path, manifest = copy_version(tmp_path, published)
+    truncated = manifest["splits"]["truncated"]
+    manifest["splits"]["truncated"] = truncated + 1
+    path.write_text(json.dumps(manifest))
+    assert verify_version(str(path)).problems == [
+        f"truncated/ holds {truncated} records, manifest says {truncated + 1}"
+    ]
+    manifest["splits"]["truncated"] = truncated
+    path.write_text(json.dumps(manifest))
+    folder = path.parent
+    (folder / "train" / "shard-00099.parquet").write_bytes(b"not listed")
+    (folder / "notes.txt").write_text("not listed either")
+    prefix = str(folder.relative_to(manifest["root"]))
+    stray = f"2 files in the version's folder are not listed in the manifest: {prefix}/notes.txt, {prefix}/train/"
+    for records in (True, False):
+        [problem] = verify_version(str(path), records=records).problems
+        assert problem == stray + "shard-00099.parquet"
+
+
 def to_s3(
     s3_client: Any, tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
 ) -> tuple[str, S3Storage]:
@@ -315,6 +339,27 @@ def test_publish_refuses_data_that_changed_after_it_was_verified(
         assert Path(manifest_uri).read_bytes() == before
     finally:
         storage.delete(extra)
+
+
+def test_a_file_written_again_after_it_was_verified_is_never_published(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    """The shard manifests still name the sha256 the verifier read, but the file under them was written again (a
+    task of an earlier try still writing): with a fresh size, with its size unchanged, or even with the very bytes
+    read. Publish refuses each; once verified again, the manifest names exactly the bytes the verifier read."""
+    prepared, storage = prepare_sample(tmp_path, renderer, "B2_opencodeinstruct", 30)
+    finish_shards(prepared.shards, storage, renderer, simulator.url)
+    verified = verify_contents(prepared, storage)
+    train = Path(storage.uri(prepared.shards[0].keys.split("train")))
+    body = train.read_bytes()
+    for rewritten in (body + b"\0", body[:100] + bytes([body[100] ^ 1]) + body[101:], body):
+        train.write_bytes(rewritten)
+        with pytest.raises(ChangedSinceVerified, match="changed after they were verified"):
+            run_publish(prepared, storage, fleet=[], verified=verified)
+        assert not storage.exists(prepared.location.manifest)
+    published = run_publish(prepared, storage, fleet=[], verified=verify_contents(prepared, storage))
+    result = verify_version(published["manifest"])
+    assert result.problems == [] and result.manifest["sizes"][str(train.relative_to(storage.root))] == len(body)
 
 
 def test_latest_json_pins_the_manifest_by_its_sha256(published: tuple[PreparedDataset, LocalStorage, str]) -> None:

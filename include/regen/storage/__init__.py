@@ -110,8 +110,9 @@ class Locator:
 
 
 def check_writable(storage: Storage, key: str) -> None:
-    """Write and delete a small object: a storage root that cannot take the run's output fails now, not after the
-    GPUs did the work."""
+    """Write and delete a small object, then check the conditional writes claims and manifests rely on: a storage
+    root that cannot take the run's output, or takes it unconditionally, fails now, not after the GPUs did the
+    work."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -119,3 +120,35 @@ def check_writable(storage: Storage, key: str) -> None:
         storage.delete(key)
     except (OSError, ValueError, BotoCoreError, ClientError) as e:
         raise PermissionError(explain_s3_error(storage.root_uri, e)) from e
+    if lacking := _conditional_writes_lacking(storage, key):
+        raise PermissionError(
+            f"storage root {storage.root_uri}: {lacking}; one writer per version (claims) and the manifest's "
+            "create need conditional writes: If-None-Match and If-Match on S3 (AWS S3, MinIO), hard links and "
+            "flock on a local file system"
+        )
+
+
+def _conditional_writes_lacking(storage: Storage, key: str) -> str | None:
+    """What the store lacks of a refused create over an existing key and a refused replace of a stale tag (a store
+    that ignores the headers turns both into overwrites), or None."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        storage.create(key, b"first\n")
+        try:
+            try:
+                storage.create(key, b"second\n")
+                return "a create over an existing key replaced it (the store ignores If-None-Match)"
+            except KeyExists:
+                pass
+            _, stale = storage.get_tagged(key)
+            storage.replace(key, b"third\n", stale)
+            try:
+                storage.replace(key, b"fourth\n", stale)
+                return "a replace of a stale tag replaced it (the store ignores If-Match)"
+            except Changed:
+                return None
+        finally:
+            storage.delete(key)
+    except (OSError, BotoCoreError, ClientError) as e:  # a store that rejects the headers; no links or flock
+        return f"conditional writes fail ({e})"

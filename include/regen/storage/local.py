@@ -60,6 +60,13 @@ def _file_mode() -> int:
 FILE_MODE = _file_mode()
 
 
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except FileNotFoundError:
+        return False
+
+
 @contextlib.contextmanager
 def _folder_locked(folder: Path) -> Iterator[None]:
     """The folder held under an exclusive flock (threads and processes alike: each open is its own lock). The
@@ -122,7 +129,10 @@ class LocalStorage:
         try:
             os.link(tmp, target)
         except FileExistsError:
-            raise KeyExists(f"{target} exists already") from None
+            # On NFS a LINK whose reply was lost is sent again and refused by the link it made: the file in place is
+            # then the staged one itself (the check open(2) gives), and this writer's.
+            if not _same_file(tmp, target):
+                raise KeyExists(f"{target} exists already") from None
         finally:
             Path(tmp).unlink(missing_ok=True)
         return digest
@@ -237,6 +247,12 @@ class LocalStorage:
     def content_id(self, key: str) -> str:
         """The file's sha256."""
         return sha256_file(self._path(key))
+
+    def stamp(self, key: str) -> tuple[int, str]:
+        """The file's size, and its inode and modification time: every write makes a new file (renamed or linked
+        into place) at a new time, so a file written again has another stamp, read without reading it."""
+        stat = self._path(key).stat()
+        return stat.st_size, f"{stat.st_ino}:{stat.st_mtime_ns}"
 
     def folders(self, prefix: str) -> list[str]:
         """The names of the folders directly under `prefix` (a key ending in `/`), sorted."""

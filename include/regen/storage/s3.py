@@ -9,6 +9,7 @@ import glob
 import hashlib
 import io
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -84,6 +85,12 @@ def explain_s3_error(root_uri: str, error: Exception) -> str:
 
 
 CONDITION_FAILED = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+WRITER = "regen-writer"  # metadata of a conditionally written object: the one write that made it
+
+
+def _condition_failed(error: Exception) -> bool:
+    response = getattr(error, "response", None) or {}
+    return response.get("Error", {}).get("Code") in CONDITION_FAILED
 
 
 @contextlib.contextmanager
@@ -143,20 +150,46 @@ class S3Storage:
         one key exactly one succeeds, and the other gets KeyExists."""
         from botocore.exceptions import ClientError
 
+        try:
+            return self._put_conditionally(key, data, IfNoneMatch="*")
+        except ClientError as e:
+            if _condition_failed(e):
+                raise KeyExists(f"{self.uri(key)} exists already") from None
+            raise
+
+    def _put_conditionally(self, key: str, data: bytes, **condition: str) -> str:
+        """A PUT under `condition`, its object marked with a writer id of this call's own. A PUT that lands but whose
+        reply is lost (a dropped connection) is retried by botocore, and the retry is refused by the very object it
+        wrote: a refusal is this write's success when the object there is its own."""
+        from botocore.exceptions import ClientError
+
         digest = hashlib.sha256(data)
+        writer = uuid.uuid4().hex
         try:
             self.client.put_object(
                 Bucket=self.bucket,
                 Key=self._key(key),
                 Body=data,
                 ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
-                IfNoneMatch="*",
+                Metadata={WRITER: writer},
+                **condition,
             )
         except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
-                raise KeyExists(f"{self.uri(key)} exists already") from None
-            raise
+            if not (_condition_failed(e) and self._written_by(key, writer)):
+                raise
         return digest.hexdigest()
+
+    def _written_by(self, key: str, writer: str) -> bool:
+        """Whether the object at the key was made by the write `writer`."""
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as e:
+            if is_not_found(e):
+                return False
+            raise
+        return bool(head.get("Metadata", {}).get(WRITER) == writer)
 
     def get_bytes(self, key: str) -> bytes:
         return bytes(self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read())
@@ -170,16 +203,8 @@ class S3Storage:
     def replace(self, key: str, data: bytes, tag: str) -> str:
         """Written only if the object still has the ETag read (`If-Match`), else Changed: of two writers that read
         one object, exactly one replaces it."""
-        digest = hashlib.sha256(data)
         with _changed_on_precondition(self.uri(key)):
-            self.client.put_object(
-                Bucket=self.bucket,
-                Key=self._key(key),
-                Body=data,
-                ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
-                IfMatch=tag,
-            )
-        return digest.hexdigest()
+            return self._put_conditionally(key, data, IfMatch=tag)
 
     def delete_if(self, key: str, tag: str) -> None:
         """Deleted only if the object still has the ETag read (`If-Match` on DELETE), else Changed."""
@@ -252,6 +277,12 @@ class S3Storage:
         """The object's ETag (S3 computes it from the content) and size."""
         head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         return f"etag:{head['ETag'].strip(chr(34))}:{head['ContentLength']}"
+
+    def stamp(self, key: str) -> tuple[int, str]:
+        """The object's size, and its ETag: what changes whenever it is written with other bytes, read without
+        reading them (one HEAD)."""
+        head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        return int(head["ContentLength"]), str(head["ETag"])
 
     def folders(self, prefix: str) -> list[str]:
         """The names of the folders directly under `prefix` (a key ending in `/`), sorted: one listing with a

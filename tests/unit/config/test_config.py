@@ -121,6 +121,23 @@ def test_plan_refuses_a_storage_root_that_takes_no_writes(tmp_path: Path) -> Non
     assert list((tmp_path / "ok").rglob("*.write-check-*")) == []  # the probe cleans up after itself
 
 
+@pytest.mark.usefixtures("tmp_roots_allowed")
+def test_plan_refuses_a_storage_root_without_conditional_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims and the manifest's create rely on them: a root without them fails plan (not retried), naming it."""
+    import errno
+
+    import regen.storage.local as local
+
+    def no_links(*args: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(local.os, "link", no_links)
+    with pytest.raises(ConfigError, match=rf"storage root {tmp_path / 'root'}: conditional writes fail .*hard links"):
+        pipeline.plan({"storage_root": str(tmp_path / "root")}, "run")
+
+
 def test_make_demo_names_a_config_typo_in_one_short_message_before_starting_anything(tmp_path: Path) -> None:
     import os
     import subprocess

@@ -26,7 +26,7 @@ from regen.reasons import OK
 from regen.run_report import generation_cost
 from regen.sglang.served_model import fleet_seeds_honoured
 from regen.stages.publish.dataset_report import dataset_report, read_verdicts, write_dataset_report
-from regen.storage import KeyExists, Storage, get_json
+from regen.storage import KeyExists, Storage, get_json, is_not_found
 from regen.verify import verify_manifest
 from regen.version_inputs import record_published
 
@@ -67,9 +67,29 @@ def version_contents(prepared: PreparedDataset, storage: Storage) -> tuple[list[
     return shards, dict(sorted(data_files.items()))
 
 
-def contents_digest(data_files: dict[str, str]) -> str:
-    """One sha256 over every data file's key and sha256: what the verifier read is what publish writes out."""
-    return hashlib.sha256(json.dumps(sorted(data_files.items())).encode()).hexdigest()
+def contents_digest(data_files: dict[str, str], stamps: dict[str, tuple[int, str] | None]) -> str:
+    """One sha256 over every data file's key, sha256, size and stamp (`Storage.stamp`: S3's ETag, a local file's inode
+    and time): what the verifier read is what publish writes out, or the digests differ."""
+    return hashlib.sha256(
+        json.dumps([[k, v, stamps.get(k)] for k, v in sorted(data_files.items())]).encode()
+    ).hexdigest()
+
+
+def stamps_of(storage: Storage, keys: list[str]) -> dict[str, tuple[int, str] | None]:
+    """Every file's size and stamp, asked of the storage (a HEAD each on S3, several at once); None for a file that is
+    not there."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def stamp(key: str) -> tuple[int, str] | None:
+        try:
+            return storage.stamp(key)
+        except Exception as e:
+            if is_not_found(e):
+                return None
+            raise
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return dict(zip(keys, pool.map(stamp, keys), strict=True))
 
 
 def shard_entries(shards: list[ShardManifest]) -> list[dict[str, Any]]:
@@ -113,12 +133,19 @@ def _verify(
     prepared: PreparedDataset, storage: Storage, shards: list[ShardManifest], data_files: dict[str, str]
 ) -> dict[str, Any]:
     location = prepared.location
+    # Stamped before and after they are read: publish then writes out exactly the bytes read, or refuses.
+    stamps = stamps_of(storage, list(data_files))
     result = verify_manifest(draft_manifest(prepared, shards, data_files), storage)
     result.check(f"{location.dataset} {location.version}", withheld="not published, ")
+    if changed := sorted(k for k, v in stamps_of(storage, list(data_files)).items() if v != stamps[k]):
+        raise ChangedSinceVerified(
+            f"{location.dataset} {location.version}: {', '.join(changed)} changed while they were verified; verify "
+            "again once nothing writes the version"
+        )
     return {
         "dataset": location.dataset,
         "version": location.version,
-        "contents": contents_digest(data_files),
+        "contents": contents_digest(data_files, stamps),
         "files": len(data_files),
         "bytes": result.bytes_read,
         "records_checked": result.records_checked,
@@ -158,13 +185,15 @@ def _write_manifest(
     storage: Storage,
     data_files: dict[str, str],
     verified: dict[str, Any],
+    sizes: dict[str, int],
     fleet: list[dict[str, Any]],
     sampling_params: dict[str, Any] | None,
     run_id: str | None,
     cost: dict[str, Any],
     overwrite: bool = False,
 ) -> tuple[bytes, dict[str, Any]]:
-    """The dataset's report, then the manifest naming every file with its sha256 and size: written last, and only
+    """The dataset's report, then the manifest naming every file with its sha256 and size (`sizes`: the data files'
+    as verified): written last, and only
     if no other publisher wrote it meanwhile (another with other data: VersionExists). Returns the manifest's bytes
     and the report."""
     location = prepared.location
@@ -205,7 +234,7 @@ def _write_manifest(
         "verified": {k: verified[k] for k in ("bytes", "records_checked", "verified_at")},
         "shards": shard_entries(shards),
         "files": data_files | report_files,
-        "sizes": sizes_of(storage, [*data_files, *report_files]),
+        "sizes": sizes | sizes_of(storage, list(report_files)),
     }
     body = json.dumps(manifest, indent=1).encode()
     if overwrite:
@@ -280,14 +309,16 @@ def run_publish(
     shards, data_files = version_contents(prepared, storage)
     if verified is None:
         verified = _verify(prepared, storage, shards, data_files)
-    if contents_digest(data_files) != verified["contents"]:
+    stamps = stamps_of(storage, list(data_files))
+    if contents_digest(data_files, stamps) != verified["contents"]:
         raise ChangedSinceVerified(
             f"{location.dataset} {location.version}: its files changed after they were verified; clear "
             "verify_dataset to verify them again"
         )
     body = _published_before(storage, location.manifest, data_files, overwrite)
     if body is None:
-        args = (verified, fleet, sampling_params, run_id, cost or {}, overwrite)
+        sizes = {k: v[0] for k, v in stamps.items() if v is not None}  # what the verifier read: all of them
+        args = (verified, sizes, fleet, sampling_params, run_id, cost or {}, overwrite)
         body, report = _write_manifest(prepared, shards, storage, data_files, *args)
     else:  # a retried publish: the version stands as it is, report included
         log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)
