@@ -23,12 +23,15 @@ ui: $(BIN)/.installed  ## Airflow's UI on http://127.0.0.1:8080 (admin/admin) wi
 	bash tools/prerequisites.sh postgres
 	$(BIN)/python tools/devstack.py ui
 
+# Tests wait on servers, schedulers and subprocesses more than they compute: more workers than cores keep the cores
+# busy (tests/conftest.py says how work is split between them).
+WORKERS ?= 3
 test: $(BIN)/.installed lint sglang-env  ## everything: unit, DAG and end-to-end tests
 	bash tools/prerequisites.sh postgres redis chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(WORKERS)
 
 test-fast: $(BIN)/.installed  ## the fast tier: no Airflow scheduler, no SGLang oracle
-	$(BIN)/python -m pytest -m "not e2e and not parity"
+	$(BIN)/python -m pytest -n 4 -m "not e2e and not parity"
 
 test-parity: $(BIN)/.installed sglang-env  ## production parity: prompts and answers against SGLang's own code
 	$(BIN)/python -m pytest -m parity
