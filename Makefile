@@ -23,9 +23,9 @@ ui: $(BIN)/.installed  ## Airflow's UI on http://127.0.0.1:8080 (admin/admin) wi
 	bash tools/prerequisites.sh postgres
 	$(BIN)/python tools/devstack.py ui
 
-# Tests wait on servers, schedulers and subprocesses more than they compute: more workers than cores keep the cores
-# busy (tests/conftest.py says how work is split between them).
-WORKERS ?= 3
+# One worker a core (tests/conftest.py says how work is split between them): the end-to-end tests start schedulers and
+# real servers of their own, and more workers than cores starve their timing.
+WORKERS ?= 2
 test: $(BIN)/.installed lint sglang-env  ## everything: unit, DAG and end-to-end tests
 	bash tools/prerequisites.sh postgres redis chromium
 	$(BIN)/python -m pytest -n $(WORKERS)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from typing import Any
 
 from aiohttp import ClientSession
 
-from tools.devstack import free_port
+from tests.loopback import OnLoopback
 
 MALFORMED = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1x2\r\nConnection: close\r\n\r\n{}"
 BAD_GATEWAY = b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 11\r\nConnection: close\r\n\r\nBad Gateway"
@@ -23,18 +22,14 @@ FAULTS = {"malformed": MALFORMED, "502": BAD_GATEWAY}
 OLD_NAMES = {"/server_info": "/get_server_info", "/model_info": "/get_model_info"}  # 404 to reach the new names
 
 
-class FaultyServer:
+class FaultyServer(OnLoopback):
     def __init__(self, target: str, route: str, fault: str, router: bool = False) -> None:
+        super().__init__()
         self.target, self.route, self.fault, self.router = target, route, FAULTS[fault], router
-        self.port = free_port()
         self.authorizations: list[tuple[str, str | None]] = []  # (path, its Authorization header)
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    async def listen(self) -> None:
+        await asyncio.start_server(self._handle, "127.0.0.1", self.port)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
@@ -61,21 +56,6 @@ class FaultyServer:
             if self.router and path in ("/get_server_info", "/server_info"):
                 data = json.dumps({**json.loads(data), "router_manager": True}).encode()
             return _json(data, answer.status)
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
-        self._ready.set()
-        self._loop.run_forever()
-
-    def __enter__(self) -> FaultyServer:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 def _json(data: Any, status: int = 200) -> bytes:

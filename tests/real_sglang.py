@@ -37,6 +37,14 @@ GET_WEATHER = {
         },
     },
 }
+CURRENCY = {  # a tool the tiny model never calls: with only it declared, the model answers in content
+    "type": "function",
+    "function": {
+        "name": "convert_currency",
+        "description": "Convert an amount between currencies",
+        "parameters": {"type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]},
+    },
+}
 
 
 def _serve(factory: pytest.TempPathFactory, profile: str) -> Iterator[RealServer]:

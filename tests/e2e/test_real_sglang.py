@@ -24,19 +24,11 @@ from regen.sglang.client import Generation, SGLangClient
 from regen.sglang.fleet import EndpointPool
 from regen.sglang.parity import PROVEN_SGLANG_VERSION
 from regen.sglang.server_check import ServerMismatch, check_fleet
-from tests.real_sglang import GET_WEATHER
+from tests.real_sglang import CURRENCY, GET_WEATHER
 from tools.real_sglang import RealServer, model_dir, real_server
 
 pytestmark = pytest.mark.e2e
 GREEDY = Sampling(temperature=0.0, max_new_tokens=96).as_params()
-CURRENCY = {
-    "type": "function",
-    "function": {
-        "name": "convert_currency",
-        "description": "Convert an amount between currencies",
-        "parameters": {"type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]},
-    },
-}
 CASES = {
     "no tools": None,
     "get_weather declared": [GET_WEATHER],

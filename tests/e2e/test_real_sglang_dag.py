@@ -15,20 +15,12 @@ import yaml
 
 from regen.storage import LocalStorage, read_table
 from tests.conftest import project_config_in, raw_answers
-from tests.real_sglang import GET_WEATHER
+from tests.real_sglang import CURRENCY, GET_WEATHER
 from tools.devstack import Stack
 from tools.real_sglang import RealServer, model_dir
 from tools.router import start_router
 
 pytestmark = pytest.mark.e2e
-CURRENCY = {
-    "type": "function",
-    "function": {
-        "name": "convert_currency",
-        "description": "Convert an amount between currencies",
-        "parameters": {"type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]},
-    },
-}
 CITIES = ("Paris", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Perth", "Dakar")
 
 

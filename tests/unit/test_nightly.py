@@ -21,7 +21,7 @@ from regen.version_inputs import dataset_inputs
 from tests.conftest import ROOT, Simulator, each_shard
 
 DATASET = "B1_glaive"
-SHARDS = 1000  # shards in one group, in the XCom test
+SHARDS = 300  # shards in one group, in the XCom test (what the group hands on must not grow with them)
 
 
 @pytest.fixture
@@ -220,11 +220,11 @@ def one_prompt_rows(path: Path, count: int) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def test_a_group_of_a_thousand_shards_passes_the_same_few_bytes_between_its_tasks(
+def test_a_group_of_hundreds_of_shards_passes_the_same_few_bytes_between_its_tasks(
     deployment: Path, simulator: Simulator
 ) -> None:
     """Each of generate, validate and export returns what the DAG's mapped task puts in XCom: the group's range,
-    its shards' manifests staying in storage, so one task's XCom is as small at 1,000 shards as at one."""
+    its shards' manifests staying in storage, so one task's XCom is as small at hundreds of shards as at one."""
     one_prompt_rows(deployment / "B1.jsonl", SHARDS)
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "shard_size": 1}, "a-thousand"))
     prepared = pipeline.prepare_dataset(run, DATASET)

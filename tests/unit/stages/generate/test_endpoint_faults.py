@@ -5,9 +5,7 @@ much of fails red, naming them, instead of publishing what is left (its rejected
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,46 +26,22 @@ from regen.stages.generate.generate import (
     run_generate,
 )
 from regen.storage import LocalStorage
-from tests.conftest import Simulator, free_port, prepare_sample, raw_answers, start_simulator
+from tests.conftest import Simulator, prepare_sample, raw_answers, start_simulator
+from tests.loopback import AppOnLoopback
 
 
-class FixedAnswer:
-    """A loopback HTTP server that answers every request with one status and body: a proxy's 404 page, a server
-    launched with a smaller context that refuses every prompt with a 400. Counts the /generate requests it got."""
+class FixedAnswer(AppOnLoopback):
+    """Answers every request with one status and body: a proxy's 404 page, a server launched with a smaller context
+    that refuses every prompt with a 400. Counts the /generate requests it got."""
 
     def __init__(self, status: int, body: str, content_type: str = "text/html") -> None:
+        super().__init__()
         self.status, self.body, self.content_type = status, body, content_type
-        self.port, self.generates = free_port(), 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self.generates = 0
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.Response:
         self.generates += request.path == "/generate"
         return web.Response(status=self.status, text=self.body, content_type=self.content_type)
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    def __enter__(self) -> FixedAnswer:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 NOT_FOUND = "<html><body><h1>404 Not Found</h1>nginx</body></html>"
