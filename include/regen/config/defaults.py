@@ -127,8 +127,8 @@ class Defaults(BaseModel):
         0.02,
         ge=0,
         le=1,
-        description="a shard whose server-side rejections (server_rejected, server_aborted, count_mismatch, "
-        "sample_timeout) pass this share of its samples fails red instead of publishing; one alone never does",
+        description="a shard whose samples the servers refused (server_rejected) past this share fails red instead "
+        "of publishing, naming the servers; one refusal alone never does",
     )
     fleet_wait_s: float = Field(
         120.0,

@@ -134,12 +134,14 @@ RECORD_FAULT_REASONS = {
 
 
 class TooManyServerRejections(FinalError):
-    """A shard whose server-side rejections pass `max_server_rejected_share`: the fleet is at fault, not the data, so
-    the shard fails red instead of publishing what is left. Its rejected samples are asked again by the next run."""
+    """A shard whose samples the servers refused (400) past `max_server_rejected_share`: the fleet is at fault, not
+    the data, so the shard fails red instead of publishing what is left. The next run asks those samples again."""
 
 
 def check_server_rejections(shard: ShardManifest, total: int, done: Checkpoints, share: float) -> None:
-    rejected = done.server_side()
+    """Refusals (400s) only: an abort, a count mismatch or a timeout that every attempt of a sample met is that
+    sample's, rejected with its own reason."""
+    rejected = {i: r for i, r in done.rejected.items() if r["reason"] == Reason.SERVER_REJECTED}
     if len(rejected) <= max(1, int(share * total)):  # one rejected prompt alone never fails a shard
         return
     reasons = Counter(r["reason"] for r in rejected.values())

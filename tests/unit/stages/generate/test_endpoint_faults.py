@@ -128,7 +128,7 @@ def test_a_shard_the_servers_reject_too_much_of_fails_red_and_a_mended_fleet_ans
         pytest.param(2, 0, 0.0, True, id="two-past-zero"),
         pytest.param(2, 0, 0.1, False, id="two-of-24-within-10pc"),
         pytest.param(3, 0, 0.1, True, id="three-of-24-past-10pc"),
-        pytest.param(1, 20, 0.0, False, id="prepare-side-reasons-not-counted"),
+        pytest.param(1, 20, 0.0, False, id="other-reasons-not-counted"),
     ],
 )
 def test_the_backstop_counts_server_side_rejections_only(
@@ -138,8 +138,9 @@ def test_the_backstop_counts_server_side_rejections_only(
     done = Checkpoints()
     for i in range(server_side):
         done.rejected[f"s{i}"] = {"reason": "server_rejected", "detail": "too long", "endpoint": "http://gpu-1"}
+    others = ["prompt_id_out_of_vocab", "sample_timeout", "count_mismatch", "server_aborted"]  # a sample's own
     for i in range(other):
-        done.rejected[f"o{i}"] = {"reason": "prompt_id_out_of_vocab", "detail": "id 9", "endpoint": "http://gpu-1"}
+        done.rejected[f"o{i}"] = {"reason": others[i % 4], "detail": "d", "endpoint": "http://gpu-1"}
     shard = ShardManifest(DatasetLocation("/data", "kimi-k2.5-mini", "D", "v1"), 0, "p", "sha", 24)
     if fails:
         with pytest.raises(TooManyServerRejections, match=r"http://gpu-1': " + str(server_side)):
