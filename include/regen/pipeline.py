@@ -258,21 +258,21 @@ def generate_group(
     """A group's shards (`shard_groups`) generated in turn, each one's manifest kept in storage for validate. The
     group again: what the next task reads, the same few bytes at any number of shards."""
     for shard in group_shards(run, group, s3_client):
-        _pass_on(run, generate_shard(run, shard, s3_client, api_keys), "generate", s3_client)
+        _keep_stage_manifest(run, generate_shard(run, shard, s3_client, api_keys), "generate", s3_client)
     return _range(group)
 
 
 def validate_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
     """A generated group's shards validated in turn, each one's manifest kept in storage for export; the group."""
-    for shard in _passed_on(run, group, "generate", s3_client):
-        _pass_on(run, validate_shard(run, shard, s3_client), "validate", s3_client)
+    for shard in _kept_stage_manifests(run, group, "generate", s3_client):
+        _keep_stage_manifest(run, validate_shard(run, shard, s3_client), "validate", s3_client)
     return _range(group)
 
 
 def export_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
     """A validated group's shards exported in turn (each writes its final manifest, reports/shard-*.json, which
     verify reads); the group."""
-    for shard in _passed_on(run, group, "validate", s3_client):
+    for shard in _kept_stage_manifests(run, group, "validate", s3_client):
         export_shard(run, shard, s3_client)
     return _range(group)
 
@@ -281,13 +281,13 @@ def _range(group: dict[str, Any]) -> dict[str, Any]:
     return {"dataset": group["dataset"], "first": group["first"], "count": group["count"]}
 
 
-def _pass_on(run: RunSpec, shard: dict[str, Any], stage: str, s3_client: S3ClientFactory | None) -> None:
+def _keep_stage_manifest(run: RunSpec, shard: dict[str, Any], stage: str, s3_client: S3ClientFactory | None) -> None:
     # Right after the stage's own claimed block: a run that lost the claim failed there and never gets here.
     manifest = ShardManifest.from_dict(shard)
     _storage(run, s3_client).put_bytes(manifest.keys.stage_manifest(stage), json.dumps(shard).encode())
 
 
-def _passed_on(
+def _kept_stage_manifests(
     run: RunSpec, group: dict[str, Any], stage: str, s3_client: S3ClientFactory | None
 ) -> list[dict[str, Any]]:
     """The manifests `stage` kept of a group's shards. Raises FinalError when one is missing: that stage's task
