@@ -35,7 +35,7 @@ OUTAGE_S = 30.0
 
 
 # Rejections that say more about the fleet than about the sample: until the shard is done, every try asks for them
-# again (a fleet mended between tries answers them), and a shard with too many of them fails (generate.py).
+# again (a fleet mended between tries answers them); a shard with too many refusals fails (generate.py).
 SERVER_SIDE = frozenset({Reason.SERVER_REJECTED, Reason.SERVER_ABORTED, Reason.COUNT_MISMATCH, Reason.SAMPLE_TIMEOUT})
 
 
@@ -60,13 +60,10 @@ class Checkpoints:
     def __len__(self) -> int:
         return len(self.answers) + len(self.rejected)
 
-    def server_side(self) -> dict[str, dict[str, Any]]:
-        return {i: r for i, r in self.rejected.items() if r["reason"] in SERVER_SIDE}
-
     def ask_again(self) -> list[str]:
         """Forgets the server-side rejections of earlier tries, and the later turns of their conversations that
         were rejected as unusable because of them, so that this try asks for them again; their ids."""
-        released = set(self.server_side())
+        released = {i for i, r in self.rejected.items() if r["reason"] in SERVER_SIDE}
         conversations = {sample_of(i) for i in released}
         released |= {
             i

@@ -44,13 +44,7 @@ from regen.rejections import RejectionWriter
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLangClient, TransientError
 from regen.sglang.fleet import EndpointPool, FleetUnavailable
-from regen.stages.generate.checkpoints import (
-    OUTAGE_S,
-    Checkpointer,
-    Checkpoints,
-    load_checkpoints,
-    rejection_line,
-)
+from regen.stages.generate.checkpoints import OUTAGE_S, Checkpointer, Checkpoints, load_checkpoints, rejection_line
 from regen.stages.generate.conversations import Conversations, longest_first
 from regen.stages.generate.progress import Progress
 from regen.storage import Storage, sha256_file
@@ -72,7 +66,7 @@ class GenerateSettings:
     fleet_wait_s: float = 120.0
     backoff_max_s: float = 30.0
     sample_timeouts: int = 2  # a sample that timed out this often, its endpoint answering others, is rejected
-    max_server_rejected_share: float = 0.02  # server-side rejections past this share of a shard fail it (red)
+    max_server_rejected_share: float = 0.02  # refusals (400s) past this share of a shard fail it (red)
     api_keys: ApiKeys = field(default=NO_KEYS, repr=False)
     vocab_size: int | None = None  # prompt ids must be below it; None: the prepared tokenizer's (run_generate)
 
@@ -144,11 +138,10 @@ def check_server_rejections(shard: ShardManifest, total: int, done: Checkpoints,
     rejected = {i: r for i, r in done.rejected.items() if r["reason"] == Reason.SERVER_REJECTED}
     if len(rejected) <= max(1, int(share * total)):  # one rejected prompt alone never fails a shard
         return
-    reasons = Counter(r["reason"] for r in rejected.values())
     endpoints = Counter(r.get("endpoint", "unknown") for r in rejected.values())
     raise TooManyServerRejections(
         f"{shard.location.dataset} {shard.name}: the servers rejected {len(rejected)} of {total} samples "
-        f"({dict(reasons)}), past max_server_rejected_share {share:.0%}; by endpoint: {dict(endpoints)}. Fix or "
+        f"(HTTP 400), past max_server_rejected_share {share:.0%}; by endpoint: {dict(endpoints)}. Fix or "
         "remove those endpoints and run again: these samples are asked again, the answers kept"
     )
 
