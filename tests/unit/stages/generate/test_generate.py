@@ -85,11 +85,15 @@ def test_answers_are_flushed_within_the_interval_even_when_no_more_arrive(tmp_pa
         checkpointer = Checkpointer(storage, shard, next_part=7, every=1000, seconds=0.02)
         flusher = asyncio.create_task(checkpointer.run(lambda: counts))
         checkpointer.add(b'{"id": "a", "output_ids": [1]}')
-        await asyncio.sleep(0.3)  # nothing else arrives
+        for _ in range(1000):  # nothing else arrives (1000 records would wake it): only the interval flushes it
+            if checkpointer.flushed:
+                break
+            await asyncio.sleep(0.01)
         after_lull = storage.list_keys("p/d/v1/raw/shard-00000/")
-        for n in range(MERGE_AFTER + 3):  # one part each: enough parts for a merge
+        for n in range(MERGE_AFTER + 3):  # one part each (the next waits for it): enough parts for a merge
             checkpointer.add(answer_line(f"s{n}"))
-            await asyncio.sleep(0.035)
+            while checkpointer.flushed < n + 2:  # a loaded machine may take longer than the interval
+                await asyncio.sleep(0.005)
         merged = storage.list_keys("p/d/v1/raw/shard-00000/")
         checkpointer.stop()
         await flusher
