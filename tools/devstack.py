@@ -367,7 +367,10 @@ class Stack:
             state = self.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
             return state if state in ("success", "failed") else None
 
-        return str(wait_until(f"run {run_id}", finished, timeout_s, poll_s=2))
+        try:
+            return str(wait_until(f"run {run_id}", finished, timeout_s, poll_s=2))
+        except TimeoutError as e:  # where it stands, for whoever reads the failure
+            raise TimeoutError(f"{e}; its tasks: {self.task_states(run_id)}") from None
 
     def task_states(self, run_id: str) -> list[tuple[str, int, str]]:
         """Every task instance's state, in the DAG's order (upstream first), mapped ones by index."""

@@ -482,44 +482,6 @@ def published_records(stack: Stack, report: dict[str, Any]) -> dict[str, dict[st
     return records
 
 
-def test_on_two_celery_workers_the_shards_are_shared_and_the_output_is_the_local_executors(
-    stack: Stack, finished_run: dict[str, Any]
-) -> None:
-    """Last in this module: it moves the stack to CeleryExecutor (the machine's Redis as broker, PostgreSQL as
-    metadata DB and result backend) with two workers, and runs what `finished_run` ran on LocalExecutor, in shards
-    small enough for both workers to share: one dataset, in four shards, prepared in two parts."""
-    stack.use_executor("CeleryExecutor")
-    conf = {
-        "datasets": ["B2_opencodeinstruct"],
-        "endpoints": [stack.simulator],
-        "storage_root": f"s3://{BUCKET}/celery",
-        "shard_size": 12,
-    }
-    run_id = stack.trigger(conf)
-    assert stack.wait_for_run(run_id, timeout_s=600) == "success", stack.task_states(run_id)
-
-    instances = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
-    shard_tasks = [t for t in instances["task_instances"] if t["task_id"].startswith("process_shard.")]
-    assert len(shard_tasks) == 12  # four shards, three stages each
-    assert {t["hostname"] for t in shard_tasks} == {"celery-1", "celery-2"}  # both Celery workers took shards
-    parts = [t for t in instances["task_instances"] if t["task_id"] == "prepare_part"]
-    assert sorted((t["rendered_map_index"], t["state"]) for t in parts) == [  # B2 was tokenised in two parts
-        ("B2_opencodeinstruct/part-00000", "success"),
-        ("B2_opencodeinstruct/part-00001", "success"),
-    ]
-
-    local = {
-        sample_id: record
-        for sample_id, record in published_records(stack, finished_run["report"]).items()
-        if record["dataset"] == "B2_opencodeinstruct"
-    }
-    distributed = published_records(stack, stack.xcom(run_id, "report"))
-    assert len(local) > 0 and sorted(distributed) == sorted(local)
-    for sample_id, record in local.items():
-        for column in ("input_ids", "loss_mask", "verdict", "finish_reason"):
-            assert distributed[sample_id][column] == record[column], (sample_id, column)
-
-
 def stop_and_delete(stack: Stack, run_id: str) -> None:
     """A run a test triggered, stopped (Airflow deletes no running run) and deleted. The scheduler may write the run
     at the same moment, which the API answers with a 500: the pair is tried again."""
@@ -612,3 +574,41 @@ def test_a_login_in_an_endpoint_url_reaches_the_server_and_nothing_the_run_leave
         texts.append(body.decode("utf-8", "replace"))
     leaks = [text[max(0, text.find(SECRET) - 200) : text.find(SECRET) + 50] for text in texts if SECRET in text]
     assert not leaks and not any(f"{USER}:" in text for text in texts)
+
+
+def test_on_two_celery_workers_the_shards_are_shared_and_the_output_is_the_local_executors(
+    stack: Stack, finished_run: dict[str, Any]
+) -> None:
+    """Last in this module: it moves the stack to CeleryExecutor (the machine's Redis as broker, PostgreSQL as
+    metadata DB and result backend) with two workers, and runs what `finished_run` ran on LocalExecutor, in shards
+    small enough for both workers to share: one dataset, in four shards, prepared in two parts."""
+    stack.use_executor("CeleryExecutor")
+    conf = {
+        "datasets": ["B2_opencodeinstruct"],
+        "endpoints": [stack.simulator],
+        "storage_root": f"s3://{BUCKET}/celery",
+        "shard_size": 12,
+    }
+    run_id = stack.trigger(conf)
+    assert stack.wait_for_run(run_id, timeout_s=600) == "success", stack.task_states(run_id)
+
+    instances = stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
+    shard_tasks = [t for t in instances["task_instances"] if t["task_id"].startswith("process_shard.")]
+    assert len(shard_tasks) == 12  # four shards, three stages each
+    assert {t["hostname"] for t in shard_tasks} == {"celery-1", "celery-2"}  # both Celery workers took shards
+    parts = [t for t in instances["task_instances"] if t["task_id"] == "prepare_part"]
+    assert sorted((t["rendered_map_index"], t["state"]) for t in parts) == [  # B2 was tokenised in two parts
+        ("B2_opencodeinstruct/part-00000", "success"),
+        ("B2_opencodeinstruct/part-00001", "success"),
+    ]
+
+    local = {
+        sample_id: record
+        for sample_id, record in published_records(stack, finished_run["report"]).items()
+        if record["dataset"] == "B2_opencodeinstruct"
+    }
+    distributed = published_records(stack, stack.xcom(run_id, "report"))
+    assert len(local) > 0 and sorted(distributed) == sorted(local)
+    for sample_id, record in local.items():
+        for column in ("input_ids", "loss_mask", "verdict", "finish_reason"):
+            assert distributed[sample_id][column] == record[column], (sample_id, column)
