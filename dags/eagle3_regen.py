@@ -231,9 +231,10 @@ def eagle3_regen() -> None:
     parts = prepare_part.partial(run=run).expand(part=list_prepare_parts(run, prepared))
     shards = list_shards(run, prepared, fleet)
     parts >> shards
-    process_shard.partial(run=run).expand(group=shards)
+    shard_tasks = process_shard.partial(run=run).expand(group=shards)
     published = deliver_dataset.partial(run=run, fleet=fleet, groups=shards).expand(prepared=prepared)
-    report(run, published, fleet)
+    # report releases the run's claims: not while a shard task (its siblings' failure ended a dataset's wait) writes.
+    shard_tasks >> report(run, published, fleet)
 
 
 eagle3_regen()

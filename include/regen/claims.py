@@ -60,15 +60,21 @@ def _read(storage: Storage, key: str) -> tuple[Holder, str] | None:
         return Holder(None, "", 0.0), tag
 
 
-def claim(storage: Storage, location: DatasetLocation, run_id: str, token: str = "") -> None:
+def claim(storage: Storage, location: DatasetLocation, run_id: str, token: str = "", renewing: bool = False) -> None:
     """Take or renew the claim of this run's try (`token`) on the version; VersionBusy when another holds a fresh
-    one."""
+    one, or when a claim being renewed (`renewing`) is gone: its run released it (published, or ended), and
+    another run may have taken the version since, so the renewer must not write on as if it still held it."""
     key = location.writer
     for _ in range(ROUNDS):
         now = time.time()
         body = json.dumps({"run_id": run_id, "token": token, "renewed_at": now}).encode()
         found = _read(storage, key)
         try:
+            if found is None and renewing:
+                raise VersionBusy(
+                    f"{location.prefix}: the claim this task renews was released while it still wrote (its run "
+                    "published the version or ended); what it writes now is not published"
+                )
             if found is None:
                 storage.create(key, body)
                 return
@@ -122,7 +128,7 @@ def held(storage: Storage, location: DatasetLocation, run_id: str, token: str = 
     def renew() -> None:
         while not stop.wait(RENEW_S):
             try:
-                claim(storage, location, run_id, token)
+                claim(storage, location, run_id, token, renewing=True)
             except VersionBusy as e:
                 lost.append(e)
                 return

@@ -55,7 +55,9 @@ def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
             "plan",
             "prepare_dataset",
         ],
-        "report": ["check_server", "deliver_dataset.publish_dataset", "plan"],
+        # It releases the run's claims, so it waits for every shard task too: a failed shard fails its dataset's
+        # wait at once while its siblings still write.
+        "report": ["check_server", "deliver_dataset.publish_dataset", "plan", "process_shard.export_shard"],
     }
 
 

@@ -251,6 +251,21 @@ def test_a_claim_is_renewed_while_its_block_writes_and_a_lost_one_fails_the_bloc
         time.sleep(0.3)  # a renewal finds run-b holding the version
 
 
+def test_a_renewal_never_recreates_a_claim_its_run_released(
+    location: tuple[LocalStorage, DatasetLocation], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard task still writes when its run's report releases the claim (a sibling's failure ended the dataset's
+    wait): its renewal must not take the claim again as if nothing happened, since another run may take the version
+    the moment it is released. The block fails, and the version stays free."""
+    storage, where = location
+    monkeypatch.setattr(claims, "RENEW_S", 0.05)
+    with pytest.raises(VersionBusy, match="released while it still wrote"), held(storage, where, "run-a", "try-1"):
+        claims.release(storage, where, "run-a", "try-1")  # what report does as the run ends
+        time.sleep(0.3)  # renewals come and go
+        assert not storage.exists(where.writer)
+    claim(storage, where, "run-b")  # a Resume takes the version at once
+
+
 def test_takers_of_one_stale_claim_at_once_leave_exactly_one_holder(
     location: tuple[LocalStorage, DatasetLocation],
 ) -> None:
