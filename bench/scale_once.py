@@ -1,7 +1,9 @@
 """Exactly once, counted from the data: every source row published once or rejected once, by id.
 
-The ids a source row should give are computed from the row itself (its prompts' sample ids, regen.samples, and an
-on-policy conversation's turn ids), never from the version's manifest; what the version holds is read back from its
+The source rows are read here, line by line with plain json, never with the pipeline's reader: a reader bug that
+dropped or merged rows would otherwise drop them from what is expected too, and cancel out. The ids a row should give
+are computed from the row itself (its prompts' sample ids, regen.samples, and an on-policy conversation's turn ids),
+never from the version's manifest; what the version holds is read back from its
 folders: the `id` column of every `train/` and `truncated/` Parquet file, and every line of every `rejected/` file.
 A row is accounted for when it was rejected at prepare (a bad row, a duplicate, a prompt the template or the length
 limit refused), or when each of its answers is in exactly one of train/, truncated/ and a later stage's rejected/.
@@ -23,24 +25,39 @@ from regen.on_policy import dataset_turns
 from regen.samples import samples_of, turn_id
 from regen.stages.prepare.formats import normalise_row
 from regen.stages.prepare.normalise import Conversation, Rejection
-from regen.stages.prepare.sources import BadRow, iter_rows
 
 EXAMPLES = 5  # ids shown per kind of problem
 # A source row: its index and its prompts, each as (prompt id, the answer ids it should give).
 SourcePrompts = tuple[int, list[tuple[str, list[str]]]]
 
 
+def source_rows(config: DatasetConfig) -> Iterator[tuple[int, Any]]:
+    """Every line of the dataset's JSON Lines files, numbered from 0 across them, as its JSON value (None when it is
+    not JSON: the pipeline rejects such a line, as it does a blank one)."""
+    if config.hf is not None or not config.paths:
+        raise ValueError("the exactly-once count reads the JSON Lines files the bench wrote, not a hub dataset")
+    index = 0
+    for path in config.paths:
+        if not str(path).endswith(".jsonl"):
+            raise ValueError(f"{path}: the exactly-once count reads plain .jsonl files only")
+        with open(path, "rb") as lines:
+            for line in lines:  # every line, a blank one too: each is a row the pipeline must account for
+                try:
+                    value = json.loads(line)
+                except ValueError:
+                    value = None
+                yield index, value
+                index += 1
+
+
 def source_prompts(config: DatasetConfig, id_format: str) -> Iterator[SourcePrompts]:
     """Every row of the dataset's source, as the bench wrote it, with the ids it should give."""
-    for row in iter_rows(config):
-        if isinstance(row, BadRow):
-            yield row.index, []
-            continue
-        result = normalise_row(row.value, config.format, id_format, config.turns, config.tool_result_names)
+    for index, value in source_rows(config):
+        result = normalise_row(value, config.format, id_format, config.turns, config.tool_result_names)
         if isinstance(result, Rejection):
-            yield row.index, []
+            yield index, []
             continue
-        yield row.index, [(c.sample_id, _answer_ids(c, config)) for c in result]
+        yield index, [(c.sample_id, _answer_ids(c, config)) for c in result]
 
 
 def _answer_ids(conversation: Conversation, config: DatasetConfig) -> list[str]:

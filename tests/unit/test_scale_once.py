@@ -146,3 +146,25 @@ def test_a_row_rejected_at_prepare_that_was_also_published_is_caught(
         out.write(json.dumps(line) + "\n")
     result = counted(version, published[1], renderer)
     assert not result["ok"] and result["problems"] == {"rejected_at_prepare_and_answered": 1}
+
+
+def test_a_row_the_pipelines_reader_drops_is_caught(
+    tmp_path: Path, renderer: ChatRenderer, flaky_simulator: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader bug that loses a line (planted in the pipeline's JSON Lines reader for the whole test) is not shared
+    by the count, which reads the source itself: the lost row's prompt is missing."""
+    from regen.stages.prepare import sources
+
+    read_lines = sources._jsonl_values
+
+    def losing_line_4(stream: Any, name: str) -> Iterator[Any]:
+        return (value for number, value in enumerate(read_lines(stream, name), start=1) if number != 4)
+
+    monkeypatch.setattr(sources, "_jsonl_values", losing_line_4)
+    source = tmp_path / "main.jsonl"
+    generate(source, 8, shape="short")
+    config = DatasetConfig(paths=[str(source)])
+    version = publish(tmp_path, config, renderer, flaky_simulator.url)
+    result = counted(version, config, renderer)
+    assert result["source_rows"] == 8 and not result["ok"]
+    assert result["problems"] == {"missing": 1}, result
