@@ -143,6 +143,11 @@ class Stack:
     # With S3: the share of Airflow's S3 requests that fail as S3's do (500, 503 SlowDown, dropped connections), through
     # tools/s3_fault_proxy.py in front of the S3 API. `s3_client()` (what a test reads back with) goes direct.
     s3_fault_rate: float = 0.0
+    # The fault proxy in front of S3 even at no fault rate, so that `s3_outage` can make S3 go dark.
+    s3_outages: bool = False
+    # The Celery broker: the machine's Redis, or (a bench that restarts Redis) one of the stack's own on a free port,
+    # saving to disk as Redis does by default, so a restart keeps what was queued.
+    own_redis: bool = False
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     fleet: list[Simulator] = field(default_factory=list)
 
@@ -153,8 +158,11 @@ class Stack:
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.s3_endpoint = f"http://127.0.0.1:{self.s3_port}"
         self.s3_proxy_port = free_port()
-        self.s3_tasks_endpoint = f"http://127.0.0.1:{self.s3_proxy_port}" if self.s3_fault_rate else self.s3_endpoint
+        self.s3_proxied = self.with_s3 and (self.s3_fault_rate > 0 or self.s3_outages)
+        self.s3_tasks_endpoint = f"http://127.0.0.1:{self.s3_proxy_port}" if self.s3_proxied else self.s3_endpoint
+        self.argv: dict[str, tuple[list[str], dict[str, str]]] = {}  # how each component was started
         self._token: str | None = None
+        self.broker_port = free_port() if self.own_redis else 6379
 
     @property
     def config(self) -> Any:
@@ -188,7 +196,7 @@ class Stack:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": self.executor,
-            "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:6379/{CELERY_REDIS_DB}",
+            "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:{self.broker_port}/{CELERY_REDIS_DB}",
             "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__GLOBAL_KEYPREFIX": f"{self.database}:",
             "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.sql_conn.replace('+psycopg2', '')}",
             # Room for every pool slot plus the validate/export tasks of finished shards, and no more (2 cores).
@@ -213,6 +221,7 @@ class Stack:
 
     def _spawn(self, name: str, argv: list[str], **env: str) -> None:
         log = (self.home / f"{name}.log").open("ab")
+        self.argv[name] = (argv, env)
         # A process group per component, so stopping it takes its children (gunicorn/uvicorn workers) too.
         self.processes[name] = subprocess.Popen(
             argv, env={**self.env(), **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -224,7 +233,7 @@ class Stack:
             return
         import redis
 
-        broker = redis.Redis(host="127.0.0.1", port=6379, db=CELERY_REDIS_DB)
+        broker = redis.Redis(host="127.0.0.1", port=self.broker_port, db=CELERY_REDIS_DB)
         for key in broker.scan_iter(match=f"{self.database}:*"):  # no task left from this stack's last start
             broker.delete(key)
         for n in range(1, self.celery_workers + 1):
@@ -249,8 +258,29 @@ class Stack:
         """Stop the scheduler and start it again, as a crashed one is restarted: with LocalExecutor its workers and
         the tasks they run go with it (their retries come after the heartbeat timeout); the metadata DB, the API, the
         DAG processor and Celery workers stay."""
-        self._stop([self.processes.pop("scheduler")])
-        self._spawn("scheduler", [str(BIN / "airflow"), "scheduler"])
+        self.restart("scheduler")
+
+    def restart(self, name: str, kill: bool = False) -> None:
+        """Stop a component (SIGTERM, or SIGKILL with `kill`: a crash) with every process below it, and start it
+        again as it was started."""
+        self._stop([self.processes.pop(name)], kill)
+        argv, env = self.argv[name]
+        self._spawn(name, argv, **env)
+
+    def wait_for_broker(self) -> None:
+        import redis
+
+        def pong() -> bool:
+            try:
+                return bool(redis.Redis(host="127.0.0.1", port=self.broker_port).ping())
+            except redis.ConnectionError:
+                return False  # not listening yet, or loading its saved data
+
+        wait_until("Redis", pong, 30, poll_s=0.2)
+
+    def s3_outage(self, seconds: float) -> None:
+        """S3 goes dark for the tasks: every request answered 503 for `seconds` (needs `s3_outages`)."""
+        requests.post(f"{self.s3_tasks_endpoint}/__outage", params={"seconds": seconds}, timeout=5).raise_for_status()
 
     def _airflow(self, *args: str) -> None:
         subprocess.run([str(BIN / "airflow"), *args], env=self.env(), check=True, capture_output=True)
@@ -265,19 +295,23 @@ class Stack:
         self.fleet = [start_simulator(self.home, *self.simulator_args, port=port) for port in ports]
         if self.with_s3:
             self._spawn("s3", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.s3_port)])
-        if self.with_s3 and self.s3_fault_rate:
+        if self.s3_proxied:
             proxy = [str(BIN / "python"), str(ROOT / "tools" / "s3_fault_proxy.py"), "--upstream", self.s3_endpoint]
             self._spawn(
                 "s3-faults", [*proxy, "--port", str(self.s3_proxy_port), "--fault-rate", str(self.s3_fault_rate)]
             )
         self._spawn("api-server", [str(BIN / "airflow"), "api-server", "--port", str(self.api_port)])
+        if self.own_redis:
+            redis = ["redis-server", "--port", str(self.broker_port), "--bind", "127.0.0.1", "--dir", str(self.home)]
+            self._spawn("redis", [*redis, "--save", "3600 1 300 100 60 10000"])  # Redis's own default save points
+            self.wait_for_broker()
         self._start_executor()
         self._spawn("dag-processor", [str(BIN / "airflow"), "dag-processor"])
         if self.with_triggerer:
             self._spawn("triggerer", [str(BIN / "airflow"), "triggerer"])
         if self.with_s3:
             wait_until("S3 API", lambda: requests.get(self.s3_endpoint, timeout=2).status_code < 500, 60)
-        if self.with_s3 and self.s3_fault_rate:
+        if self.s3_proxied:
             wait_until("S3 fault proxy", lambda: requests.get(f"{self.s3_tasks_endpoint}/__faults", timeout=2).ok, 60)
         wait_until("Airflow API", lambda: requests.get(f"{self.api}/api/v2/monitor/health", timeout=2).ok, 120)
         return self
@@ -289,9 +323,10 @@ class Stack:
         self.processes.clear()
 
     @staticmethod
-    def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    def _stop(processes: list[subprocess.Popen[bytes]], kill: bool = False) -> None:
         """The components, their process groups, and every process below them: task runners sit in process groups
-        of their own (and rename themselves), so they are found as descendants, before their parents go."""
+        of their own (and rename themselves), so they are found as descendants, before their parents go. With
+        `kill`, SIGKILL at once: a crash, nothing cleaned up."""
         import psutil
 
         below: list[psutil.Process] = []
@@ -302,7 +337,7 @@ class Stack:
                 continue
         for process in processes:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
+                os.killpg(process.pid, signal.SIGKILL if kill else signal.SIGTERM)
         for process in processes:
             try:
                 process.wait(timeout=20)

@@ -10,7 +10,8 @@ Faults at a chosen request too: `drop_replies` (tests set it) lists (method, pat
 matching one lands and loses its reply (a connection reset, counted as one), and the pair is used up. And a store
 that ignores some request headers: `strip_headers` (lower case) are never forwarded.
 Draws come from one seeded stream, so a run is repeatable. `GET /__faults` reports what was injected. An outage:
-`down` set (tests set the attribute) answers every request 503 until it is cleared.
+`down` set (tests set the attribute) answers every request 503 until it is cleared; `POST /__outage?seconds=S` sets
+it for S seconds (a bench's S3 going dark).
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ class FaultProxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.path == "/__faults":
             return web.json_response({"injected": dict(self.injected), "forwarded": self.forwarded})
+        if request.path == "/__outage" and request.method == "POST":
+            self.down = True
+            asyncio.get_running_loop().call_later(float(request.query["seconds"]), setattr, self, "down", False)
+            return web.json_response({"down_for_s": float(request.query["seconds"])})
         fault = "outage" if self.down else self.chosen(request) or self.draw()
         body = await request.read()
         if fault == "outage":

@@ -8,6 +8,7 @@ import hashlib
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,21 @@ def test_a_conditional_write_whose_reply_is_lost_is_known_by_its_writer(
     with pytest.raises(Changed):
         storage.replace("v/manifest.json", b"stale", tag)
     assert storage.get_bytes("v/manifest.json") == b"mine again"
+
+
+def test_an_outage_darkens_s3_for_the_seconds_asked_then_lifts(
+    s3_endpoint: str, exact: tuple[FaultProxy, str]
+) -> None:
+    """What the chaos bench plants (`POST /__outage?seconds=S`): every request answered 503 for S seconds."""
+    import requests
+
+    proxy, url = exact
+    client(s3_endpoint).create_bucket(Bucket="outage")
+    requests.post(f"{url}/__outage", params={"seconds": 1.0}, timeout=5).raise_for_status()
+    dark = requests.get(f"{url}/outage", timeout=5)
+    assert dark.status_code == 503 and b"SlowDown" in dark.content and proxy.injected["outage"] == 1
+    time.sleep(1.5)
+    assert requests.get(f"{url}/outage", timeout=5).status_code == 200 and not proxy.down
 
 
 def test_a_missing_bucket_is_named(s3_endpoint: str) -> None:
