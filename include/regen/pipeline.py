@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -20,7 +23,7 @@ from regen.chat import ChatRenderer
 from regen.claims import held, release
 from regen.config import ConfigError, load_config
 from regen.errors import FinalError
-from regen.layout import write_check_key
+from regen.layout import DatasetLocation, write_check_key
 from regen.manifest import PreparedDataset, ShardManifest
 from regen.profiles import Profile
 from regen.run_params import RunSpec
@@ -63,7 +66,7 @@ def plan(
         raise ConfigError(str(e)) from e
     load_suites(run.decontamination, run.resolve, s3_client)  # a missing suite or a bad field path: ConfigError
     try:
-        check_writable(_storage(run, s3_client), write_check_key(run.profile, uuid.uuid4().hex))
+        check_writable(_RunStorage.open(run, s3_client).storage, write_check_key(run.profile, uuid.uuid4().hex))
     except PermissionError as e:
         raise ConfigError(f"{e}: give a storage_root this worker can write to") from e
     log.info("plan: %s", run.to_dict())
@@ -99,10 +102,36 @@ def preload() -> None:
     log.info("preloaded profile %s", renderer.profile.name)
 
 
-def _storage(run: RunSpec, s3_client: S3ClientFactory | None) -> Storage:
-    if run.storage_root.kind == "s3" and s3_client is not None:
-        return open_storage(run.storage_root, s3_client())
-    return open_storage(run.storage_root)  # the root plan checked, as it parsed it
+@dataclass(frozen=True)
+class _RunStorage:
+    """A task's storage, opened once on the root plan checked, and what its run does there: hold a version's claim
+    while it writes (regen.claims, as this run's try), read what prepare recorded."""
+
+    run: RunSpec
+    storage: Storage
+
+    @classmethod
+    def open(cls, run: RunSpec, s3_client: S3ClientFactory | None) -> _RunStorage:
+        if run.storage_root.kind == "s3" and s3_client is not None:
+            return cls(run, open_storage(run.storage_root, s3_client()))
+        return cls(run, open_storage(run.storage_root))  # the root plan checked, as it parsed it
+
+    @contextmanager
+    def writing(self, location: DatasetLocation) -> Iterator[Storage]:
+        with held(self.storage, location, self.run.run_id, self.run.try_token):
+            yield self.storage
+
+    def release(self, location: DatasetLocation) -> None:
+        release(self.storage, location, self.run.run_id, self.run.try_token)
+
+    def prepared(self, dataset: str) -> PreparedDataset:
+        key = self.run.location(dataset).prepared
+        if not self.storage.exists(key):
+            raise NotPrepared(
+                f"{dataset}: not prepared ({self.storage.uri(key)} is missing): its prepare_dataset or one of its "
+                "prepare_part tasks failed, and says why"
+            )
+        return PreparedDataset.from_dict(get_json(self.storage, key))
 
 
 def prepare_dataset(
@@ -113,7 +142,8 @@ def prepare_dataset(
     than one part is left in `parts` for `prepare_dataset_part` and `finish_prepared`. Or, when its inputs are those
     of its last published version (and the run skips unchanged datasets), `unchanged_since` naming that version.
     `tasks_at_once`: the tasks this machine may run together, which share its cores when `tokenize_workers` is null."""
-    location, storage, renderer = run.location(dataset), _storage(run, s3_client), renderer_for(run)
+    location, at, renderer = run.location(dataset), _RunStorage.open(run, s3_client), renderer_for(run)
+    storage = at.storage
     source, inputs = run.dataset(dataset), {}
     cleaning = load_suites(run.decontamination, run.resolve, s3_client)
     if not storage.exists(location.prepared):  # a new version, not a resumed one
@@ -124,7 +154,7 @@ def prepare_dataset(
         if latest is not None:
             return {"dataset": dataset, "unchanged_since": latest}
         inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
-    with held(storage, location, run.run_id, run.try_token):
+    with at.writing(location):
         prepared = run_prepare(
             source,
             location,
@@ -180,8 +210,8 @@ def prepare_dataset_part(
     """One part (`dataset_parts`) of a dataset tokenised into its shards, in this process: the parts are what runs
     in parallel, and this process has the renderer already (the preload). Its counts."""
     dataset, part = run.datasets[reference[0]], reference[1]
-    location, storage = run.location(dataset), _storage(run, s3_client)
-    with held(storage, location, run.run_id, run.try_token):
+    location = run.location(dataset)
+    with _RunStorage.open(run, s3_client).writing(location) as storage:
         record = prepare_part(run.dataset(dataset), location, storage, renderer_for(run), part, 1)
     return {"dataset": dataset, "part": part, "shards": len(record["shards"]), "kept": record["stats"]["kept"]}
 
@@ -192,14 +222,14 @@ def finish_prepared(
     """`prepare_dataset`'s summaries with every dataset left in parts recorded whole (regen.stages.prepare.prepare's
     `finish_parts`), once all its parts are tokenised. A dataset with a part that failed is left out, with its
     reason in the log: it is not prepared (its verify says so), and holds back no other dataset."""
-    storage, finished = _storage(run, s3_client), []
+    at, finished = _RunStorage.open(run, s3_client), []
     for summary in prepared:
         if "parts" not in summary:
             finished.append(summary)
             continue
         location = run.location(summary["dataset"])
         try:
-            with held(storage, location, run.run_id, run.try_token):
+            with at.writing(location) as storage:
                 dataset = finish_parts(run.dataset(summary["dataset"]), location, storage)
         except FinalError as e:
             log.error("%s", e)
@@ -212,21 +242,11 @@ def finish_prepared(
 
 def prepared_version(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> PreparedDataset:
     """What prepare recorded of this run's version of `dataset` (its prompts/prepare.json)."""
-    return _prepared_in(_storage(run, s3_client), run, dataset)
+    return _RunStorage.open(run, s3_client).prepared(dataset)
 
 
 class NotPrepared(FinalError):
     """A dataset whose prepare never finished has no shards to verify or publish."""
-
-
-def _prepared_in(storage: Storage, run: RunSpec, dataset: str) -> PreparedDataset:
-    key = run.location(dataset).prepared
-    if not storage.exists(key):
-        raise NotPrepared(
-            f"{dataset}: not prepared ({storage.uri(key)} is missing): its prepare_dataset or one of its prepare_part "
-            "tasks failed, and says why"
-        )
-    return PreparedDataset.from_dict(get_json(storage, key))
 
 
 def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -284,7 +304,7 @@ def _range(group: dict[str, Any]) -> dict[str, Any]:
 def _keep_stage_manifest(run: RunSpec, shard: dict[str, Any], stage: str, s3_client: S3ClientFactory | None) -> None:
     # Right after the stage's own claimed block: a run that lost the claim failed there and never gets here.
     manifest = ShardManifest.from_dict(shard)
-    _storage(run, s3_client).put_bytes(manifest.keys.stage_manifest(stage), json.dumps(shard).encode())
+    _RunStorage.open(run, s3_client).storage.put_bytes(manifest.keys.stage_manifest(stage), json.dumps(shard).encode())
 
 
 def _kept_stage_manifests(
@@ -292,7 +312,7 @@ def _kept_stage_manifests(
 ) -> list[dict[str, Any]]:
     """The manifests `stage` kept of a group's shards. Raises FinalError when one is missing: that stage's task
     did not finish it (cleared alone, or its files deleted), so it is the task to run again."""
-    storage, location = _storage(run, s3_client), run.location(group["dataset"])
+    storage, location = _RunStorage.open(run, s3_client).storage, run.location(group["dataset"])
     manifests = []
     for number in range(group["first"], group["first"] + group["count"]):
         key = location.shard(number).stage_manifest(stage)
@@ -316,24 +336,23 @@ def generate_shard(
     # Only an on-policy shard (prepare counted its turns) renders prompts as it goes: other shards never load the
     # tokenizer here.
     renderer = renderer_for(run) if manifest.num_answers is not None else None
-    storage = _storage(run, s3_client)
-    with held(storage, manifest.location, run.run_id, run.try_token):
+    with _RunStorage.open(run, s3_client).writing(manifest.location) as storage:
         return run_generate(manifest, storage, settings, renderer).to_dict()
 
 
 def validate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
     renderer = renderer_for(run)
     settings = ValidateSettings(**run.validation)
-    manifest, storage = ShardManifest.from_dict(shard), _storage(run, s3_client)
-    with held(storage, manifest.location, run.run_id, run.try_token):
+    manifest = ShardManifest.from_dict(shard)
+    with _RunStorage.open(run, s3_client).writing(manifest.location) as storage:
         return run_validate(manifest, storage, renderer, settings).to_dict()
 
 
 def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
     settings = ExportSettings(**run.export)
     decode = renderer_for(run).decode if settings.review_text else None
-    manifest, storage = ShardManifest.from_dict(shard), _storage(run, s3_client)
-    with held(storage, manifest.location, run.run_id, run.try_token):
+    manifest = ShardManifest.from_dict(shard)
+    with _RunStorage.open(run, s3_client).writing(manifest.location) as storage:
         return run_export(manifest, storage, settings, decode).to_dict()
 
 
@@ -343,10 +362,9 @@ def verify_dataset(run: RunSpec, prepared: dict[str, Any], s3_client: S3ClientFa
     finish. An unchanged dataset has nothing new to verify."""
     if "unchanged_since" in prepared:
         return {"dataset": prepared["dataset"], "unchanged": True}
-    storage = _storage(run, s3_client)
-    dataset = _prepared_in(storage, run, prepared["dataset"])
-    # Its verdict holds only while no other run writes.
-    with held(storage, dataset.location, run.run_id, run.try_token):
+    at = _RunStorage.open(run, s3_client)
+    dataset = at.prepared(prepared["dataset"])
+    with at.writing(dataset.location) as storage:  # its verdict holds only while no other run writes
         return verify_contents(dataset, storage)
 
 
@@ -368,16 +386,13 @@ def publish_dataset(
         return {"dataset": dataset, "unchanged": True, **prepared["unchanged_since"]}
     if not verified or "contents" not in verified:
         raise NotVerified(f"{dataset}: verify_dataset did not pass, so nothing is published; its log says why")
-    storage = _storage(run, s3_client)
-    prepared_dataset = _prepared_in(storage, run, dataset)
-    cost = run.cost
-    # The manifest is written by the version's writer.
-    with held(storage, prepared_dataset.location, run.run_id, run.try_token):
+    at = _RunStorage.open(run, s3_client)
+    prepared_dataset = at.prepared(dataset)
+    with at.writing(prepared_dataset.location) as storage:  # the manifest is written by the version's writer
         published = run_publish(
-            prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run.run_id, cost
+            prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run.run_id, run.cost
         )
-    # A published version is never written again.
-    release(storage, prepared_dataset.location, run.run_id, run.try_token)
+    at.release(prepared_dataset.location)  # a published version is never written again
     return published
 
 
@@ -395,7 +410,7 @@ def report(
 ) -> dict[str, Any]:
     """The run's summary (regen.run_report), once every dataset was published or failed: the run's claims on its
     versions are released first, so a Resume of what it left may start at once. Red unless every dataset delivered."""
-    storage = _storage(run, s3_client)
+    at = _RunStorage.open(run, s3_client)
     for dataset in run.datasets:
-        release(storage, run.location(dataset), run.run_id, run.try_token)
-    return write_run_report(storage, run.to_dict(), run.datasets, published, fleet, run.cost)
+        at.release(run.location(dataset))
+    return write_run_report(at.storage, run.to_dict(), run.datasets, published, fleet, run.cost)
