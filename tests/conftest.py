@@ -66,10 +66,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
+    config.option.loadscopereorder = False  # units go out in collection order: the longest first (below)
     return ByWorkUnit(config, log)
 
 
+def heaviest_first(item: pytest.Item, unit_sizes: dict[str, int]) -> tuple[int, int]:
+    """Work units handed out longest first, so that no worker starts a ten-minute unit while the other runs out of
+    work: the real server's modules, then the other end-to-end modules, then the parity tests, then the rest (each
+    kind by its number of tests; a sort by test count alone put the e2e modules, few tests of minutes each, last)."""
+    unit = work_unit(item.nodeid)
+    kind = 0 if unit == "real SGLang server" else 1 if "/e2e/" in unit else 2 if "/parity/" in unit else 3
+    return kind, -unit_sizes[unit]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unit_sizes: dict[str, int] = {}
+    for item in items:
+        unit_sizes[work_unit(item.nodeid)] = unit_sizes.get(work_unit(item.nodeid), 0) + 1
+    items.sort(key=lambda item: heaviest_first(item, unit_sizes))  # stable: a module's own order is kept
     strays = {i.nodeid for i in items if REAL_SERVER_FIXTURES & set(getattr(i, "fixturenames", ()))}
     strays = {n for n in strays if n.split("::", 1)[0] not in REAL_SERVER_MODULES}
     if strays:  # it would start another real server on another worker
