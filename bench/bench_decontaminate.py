@@ -4,7 +4,7 @@ dataset size.
     .venv/bin/python bench/bench_decontaminate.py                          # 20,000 rows against 10,000 suite items
     .venv/bin/python bench/bench_decontaminate.py --rows 200000 --items 10000
 
-The real `run_prepare` (read, normalise, decontaminate, dedupe, render with the mini tokenizer, write shards) in one
+The real `run_prepare` (read, normalize, decontaminate, dedupe, render with the mini tokenizer, write shards) in one
 process (`workers=1`, so that its CPU time is all of prepare's), in a child process per run, over bench_prepare's
 generated rows of four real formats. The suites: three JSONL files of `--items` items in all (15 to 150 words, the
 same Zipf vocabulary as the prompts, so that common words and phrases are shared), with `--planted` of the items

@@ -1,9 +1,9 @@
-"""Fleet utilisation over a multi-shard eagle3_regen run on a real executor, several SGLang endpoints.
+"""Fleet utilization over a multi-shard eagle3_regen run on a real executor, several SGLang endpoints.
 
     .venv/bin/python bench/bench_fleet.py [--prompts 4800] [--shard-size 400] [--endpoints 3] [--decode-ms 40]
 
 Airflow (scheduler, dag-processor, api-server; LocalExecutor on PostgreSQL) runs the DAG on a generated dataset
-against several simulators. Utilisation is measured server-side: the simulators' busy slot-seconds (time integral
+against several simulators. Utilization is measured server-side: the simulators' busy slot-seconds (time integral
 of running requests) over their running slots times the generation window, which opens when the first shard task
 starts generating and closes with the last answer. The baseline in the same run is one shard task holding the same
 in-flight budget (pool of one slot), i.e. no overlap across shard boundaries.
@@ -79,8 +79,8 @@ def one_run(folder: Path, args: argparse.Namespace, shard_tasks: int) -> dict[st
         "fleet_slots": capacity,
         "answered": sum(s["answered"] for s in stats),
         "generation_window_s": round(window, 1),
-        "utilisation": round(busy / (capacity * window), 4),
-        "client_side_estimate": report["fleet_usage"]["utilisation"],
+        "utilization": round(busy / (capacity * window), 4),
+        "client_side_estimate": report["fleet_usage"]["utilization"],
     }
 
 
@@ -102,8 +102,8 @@ def main() -> None:
         baseline = one_run(Path(tmp), args, shard_tasks=1)
         print("baseline (one shard task at a time)", json.dumps(baseline), flush=True)
     print(
-        f"utilisation {overlapped['utilisation']:.3f} vs {baseline['utilisation']:.3f} without overlap "
-        f"(ratio {overlapped['utilisation'] / baseline['utilisation']:.2f})"
+        f"utilization {overlapped['utilization']:.3f} vs {baseline['utilization']:.3f} without overlap "
+        f"(ratio {overlapped['utilization'] / baseline['utilization']:.2f})"
     )
 
 

@@ -10,7 +10,7 @@ real app and engine of `regen.simulator`, each with `--slots` running slots and 
 `--decode-ms-per-token`), several per host process (`--hosts` processes, each serving its ports on one uvloop event
 loop with a deep accept backlog) so neither the client's nor the servers' sockets crowd one process's fd limit.
 
-Measured server-side, as bench_fleet.py does: utilisation = the simulators' busy slot-seconds (time integral of
+Measured server-side, as bench_fleet.py does: utilization = the simulators' busy slot-seconds (time integral of
 running requests, /sim/stats) over slots x window, for the steady window (from when the servers first hold ~all of
 the in-flight budget until the last prompt is sent) and for the whole run (first request to last answer). Client
 side: the client process's CPU seconds per answer (getrusage, run_generate only), answers per wall second, peak
@@ -187,7 +187,7 @@ def in_flight_reported(progress: Path) -> int:
         return 0
 
 
-def steady_utilisation(samples: list[Sample], slots: int, in_flight: int, total: int) -> float | None:
+def steady_utilization(samples: list[Sample], slots: int, in_flight: int, total: int) -> float | None:
     """Busy slot-seconds over slot-seconds from when the servers have received the first `in_flight` requests (the
     ramp is over) until the last prompt is sent (after that the fleet drains); None when there was no such window."""
     ramped = [i for i, s in enumerate(samples) if s.sent >= in_flight]
@@ -227,7 +227,7 @@ def one_run(folder: Path, endpoints: int, args: argparse.Namespace, requests_: i
         stats, servers_cpu = fleet_.stats(), fleet_.cpu_s()
     slots = endpoints * args.slots
     window = max(s["last_end"] for s in stats) - min(s["first_start"] for s in stats)
-    steady = steady_utilisation(samples, slots, in_flight, requests_)
+    steady = steady_utilization(samples, slots, in_flight, requests_)
     answered = sum(s["answered"] for s in stats)
     return {
         "endpoints": endpoints,
@@ -237,8 +237,8 @@ def one_run(folder: Path, endpoints: int, args: argparse.Namespace, requests_: i
         "answered": answered,
         "kept": result["kept"],
         "dropped": result["dropped"],
-        "utilisation_steady": None if steady is None else round(steady, 4),
-        "utilisation_whole_run": round(sum(s["busy_slot_seconds"] for s in stats) / (slots * window), 4),
+        "utilization_steady": None if steady is None else round(steady, 4),
+        "utilization_whole_run": round(sum(s["busy_slot_seconds"] for s in stats) / (slots * window), 4),
         "client_cpu_ms_per_request": round(result["cpu_s"] * 1000 / answered, 3),
         "client_cpu_s": round(result["cpu_s"], 1),
         # what one core given to the client alone would carry, and so the shortest answers (seconds) at which it
@@ -301,8 +301,8 @@ def main() -> None:
         baseline = one_run(Path(tmp), args.baseline_endpoints, args, baseline_requests)
         print("baseline (small fleet)", json.dumps(baseline), flush=True)
     print(
-        f"{full['endpoints']}x{args.slots}: utilisation {full['utilisation_steady']} steady "
-        f"({full['utilisation_whole_run']} whole run), {full['requests_per_s']} req/s of "
+        f"{full['endpoints']}x{args.slots}: utilization {full['utilization_steady']} steady "
+        f"({full['utilization_whole_run']} whole run), {full['requests_per_s']} req/s of "
         f"{full['ideal_requests_per_s']} ideal, client {full['client_cpu_ms_per_request']} ms CPU/request vs "
         f"{baseline['client_cpu_ms_per_request']} at {baseline['endpoints']}x{args.slots} (ratio "
         f"{full['client_cpu_ms_per_request'] / baseline['client_cpu_ms_per_request']:.2f}), peak in flight "

@@ -120,7 +120,7 @@ def throughput_level(in_flight: int, waves: int = 10) -> dict[str, Any]:
         "in_flight": in_flight,
         "capacity_req_s": round(in_flight / service_s, 1),
         "steady_fraction_of_capacity": round(steady, 4),
-        "whole_run_fraction": round(whole["utilisation"], 4),
+        "whole_run_fraction": round(whole["utilization"], 4),
         "answered": whole["answered"],
         "wall_s": round(elapsed, 1),
         "client_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

@@ -1,4 +1,4 @@
-"""Fleet utilisation of on-policy multi-turn regeneration against single-turn regeneration of the same prompts.
+"""Fleet utilization of on-policy multi-turn regeneration against single-turn regeneration of the same prompts.
 
     .venv/bin/python bench/bench_on_policy.py [--conversations 512] [--turns 4] [--slots 32] [--margin 3]
 
@@ -6,7 +6,7 @@ The same conversations (`--turns` user turns each) are generated twice by `run_g
 simulator with `--slots` running slots (`--decode-ms` per output token): first `turns: every_assistant_turn` (the
 baseline: every turn's prompt is known up front, with the dataset's history, so every request is independent), then
 `turns: on_policy` (each turn waits for its own previous turn). Both send as many requests (conversations x turns).
-Utilisation is measured server-side: the simulator's busy slot-seconds over its slots times the window from its first
+Utilization is measured server-side: the simulator's busy slot-seconds over its slots times the window from its first
 request to its last answer. The in-flight budget is `--margin` times the slots, as docs/scaling.md says. Also printed:
 the share of prompt tokens the simulator's prefix cache served.
 """
@@ -33,7 +33,7 @@ from regen.stages.prepare.prepare import PrepareSettings, run_prepare  # noqa: E
 from regen.storage import LocalStorage  # noqa: E402
 from tools.devstack import start_simulator  # noqa: E402
 
-QUESTIONS = ["How would you write {}?", "Can you make it faster?", "Which edge cases matter?", "Summarise it."]
+QUESTIONS = ["How would you write {}?", "Can you make it faster?", "Which edge cases matter?", "Summarize it."]
 
 
 def write_conversations(path: Path, conversations: int, turns: int) -> None:
@@ -71,7 +71,7 @@ def one_mode(folder: Path, source: Path, mode: str, args: argparse.Namespace, re
         "mode": mode,
         "requests": stats["answered"],
         "seconds": round(elapsed, 2),
-        "utilisation": round(stats["utilisation"], 4),
+        "utilization": round(stats["utilization"], 4),
         "cached_prompt_share": round(sum(r.cached_tokens for r in reports) / max(prompt_tokens, 1), 3),
         "prompt_tokens": prompt_tokens,
     }
@@ -95,8 +95,8 @@ def main() -> None:
         on_policy = one_mode(folder, source, "on_policy", args, renderer)
         print("on-policy", json.dumps(on_policy), flush=True)
     print(
-        f"utilisation {on_policy['utilisation']:.3f} on-policy vs {baseline['utilisation']:.3f} single-turn "
-        f"(ratio {on_policy['utilisation'] / baseline['utilisation']:.3f}, target >= 0.95); "
+        f"utilization {on_policy['utilization']:.3f} on-policy vs {baseline['utilization']:.3f} single-turn "
+        f"(ratio {on_policy['utilization'] / baseline['utilization']:.3f}, target >= 0.95); "
         f"{on_policy['requests']} vs {baseline['requests']} requests"
     )
 

@@ -1,10 +1,10 @@
-"""Prepare benchmarks: tokenisation throughput on 1 process vs all cores, and peak memory vs dataset size.
+"""Prepare benchmarks: tokenization throughput on 1 process vs all cores, and peak memory vs dataset size.
 
     .venv/bin/python bench/bench_prepare.py                    # both, at the default sizes (a few minutes on 2 cores)
     .venv/bin/python bench/bench_prepare.py throughput         # prompts/s, 1 process vs all cores, two tokenizers
     .venv/bin/python bench/bench_prepare.py memory --memory-rows 100000 1000000   # the 1M-row check
 
-Throughput: the real `run_prepare` (read, normalise, dedupe, render, write shards) over a generated JSONL dataset
+Throughput: the real `run_prepare` (read, normalize, dedupe, render, write shards) over a generated JSONL dataset
 mixing OpenAI-messages-with-tools, Glaive, ShareGPT and OpenCodeInstruct rows (1% duplicates, 0.5% broken lines),
 with the mini (Rust) tokenizer, the slow Python tokenizer of `regen.tokenizers.slow_kimi` (same ids, Python cost), the
 mini vocabulary in Kimi's remote-code layout (tiktoken, loaded through trust_remote_code as Kimi's is), and the
@@ -38,9 +38,9 @@ from regen.config import DatasetConfig, load_config  # noqa: E402
 from regen.layout import DatasetLocation  # noqa: E402
 from regen.manifest import PreparedDataset  # noqa: E402
 from regen.profiles import Profile, lookup  # noqa: E402
-from regen.stages.prepare.normalise import Conversation  # noqa: E402
+from regen.stages.prepare.normalize import Conversation  # noqa: E402
 from regen.stages.prepare.prepare import PrepareSettings, run_prepare  # noqa: E402
-from regen.stages.prepare.tokenise import available_cores, render_ordered  # noqa: E402
+from regen.stages.prepare.tokenize import available_cores, render_ordered  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from regen.tokenizers.slow_kimi import ensure_slow_tokenizer  # noqa: E402
 

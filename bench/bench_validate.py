@@ -8,8 +8,8 @@ template, answers `reasoning, reasoning end, answer, EOS` (a third of them a too
 `text` as the server sends it.
 Then, each timed as process CPU seconds (one core: nothing here runs threads that matter):
 - the floor: pyarrow reads the training records (train/shard.parquet) and writes them again, zstd, as export does;
-- validate (every check, with the re-render and re-tokenisation samples off) plus export: the stage pair's cost;
-- the re-render check (1% of prompts, at least 16) and the re-tokenisation drift (5%, at least 16) on their own.
+- validate (every check, with the re-render and re-tokenization samples off) plus export: the stage pair's cost;
+- the re-render check (1% of prompts, at least 16) and the re-tokenization drift (5%, at least 16) on their own.
 It also prints the bytes per token of raw/, train/ and the whole version folder, against the previous raw format
 (JSON Lines that repeated the prompt ids, uncompressed), computed from the same records.
 """
@@ -79,7 +79,7 @@ def build_shard(root: Path, renderer: ChatRenderer, records: int, seed: int = 0)
     """prompts/ and raw/ of one shard, as prepare and generate write them."""
     import pyarrow as pa
 
-    from regen.stages.prepare.normalise import Conversation
+    from regen.stages.prepare.normalize import Conversation
     from regen.stages.prepare.prepare import PROMPT_SCHEMA
 
     rng = random.Random(seed)
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         drift_cost = t_with_drift - t_validate
         share = drift_cost / pair
-        print(f"re-tokenisation drift sample (5%, >=16): +{drift_cost:.2f} s CPU ({share:.2f}x of validate+export)")
+        print(f"re-tokenization drift sample (5%, >=16): +{drift_cost:.2f} s CPU ({share:.2f}x of validate+export)")
         version = tmp / "root" / shard.location.prefix
         sizes = {
             folder: sum(f.stat().st_size for f in (version / folder).rglob("*") if f.is_file())

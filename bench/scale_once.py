@@ -23,8 +23,8 @@ from regen.config import DatasetConfig
 from regen.layout import SPLITS
 from regen.on_policy import dataset_turns
 from regen.samples import samples_of, turn_id
-from regen.stages.prepare.formats import normalise_row
-from regen.stages.prepare.normalise import Conversation, Rejection
+from regen.stages.prepare.formats import normalize_row
+from regen.stages.prepare.normalize import Conversation, Rejection
 
 EXAMPLES = 5  # ids shown per kind of problem
 # A source row: its index and its prompts, each as (prompt id, the answer ids it should give).
@@ -53,7 +53,7 @@ def source_rows(config: DatasetConfig) -> Iterator[tuple[int, Any]]:
 def source_prompts(config: DatasetConfig, id_format: str) -> Iterator[SourcePrompts]:
     """Every row of the dataset's source, as the bench wrote it, with the ids it should give."""
     for index, value in source_rows(config):
-        result = normalise_row(value, config.format, id_format, config.turns, config.tool_result_names)
+        result = normalize_row(value, config.format, id_format, config.turns, config.tool_result_names)
         if isinstance(result, Rejection):
             yield index, []
             continue

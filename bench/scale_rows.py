@@ -51,7 +51,7 @@ SYSTEMS = [
 
 
 def vocabulary(rng: np.random.Generator) -> list[str]:
-    """Common English words and ~3,000 made-up ones: text that tokenises like prose, some words in pieces."""
+    """Common English words and ~3,000 made-up ones: text that tokenizes like prose, some words in pieces."""
     made = {"".join(rng.choice(SYLLABLES, size=int(rng.integers(2, 5)))) for _ in range(3000)}
     return COMMON + sorted(made)
 

@@ -2,7 +2,7 @@
 
 Wiring only: every task calls one function of `regen.pipeline`, and tasks pass small manifests, never records: no
 XCom grows with the number of prompts (a prepared dataset is its shard count, a group of shards a range).
-plan -> check_server -> prepare (per dataset; a large one's tokenising in parts, per part) ->
+plan -> check_server -> prepare (per dataset; a large one's tokenizing in parts, per part) ->
 [generate -> validate -> export] (per shard, pool-limited) ->
 [verify -> publish] (per dataset, once its own shards finished: every file and record read back, then manifest.json
 last and one asset event)
@@ -45,7 +45,7 @@ def _run(run: dict[str, Any]) -> Any:
 
 @dag(
     dag_id="eagle3_regen",
-    description="Regenerate EAGLE-3 drafter data: SGLang /generate on pre-tokenised prompts, raw output_ids kept",
+    description="Regenerate EAGLE-3 drafter data: SGLang /generate on pre-tokenized prompts, raw output_ids kept",
     doc_md=__doc__,
     schedule=CONFIG.defaults.schedule,
     start_date=datetime(2026, 1, 1),
@@ -94,7 +94,7 @@ def eagle3_regen() -> None:
         with final_errors_fail_now():  # more parts than Airflow maps: the message says what to set
             return pipeline.dataset_parts(_run(run), [p for p in prepared if p])
 
-    # A large dataset's tokenising is shared by mapped tasks, one part each (any worker may take one); its one
+    # A large dataset's tokenizing is shared by mapped tasks, one part each (any worker may take one); its one
     # reader, prepare_dataset, already deduplicated it whole.
     @task(map_index_template="{{ label }}")
     def prepare_part(run: dict[str, Any], part: list[int]) -> dict[str, Any]:

@@ -546,7 +546,7 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"(rejected {prep['dropped_by_reason'] or 'none'}), {generate['total']} answers asked "
             f"(not answered: {generate['dropped_by_reason'] or 'none'}), {dataset['records']} training records, "
             f"{dataset['splits']['truncated']} truncated; validate rejected "
-            f"{dataset['stages']['validate']['dropped_by_reason'] or 'none'}; re-tokenisation drift "
+            f"{dataset['stages']['validate']['dropped_by_reason'] or 'none'}; re-tokenization drift "
             f"{drift.get('drifted')} of {drift.get('sampled')} sampled\n"
             f"  manifest: {dataset['manifest']}\n  report:   {dataset['report']}"
         )

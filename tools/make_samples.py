@@ -122,7 +122,7 @@ def multiturn_rows(rng: random.Random) -> list[str]:
             f"Chat {i}: how would you write {topic} in {lang}?",
             "Can you make it faster?",
             "What are the edge cases I should test?",
-            "Summarise the whole thing in two sentences.",
+            "Summarize the whole thing in two sentences.",
         ][: rng.randint(2, 4)]
         turns = [{"from": "system", "value": "You are a careful programming tutor."}]
         for t, question in enumerate(questions, 1):

@@ -64,7 +64,7 @@ def flavour(profile: Profile) -> Flavour:
         call = (calls.call_begin, call_id, calls.argument_begin, json.dumps({"city": TOOL_CITY}), calls.call_end)
         section = (calls.section_begin, *call, calls.section_end)
         return Flavour(end, eos, (PLAIN[0], end, PLAIN[1], eos), (TOOLS_REASONING, end, *section, eos))
-    # Tagged calls (Qwen's): its pre-tokeniser keeps every newline a token of its own, and "\n" ends the generation
+    # Tagged calls (Qwen's): its pre-tokenizer keeps every newline a token of its own, and "\n" ends the generation
     # suffix, so the script has none but the "\n\n" after the reasoning end.
     if calls.format == "tagged_json":
         body = json.dumps({"name": TOOL_NAME, "arguments": {"city": TOOL_CITY}})

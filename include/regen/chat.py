@@ -206,10 +206,10 @@ class ChatRenderer:
     @cached_property
     def max_token_bytes(self) -> int | None:
         """The most bytes of text one token can stand for: prepare rejects text too long for `max_prompt_tokens`
-        before tokenising it. Read from the vocabulary: a byte-level entry's characters are its bytes, and any other
+        before tokenizing it. Read from the vocabulary: a byte-level entry's characters are its bytes, and any other
         entry's UTF-8 length is at least the text it decodes to (SentencePiece's `▁`, byte fallback's `<0x41>`).
-        A Unicode-composing normaliser (NFC, NFKC) shrinks text at most threefold (three Hangul jamo, one syllable).
-        None, so no cheap bound, when another normaliser could shrink text without limit (whitespace stripping)."""
+        A Unicode-composing normalizer (NFC, NFKC) shrinks text at most threefold (three Hangul jamo, one syllable).
+        None, so no cheap bound, when another normalizer could shrink text without limit (whitespace stripping)."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         normalizer = getattr(backend, "normalizer", None)
         shrink = 1 if normalizer is None else 3 if type(normalizer).__name__ in ("NFC", "NFKC") else None

@@ -3,7 +3,7 @@ no network (the validate stage, regen.stages.validate, reads and writes around i
 check ask it too).
 
 `judge` It finds the output's structural tokens (EOS, turn markers, reasoning and tool-call tokens) in one
-vectorised lookup, then walks only those positions through a small state machine:
+vectorized lookup, then walks only those positions through a small state machine:
 
     [reasoning_start at 0, if the prompt did not open reasoning]  reasoning ... reasoning_end
     answer, and tool calls in the profile's grammar (regen.tool_calls)   EOS
@@ -323,7 +323,7 @@ def _text_problem(answer: RawAnswer, decoded: str) -> str | None:
         return "the server sent no text (started with --skip-tokenizer-init?): its detokenizer cannot be checked"
     digest, tail = text_digest(decoded)
     if digest != answer.text_digest:
-        return "the server's text is not decode(output_ids): it detokenises with another tokenizer or settings"
+        return "the server's text is not decode(output_ids): it detokenizes with another tokenizer or settings"
     if tail != answer.text_replacement_tail and not answer.truncated:
         return f"{answer.text_replacement_tail} trailing U+FFFD in the server's text, {tail} in decode(output_ids)"
     return None

@@ -4,7 +4,7 @@
     {profile}/{dataset}/{version}/
       prompts/prepare.json                     prepare's record of the version's shards (its presence: prepared)
       prompts/parts/index.json                 a dataset prepared in parts: its parts, deduplicated (until finished)
-      prompts/parts/part-00003.parquet         a part's prompts to tokenise; part-00003.json: the shards it wrote
+      prompts/parts/part-00003.parquet         a part's prompts to tokenize; part-00003.json: the shards it wrote
       prompts/shard-00042.parquet              id, source_index, source, messages, tools, meta, prompt_ids
       raw/shard-00042/part-*.jsonl             checkpoints written while generating (resume reads them)
       raw/shard-00042/progress.json            the generating task's numbers at its last checkpoint
@@ -12,7 +12,7 @@
       raw/shard-00042.generation.json          how generating went (requests, retries, server seconds)
       train/shard-00042.parquet                training records (and .jsonl when configured); truncated/ alike
       rejected/prepare.jsonl                   rejected rows, each with its reason; rejected/shard-00042-{stage}.jsonl
-      rejected/prepare-part-00003.jsonl        the prompts a prepare part's tokenising rejected
+      rejected/prepare-part-00003.jsonl        the prompts a prepare part's tokenizing rejected
       reports/shard-00042-verdicts.parquet     validate's verdict on every answer
       reports/shard-00042.json                 the shard's final manifest (its presence: the shard is finished)
       reports/shard-00042.generate.json        its manifest after generate (and .validate.json): the next stage's input
@@ -164,7 +164,7 @@ class DatasetLocation:
         return self._key("prompts", "parts", "index.json")
 
     def prepare_part(self, part: int, suffix: str = ".parquet") -> str:
-        """A part's prompts to tokenise (`.parquet`), or its record of the shards it wrote (`.json`)."""
+        """A part's prompts to tokenize (`.parquet`), or its record of the shards it wrote (`.json`)."""
         return self._key("prompts", "parts", f"part-{part:05d}{suffix}")
 
     def prepare_part_rejections(self, part: int) -> str:

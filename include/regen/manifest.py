@@ -62,7 +62,7 @@ class StageStats:
 @dataclass(frozen=True)
 class GenerationReport:
     """How one shard's generation went, over every try that generated (a killed try counts up to its last
-    checkpoint): what the fleet utilisation and the progress lines are computed from."""
+    checkpoint): what the fleet utilization and the progress lines are computed from."""
 
     started_at: float  # unix time of the first request of the first try
     finished_at: float

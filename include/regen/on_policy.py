@@ -62,7 +62,7 @@ class Ended:
 
 
 def dataset_turns(later: list[Message]) -> list[DatasetTurn]:
-    """The turns cut from a conversation's messages after its first prompt (normalise.select_prompts, on_policy): a
+    """The turns cut from a conversation's messages after its first prompt (normalize.select_prompts, on_policy): a
     turn per run of assistant messages, and one more when the conversation ends waiting for the assistant."""
     turns, i = [], 0
     while True:

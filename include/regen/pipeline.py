@@ -37,7 +37,7 @@ from regen.stages.prepare.eval_suites import load_suites
 from regen.stages.prepare.parts import part_prompts_to_map
 from regen.stages.prepare.prepare import PreparedParts, PrepareSettings, finish_parts, prepare_part, run_prepare
 from regen.stages.prepare.sources import source_digests
-from regen.stages.prepare.tokenise import pool_size
+from regen.stages.prepare.tokenize import pool_size
 from regen.stages.publish.publish import run_publish, verify_contents
 from regen.stages.validate import ValidateSettings, run_validate
 from regen.storage import S3ClientFactory, Storage, check_writable, get_json, open_storage
@@ -137,7 +137,7 @@ class _RunStorage:
 def prepare_dataset(
     run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None, tasks_at_once: int = 1
 ) -> dict[str, Any]:
-    """The dataset read once, normalised and deduplicated, and tokenised into prompt shards: its name, shard and
+    """The dataset read once, normalized and deduplicated, and tokenized into prompt shards: its name, shard and
     prompt counts (the shards themselves are in prompts/prepare.json, see `prepared_version`). A dataset of more
     than one part is left in `parts` for `prepare_dataset_part` and `finish_prepared`. Or, when its inputs are those
     of its last published version (and the run skips unchanged datasets), `unchanged_since` naming that version.
@@ -207,7 +207,7 @@ def part_name(run: RunSpec, reference: list[int]) -> str:
 def prepare_dataset_part(
     run: RunSpec, reference: list[int], s3_client: S3ClientFactory | None = None
 ) -> dict[str, Any]:
-    """One part (`dataset_parts`) of a dataset tokenised into its shards, in this process: the parts are what runs
+    """One part (`dataset_parts`) of a dataset tokenized into its shards, in this process: the parts are what runs
     in parallel, and this process has the renderer already (the preload). Its counts."""
     dataset, part = run.datasets[reference[0]], reference[1]
     location = run.location(dataset)
@@ -220,7 +220,7 @@ def finish_prepared(
     run: RunSpec, prepared: list[dict[str, Any]], s3_client: S3ClientFactory | None = None
 ) -> list[dict[str, Any]]:
     """`prepare_dataset`'s summaries with every dataset left in parts recorded whole (regen.stages.prepare.prepare's
-    `finish_parts`), once all its parts are tokenised. A dataset with a part that failed is left out, with its
+    `finish_parts`), once all its parts are tokenized. A dataset with a part that failed is left out, with its
     reason in the log: it is not prepared (its verify says so), and holds back no other dataset."""
     at, finished = _RunStorage.open(run, s3_client), []
     for summary in prepared:

@@ -66,7 +66,7 @@ class RunParams(BaseModel):
     limit: int | None = _in(
         "What to run",
         "Prompts per dataset",
-        "At most this many prompts of each dataset, the first that tokenise, in order (an on-policy conversation is "
+        "At most this many prompts of each dataset, the first that tokenize, in order (an on-policy conversation is "
         "one prompt; each is then answered samples_per_prompt times at each temperature). Empty = all.",
         ge=1,
     )

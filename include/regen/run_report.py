@@ -15,7 +15,7 @@ from regen.storage import Storage, get_json
 log = logging.getLogger(__name__)
 
 
-def fleet_utilisation(reports: list[GenerationReport], fleet: list[dict[str, Any]]) -> dict[str, Any]:
+def fleet_utilization(reports: list[GenerationReport], fleet: list[dict[str, Any]]) -> dict[str, Any]:
     """Request-seconds the run kept in flight over the fleet's slot-seconds during generation (capped at 1).
 
     Client-side: time a request waited in a server's queue counts as busy, so this is an upper bound; the simulator's
@@ -23,11 +23,11 @@ def fleet_utilisation(reports: list[GenerationReport], fleet: list[dict[str, Any
     """
     slots = fleet_slots(fleet)
     if not reports or slots is None:
-        return {"utilisation": None, "reason": "no generation in this run, or a server without max_running_requests"}
+        return {"utilization": None, "reason": "no generation in this run, or a server without max_running_requests"}
     window = generation_window(reports)
     busy = sum(r.request_seconds for r in reports)
     return {
-        "utilisation": min(1.0, busy / (slots * window)) if window > 0 else None,
+        "utilization": min(1.0, busy / (slots * window)) if window > 0 else None,
         "window_s": round(window, 3),
         "request_seconds": round(busy, 3),
         "slots": slots,
@@ -137,7 +137,7 @@ def write_run_report(
     ({profile}/runs/{version}.json). Raises IncompleteRun, after writing it, when a dataset was not published."""
     missing = sorted(set(datasets) - {p["dataset"] for p in published})
     generations = [GenerationReport.from_dict(g) for p in published for g in p.get("generation", [])]
-    fleet_usage = fleet_utilisation(generations, fleet)
+    fleet_usage = fleet_utilization(generations, fleet)
     train_tokens = sum((p.get("cost") or {}).get("train_tokens", 0) for p in published if not p.get("unchanged"))
     warnings = sglang_version_warnings(fleet)
     summary: dict[str, Any] = {

@@ -273,7 +273,7 @@ def _check_file(
 def _check_records(
     storage: Storage, manifest: dict[str, Any], key: str, path: Path, expected: int | None, result: Verification
 ) -> None:
-    """The records of one split file against the invariants, vectorised over the whole file."""
+    """The records of one split file against the invariants, vectorized over the whole file."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(path, columns=["id", "input_ids", "loss_mask", "prompt_len", "verdict"])

@@ -96,7 +96,7 @@ def mask_known_secrets() -> None:
 
 
 def worker_task_slots() -> int:
-    """The tasks this machine's worker may run at once, each of which may start a tokeniser pool: a Celery worker's
+    """The tasks this machine's worker may run at once, each of which may start a tokenizer pool: a Celery worker's
     `[celery] worker_concurrency`, the LocalExecutor's `[core] parallelism` (the most of those configured)."""
     from airflow.configuration import conf
 

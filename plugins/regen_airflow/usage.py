@@ -6,7 +6,7 @@ process itself (the task runner; never from a scheduler or API server that sets 
 
 `cpu_s` and `peak_rss_mb` are the task runner's (`getrusage(RUSAGE_SELF)`: user + system seconds since it was
 forked, and its high-water resident set); `children_*` are the processes it started and waited for (prepare's
-tokeniser workers): their CPU summed, the largest one's peak. `start_rss_mb` is the resident set as the task began:
+tokenizer workers): their CPU summed, the largest one's peak. `start_rss_mb` is the resident set as the task began:
 a forked process starts with what its supervisor holds, which is the supervisor's, not the task's, so the task's own
 growth is `peak_rss_mb - start_rss_mb`. bench/bench_scale.py reads these lines back per task kind;
 `parse_usage_line` is the one reader.

@@ -597,7 +597,7 @@ def test_on_two_celery_workers_the_shards_are_shared_and_the_output_is_the_local
     assert len(shard_tasks) == 12  # four shards, three stages each
     assert {t["hostname"] for t in shard_tasks} == {"celery-1", "celery-2"}  # both Celery workers took shards
     parts = [t for t in instances["task_instances"] if t["task_id"] == "prepare_part"]
-    assert sorted((t["rendered_map_index"], t["state"]) for t in parts) == [  # B2 was tokenised in two parts
+    assert sorted((t["rendered_map_index"], t["state"]) for t in parts) == [  # B2 was tokenized in two parts
         ("B2_opencodeinstruct/part-00000", "success"),
         ("B2_opencodeinstruct/part-00001", "success"),
     ]

@@ -83,7 +83,7 @@ def test_the_projects_reading_of_generate_is_the_chat_endpoints_message(turn: st
     output_ids = generated_ids(real_sglang, prompt_ids)
     theirs = chat_message(real_sglang, renderer, messages, tools)
 
-    # The server's log holds what the chat endpoint tokenised and what it generated: read those very ids.
+    # The server's log holds what the chat endpoint tokenized and what it generated: read those very ids.
     chat_request = real_sglang.finished()[-1]
     if not tools:  # the same prompt, so the same greedy answer, by either path
         assert chat_request["input_ids"] == prompt_ids and chat_request["output_ids"] == output_ids

@@ -3,7 +3,7 @@ reshapes before the template sees it (tool schemas with database type names, nam
 role, content as text parts, tool results with and without names, history with reasoning), plus requests it refuses.
 
 A conversation ends waiting for the assistant (a user turn or tool results), so the project's `final` prompt is the
-whole request. Tool-call ids are the Kimi profile's own (`functions.{name}:{n}`), which normalise keeps as they are.
+whole request. Tool-call ids are the Kimi profile's own (`functions.{name}:{n}`), which normalize keeps as they are.
 """
 
 from __future__ import annotations

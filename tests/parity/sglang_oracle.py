@@ -109,7 +109,7 @@ class Oracle:
         except ValueError as e:  # serving_chat answers a ValueError from here with a 400
             return {"refused": str(e)}
         if self.multimodal and not self.chat._can_reuse_text_only_prompt_ids(result, True):
-            raise RuntimeError("a multimodal path that re-tokenises the text: not what this oracle models")
+            raise RuntimeError("a multimodal path that re-tokenizes the text: not what this oracle models")
         return {"ids": [int(i) for i in result.prompt_ids]}
 
     def answer(self, body: dict[str, Any], output_ids: list[int]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Prompts: what `prepare` makes of a conversation is what SGLang 0.5.23's `/v1/chat/completions` tokenises for the
+"""Prompts: what `prepare` makes of a conversation is what SGLang 0.5.23's `/v1/chat/completions` tokenizes for the
 same request, id for id, or both refuse it. SGLang's side is its own code (tests/parity/sglang_oracle.py)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from hypothesis import example, given, settings
 
 from regen.chat import ChatRenderer
 from regen.chat_request import Refused
-from regen.stages.prepare.formats import normalise_row
-from regen.stages.prepare.normalise import Conversation, Rejection
-from regen.stages.prepare.tokenise import render
+from regen.stages.prepare.formats import normalize_row
+from regen.stages.prepare.normalize import Conversation, Rejection
+from regen.stages.prepare.tokenize import render
 from tests.parity.conversations import LONG_TEXT, conversation
 from tests.parity.oracle import CASES, DIFFERENTIAL, Oracle
 
@@ -32,10 +32,10 @@ FOUND_IN_CI = {
 
 
 def project_prompt(case: dict[str, Any], renderer: ChatRenderer) -> list[int] | str:
-    """The ids prepare stores for the request's conversation (normalise, the final prompt, render), or why it
+    """The ids prepare stores for the request's conversation (normalize, the final prompt, render), or why it
     refuses it."""
     row = {"messages": case["messages"], "tools": case["tools"]}
-    prompts = normalise_row(row, "openai_messages", KIMI_IDS, "final")
+    prompts = normalize_row(row, "openai_messages", KIMI_IDS, "final")
     if isinstance(prompts, Rejection):
         return f"{prompts.reason}: {prompts.detail}"
     [prompt] = prompts
@@ -48,7 +48,7 @@ def project_prompt(case: dict[str, Any], renderer: ChatRenderer) -> list[int] | 
 
 
 def sglang_prompt(case: dict[str, Any], renderer: ChatRenderer, oracle: Oracle) -> list[int] | str:
-    """What SGLang tokenises for the request a client sends, with the profile's chat_template_kwargs."""
+    """What SGLang tokenizes for the request a client sends, with the profile's chat_template_kwargs."""
     body: dict[str, Any] = {"messages": case["messages"], "chat_template_kwargs": renderer.profile.chat_template_kwargs}
     if case["tools"]:
         body["tools"] = case["tools"]
@@ -97,7 +97,7 @@ def test_long_prompts_follow_kimis_encode_as_sglang_calls_it(
     kimi_renderers: dict[bool, ChatRenderer], kimi_oracle: Oracle
 ) -> None:
     """Kimi's `encode` cuts runs of over 25,000 characters (special-token text counts): SGLang encodes the rendered
-    text that way, and so must prepare, where the template's own tokenisation would not."""
+    text that way, and so must prepare, where the template's own tokenization would not."""
 
     @settings(max_examples=40, deadline=None, derandomize=True, database=None)
     @given(LONG_TEXT)

@@ -130,7 +130,7 @@ def test_numbers_of_another_type_are_escaped_not_formatted(drafter_root: Path) -
     latest["verdicts"] = {MARKER: MARKER}
     latest["template_sha256"] = 12345678901234567890  # a number where a string belongs
     for run in overview.runs:
-        run.update({name: MARKER for name in ("done", "prompts", "requests_per_s", "eta_s", "utilisation")})
+        run.update({name: MARKER for name in ("done", "prompts", "requests_per_s", "eta_s", "utilization")})
         for shard in run["shards"]:
             shard.update({name: MARKER for name in ("done", "total", "requests_per_s", "eta_s", "in_flight")})
     html = page(catalog.storage.root_uri, PROFILE, overview, version=latest)

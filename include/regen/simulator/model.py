@@ -25,7 +25,7 @@ WORDS = (
     "function value list string number loop return input output first second because therefore however "
     "let me think about the edge cases compute verify code test simple efficient"
 ).split()
-SENTENCES = 512  # pre-encoded once: answering costs list slicing, not tokenisation
+SENTENCES = 512  # pre-encoded once: answering costs list slicing, not tokenization
 TOOL_OBJECT = re.compile(r'\{\s*"(?:type|function)"\s*:')  # where a JSON tool declaration may start
 TS_FUNCTION = re.compile(r"^type ([A-Za-z_][\w.-]*) = \(")
 TS_PARAMETER = re.compile(r"^\s*([A-Za-z_]\w*)\??:\s*(.*?)[,;]?\s*$")

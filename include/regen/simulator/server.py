@@ -117,7 +117,7 @@ def verify_sampling(params: dict[str, Any], vocab_size: int) -> dict[str, Any]:
 class Counters:
     """What tests and benchmarks read over HTTP (GET /sim/stats): answers, faults, and busy time.
 
-    `busy_slot_seconds` is the time integral of running requests; two reads give the utilisation over the time
+    `busy_slot_seconds` is the time integral of running requests; two reads give the utilization over the time
     between them: delta busy_slot_seconds / (max_running x delta now).
     """
 
@@ -157,7 +157,7 @@ class Counters:
             **dataclasses.asdict(self),
             "now": now,
             "window_s": window,
-            "utilisation": self.busy_slot_seconds / (self.max_running * window) if window else 0.0,
+            "utilization": self.busy_slot_seconds / (self.max_running * window) if window else 0.0,
         }
 
 

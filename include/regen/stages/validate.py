@@ -1,6 +1,6 @@
 """The validate stage: every raw answer of a shard judged on its ids (regen.judge), each verdict written with its
 lengths and flags, rejections filed with their reasons; a sample of prompts rendered again to catch a template that
-moved since prepare, and a sample of answers re-tokenised to measure what a text pipeline would corrupt.
+moved since prepare, and a sample of answers re-tokenized to measure what a text pipeline would corrupt.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ DRIFT_BATCH = 256  # decoded answers re-encoded per tokenizer call (a few MB of 
 class ValidateSettings:
     render_check_fraction: float = 0.01  # of each shard's prompts re-rendered and compared with the stored ids
     render_check_minimum: int = 16
-    # Share of kept records whose re-tokenisation drift is measured (one encode each, the costliest check there is),
+    # Share of kept records whose re-tokenization drift is measured (one encode each, the costliest check there is),
     # and at least this many per shard.
     retokenize_fraction: float = 0.05
     retokenize_minimum: int = 16
@@ -133,12 +133,12 @@ def run_validate(
 
 
 class _Columns:
-    """The verdicts file's columns, filled a record at a time; the re-tokenisation drift of the sampled records is
+    """The verdicts file's columns, filled a record at a time; the re-tokenization drift of the sampled records is
     measured in batches (`DRIFT_BATCH` texts per encode call), filled in where each record's row is."""
 
     def __init__(self) -> None:
         self.data: dict[str, list[Any]] = {name: [] for name in VERDICTS_SCHEMA.names}
-        self.measured = 0  # records whose re-tokenisation drift was measured (or is waiting in the batch)
+        self.measured = 0  # records whose re-tokenization drift was measured (or is waiting in the batch)
         self._waiting: list[tuple[int, str, list[int]]] = []  # (row, decoded text, output ids)
 
     def append(self, answer: RawAnswer, verdict: Judgement, prompt_len: int) -> None:

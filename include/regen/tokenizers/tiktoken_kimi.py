@@ -55,7 +55,7 @@ class TikTokenTokenizer(PreTrainedTokenizer):
     vocab_files_names = VOCAB_FILES_NAMES
     model_input_names = ["input_ids", "attention_mask"]  # noqa: RUF012 (transformers declares it so)
     num_reserved_special_tokens = 256
-    # Kimi's pre-tokenisation: Han runs apart, words with their leading punctuation, digits in threes.
+    # Kimi's pre-tokenization: Han runs apart, words with their leading punctuation, digits in threes.
     pat_str = "|".join(
         [
             r"[\p{Han}]+",

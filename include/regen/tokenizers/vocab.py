@@ -11,7 +11,7 @@ def entry_bytes(token: str, added: bool = False) -> bytes:
     (`bytes_to_unicode`); an added token, or an entry outside that alphabet, is its own UTF-8 text.
 
     One `str.translate` per entry, not a dict lookup per character: a renderer reads its whole vocabulary (160k
-    entries for Kimi) when it is built, in every tokeniser worker. The table sends each character of the alphabet to
+    entries for Kimi) when it is built, in every tokenizer worker. The table sends each character of the alphabet to
     the Latin-1 character of its byte and every other character below 256 above it, so `encode("latin-1")` gives
     the entry's bytes, and fails exactly when some character is outside the alphabet."""
     if added:

@@ -197,7 +197,7 @@ class Catalog:
     def _page(
         self, pool: ThreadPoolExecutor, dataset: str, names: list[str], latest: str | None, page: int
     ) -> tuple[list[str], list[dict[str, Any]]]:
-        """The versions other than the latest, and page `page` of them summarised."""
+        """The versions other than the latest, and page `page` of them summarized."""
         size = self.limits.page_size
         others = [name for name in names if name != latest]
         shown = others[page * size : (page + 1) * size]

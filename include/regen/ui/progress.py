@@ -58,7 +58,7 @@ def unpublished(
         "requests_per_s": round(rate, 2),
         "eta_s": round((total - done) / rate) if rate > 0 else None,
         "in_flight": in_flight,
-        "utilisation": round(in_flight / slots, 3) if slots else None,
+        "utilization": round(in_flight / slots, 3) if slots else None,
         "retries_by_cause": dict(sum((Counter(s["retries_by_cause"]) for s in generating), Counter())),
     }
 

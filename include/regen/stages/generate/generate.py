@@ -276,7 +276,7 @@ def run_generate(
         raise ValueError(f"{shard.name} holds on-policy conversations: generating them needs the profile's renderer")
     ids = prompts.answer_ids(turn_count)
     if storage.exists(raw_key):  # an earlier attempt finished this shard
-        return _summarise_existing(storage, shard, raw_key, ids)
+        return _summarize_existing(storage, shard, raw_key, ids)
     done = load_checkpoints(storage, shard)
     asked_again = done.ask_again()
     todo = [answer_id for answer_id in ids if answer_id not in done]
@@ -346,7 +346,7 @@ def _write_raw(
     return files
 
 
-def _summarise_existing(storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str]) -> ShardManifest:
+def _summarize_existing(storage: Storage, shard: ShardManifest, raw_key: str, ids: list[str]) -> ShardManifest:
     with tempfile.TemporaryDirectory(prefix="regen-raw-") as tmp:
         path = Path(tmp) / "raw.jsonl.zst"
         storage.get_file(raw_key, path)

@@ -1,1 +1,1 @@
-"""Prompt datasets: reading sources, normalising rows, preparing tokenised shards."""
+"""Prompt datasets: reading sources, normalizing rows, preparing tokenized shards."""

@@ -1,6 +1,6 @@
 """Eval-set decontamination: does a prompt hold an item of a benchmark the drafter will be judged on?
 
-Text is normalised to words (NFKC, case folded, everything that is not a letter or digit a separator, so markdown,
+Text is normalized to words (NFKC, case folded, everything that is not a letter or digit a separator, so markdown,
 punctuation and whitespace do not count) and compared by hashed word n-grams, as GPT-3's contamination study did
 (13-grams). An item is found in a prompt when at least `threshold` of the item's distinct n-grams are in it: exact,
 reformatted and embedded copies all score 1.0 however long the prompt around them, while a prompt that shares one
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from regen.reasons import Reason
-from regen.stages.prepare.normalise import Conversation, Rejection
+from regen.stages.prepare.normalize import Conversation, Rejection
 
 WORD = re.compile(r"[^\W_]+")  # letters and digits: `_`, markdown and punctuation separate words
 # Every text a prompt renders is read: an eval item pasted into a tool result, a tool's description or an earlier

@@ -3,7 +3,7 @@
 Pure functions that never raise on bad data: a row that cannot become a prompt is a `Rejection` with a reason.
 `auto` picks the format per row from the fields it has, in the order of `DETECTION`. A turn's `name` is carried
 along where a format has one; tool results without one (Glaive's `FUNCTION RESPONSE:`, ShareGPT's `observation`)
-are named after the answered call's function by `normalise` (shared docs, DATASETS.md and KIMI_K25.md).
+are named after the answered call's function by `normalize` (shared docs, DATASETS.md and KIMI_K25.md).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 from regen.reasons import Reason
-from regen.stages.prepare.normalise import (
+from regen.stages.prepare.normalize import (
     Conversation,
     RawChat,
     Rejection,
     ToolResultNames,
     Turns,
-    normalise_chat,
+    normalize_chat,
     select_prompts,
 )
 
@@ -76,7 +76,7 @@ def _json_list(value: Any, what: str) -> Any:
 
 def openai_messages(row: dict[str, Any]) -> RawChat | Rejection:
     """`messages` and `tools`; a legacy row (OpenAI's deprecated functions API) declares bare function schemas in
-    `functions` instead, and its `function_call` and `function` turns are converted by `normalise`."""
+    `functions` instead, and its `function_call` and `function` turns are converted by `normalize`."""
     if "messages" not in row:
         return Rejection(Reason.MISSING_MESSAGES, f"no 'messages' field (fields: {_fields(row)})")
     tools = row.get("tools") if row.get("tools") is not None else row.get("functions")
@@ -113,7 +113,7 @@ def _sharegpt_turn(turn: Any, position: int) -> dict[str, Any] | Rejection:
     if role is None:
         return Rejection(Reason.UNKNOWN_ROLE, f"turn {position} is from {str(speaker)[:80]!r}")
     if role != "tool_call":
-        named = {"name": turn["name"]} if "name" in turn else {}  # normalise keeps it when it is a name
+        named = {"name": turn["name"]} if "name" in turn else {}  # normalize keeps it when it is a name
         return {"role": role, "content": value, **named}
     calls = parse_calls(value)
     if isinstance(calls, Rejection):
@@ -271,7 +271,7 @@ def _is_sharegpt(messages: Any) -> bool:
     return isinstance(messages, list) and bool(messages) and isinstance(messages[0], dict) and "from" in messages[0]
 
 
-def normalise_row(
+def normalize_row(
     row: Any,
     source_format: str,
     id_format: str,
@@ -289,7 +289,7 @@ def normalise_row(
     raw = CONVERTERS[chosen](row)
     if isinstance(raw, Rejection):
         return raw
-    conversation = normalise_chat(raw, id_format, tool_result_names)
+    conversation = normalize_chat(raw, id_format, tool_result_names)
     if isinstance(conversation, Rejection):
         return conversation
     return select_prompts(conversation, turns)

@@ -1,5 +1,5 @@
-"""A dataset prepared in parts: its one reader spools the prompts to tokenise into parts of whole shards
-(`prompts/parts/part-*.parquet`, PART_SCHEMA) and writes the parts' index (PartsIndex); each part is tokenised into
+"""A dataset prepared in parts: its one reader spools the prompts to tokenize into parts of whole shards
+(`prompts/parts/part-*.parquet`, PART_SCHEMA) and writes the parts' index (PartsIndex); each part is tokenized into
 its shards, numbered in advance, by a prepare_part task of its own; finish_parts records every part's shards as the
 dataset's. A part's record and the index are the answer to a retry."""
 
@@ -26,16 +26,16 @@ from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.on_policy import dataset_turns
 from regen.rejections import RejectionWriter
-from regen.stages.prepare.normalise import Conversation
+from regen.stages.prepare.normalize import Conversation
 from regen.stages.prepare.reader import Origin, Tally, decontamination_record
 from regen.stages.prepare.settings import PrepareSettings
 from regen.stages.prepare.shards import PROMPT_SCHEMA, ShardWriter, record_prepared
-from regen.stages.prepare.tokenise import Rendered, render_ordered
+from regen.stages.prepare.tokenize import Rendered, render_ordered
 from regen.storage import Storage, get_json, sha256_file
 
 log = logging.getLogger(__name__)
 
-# A prompt to tokenise, as a part holds it: a shard's columns but its ids and samples, with what the shard needs.
+# A prompt to tokenize, as a part holds it: a shard's columns but its ids and samples, with what the shard needs.
 PART_SCHEMA = pa.schema(
     [
         ("sample_id", pa.string()),
@@ -74,7 +74,7 @@ class PartsIndex:
     files, and what the record of the dataset needs once every part has its shards."""
 
     parts: tuple[PartEntry, ...]
-    to_tokenise: int  # prompts passed on to the parts
+    to_tokenize: int  # prompts passed on to the parts
     stats: StageStats  # the reader's: rows that gave no prompt, eval overlaps, duplicates
     rows_read: int
     duplicates: int
@@ -89,7 +89,7 @@ class PartsIndex:
     def to_dict(self) -> dict[str, Any]:
         return {
             "parts": [asdict(part) for part in self.parts],
-            "to_tokenise": self.to_tokenise,
+            "to_tokenize": self.to_tokenize,
             "stats": self.stats.to_dict(),
             "rows_read": self.rows_read,
             "duplicates": self.duplicates,
@@ -106,7 +106,7 @@ class PartsIndex:
     def from_dict(cls, data: dict[str, Any]) -> Self:
         return cls(
             parts=tuple(PartEntry(**part) for part in data["parts"]),
-            to_tokenise=data["to_tokenise"],
+            to_tokenize=data["to_tokenize" if "to_tokenize" in data else "to_tokenise"],  # as written before 2026-12
             stats=StageStats.from_dict(data["stats"]),
             rows_read=data["rows_read"],
             duplicates=data["duplicates"],
@@ -128,7 +128,7 @@ class PartsIndex:
 
 
 def prompt_row(origin: Origin, conversation: Conversation, on_policy: bool) -> dict[str, Any]:
-    """A prompt as a part holds it (PART_SCHEMA), before it is tokenised."""
+    """A prompt as a part holds it (PART_SCHEMA), before it is tokenized."""
     return {
         "sample_id": conversation.sample_id,
         "source_index": origin.index,
@@ -143,7 +143,7 @@ def prompt_row(origin: Origin, conversation: Conversation, on_policy: bool) -> d
 
 
 class PartSpool:
-    """Prompts to tokenise, in parts of `size` prompts, spooled to local Parquet files as they come (memory stays
+    """Prompts to tokenize, in parts of `size` prompts, spooled to local Parquet files as they come (memory stays
     flat); each full part is uploaded once the next one starts (the last one by whoever leaves the dataset in
     parts), its local file then removed."""
 
@@ -205,7 +205,7 @@ def leave_in_parts(
             PartEntry(spool.location.prepare_part(part), spool.uploaded[part], count, part * shards_per_part)
             for part, count in enumerate(spool.counts)
         ),
-        to_tokenise=tally.to_tokenise,
+        to_tokenize=tally.to_tokenize,
         stats=tally.stats,
         rows_read=tally.rows_read,
         duplicates=tally.duplicates,
@@ -219,7 +219,7 @@ def leave_in_parts(
     )
     index.write(spool.storage, spool.location)
     tally.log(f"read into {len(index.parts)} parts")
-    return PreparedParts(len(index.parts), tally.to_tokenise)
+    return PreparedParts(len(index.parts), tally.to_tokenize)
 
 
 def part_rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -227,14 +227,14 @@ def part_rows(path: Path) -> Iterator[dict[str, Any]]:
         yield from batch.to_pylist()
 
 
-def tokenise_part(
+def tokenize_part(
     rows: Iterable[dict[str, Any]],
     renderer: ChatRenderer,
     workers: int,
     shards: ShardWriter,
     rejections: RejectionWriter,
 ) -> StageStats:
-    """A part's prompts tokenised into its shards; what the template or the length limit refuses, rejected."""
+    """A part's prompts tokenized into its shards; what the template or the length limit refuses, rejected."""
     stats = StageStats()
     items = ((row, Conversation(json.loads(row["messages"]), json.loads(row["tools"]))) for row in rows)
     with closing(render_ordered(items, renderer, workers)) as rendered:
@@ -257,7 +257,7 @@ def tokenise_part(
 
 def part_layout(shard_size: int, samples: int, part_prompts: int) -> tuple[int, int]:
     """(prompts per part, shards per part): a part is whole shards of its prompts' samples, so each part's shard
-    numbers are known before any part is tokenised (a part whose prompts were rejected leaves a gap after its last)."""
+    numbers are known before any part is tokenized (a part whose prompts were rejected leaves a gap after its last)."""
     prompts = max(1, max(1, part_prompts // shard_size) * shard_size // samples)
     return prompts, math.ceil(prompts * samples / shard_size)
 
@@ -282,7 +282,7 @@ def part_prompts_to_map(shard_size: int, datasets: list[tuple[int, int]], cap: i
 def prepare_part(
     config: DatasetConfig, location: DatasetLocation, storage: Storage, renderer: ChatRenderer, part: int, workers: int
 ) -> dict[str, Any]:
-    """One part of a dataset prepared in parts, tokenised into its shards: its record (shards, stats, files), also
+    """One part of a dataset prepared in parts, tokenized into its shards: its record (shards, stats, files), also
     stored beside it, where a retry finds it."""
     record_key = location.prepare_part(part, ".json")
     if storage.exists(record_key):
@@ -297,7 +297,7 @@ def prepare_part(
         if sha256_file(path) != entry.sha256:
             raise ValueError(f"{entry.key} does not read back as written (sha256 differs): run the task again")
         shards = ShardWriter(location, storage, index.shard_size, config, entry.first_shard)
-        stats = tokenise_part(part_rows(path), renderer, workers, shards, rejections)
+        stats = tokenize_part(part_rows(path), renderer, workers, shards, rejections)
         files = rejections.upload()
     record = {"part": part, "shards": [s.to_dict() for s in shards.shards], "stats": stats.to_dict(), "files": files}
     storage.put_bytes(record_key, json.dumps(record, indent=1).encode())
@@ -330,7 +330,7 @@ def finish_parts(config: DatasetConfig, location: DatasetLocation, storage: Stor
                 missing.append(part)
         if missing:
             raise PartsNotPrepared(
-                f"{location.dataset}: parts {missing} of {len(index.parts)} were not tokenised (their prepare_part "
+                f"{location.dataset}: parts {missing} of {len(index.parts)} were not tokenized (their prepare_part "
                 "tasks failed and say why); clear them, and the dataset goes on from the parts that finished"
             )
         prepared = _prepared_from(location, index, records)

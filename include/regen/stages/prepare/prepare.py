@@ -1,4 +1,4 @@
-"""The prepare stage: a dataset source -> normalised, deduplicated, tokenised prompt shards in storage.
+"""The prepare stage: a dataset source -> normalized, deduplicated, tokenized prompt shards in storage.
 
 Every row read is accounted for: it becomes prompts (one per regenerated turn) or a rejection with its reason in
 `rejected/prepare.jsonl`, and `total == kept + dropped` counts prompts (in the default `turns: final` mode, one per
@@ -7,11 +7,11 @@ Memory stays flat whatever the dataset size: rows stream in, the seen sample ids
 disk, rejections stream to a file and prompts leave a shard at a time.
 
 A dataset larger than one part (`part_prompts`, and no limit) is prepared in parts, so that several workers share
-its tokenising: one task reads the source once, normalises and deduplicates every row (dedupe stays exact across
-parts) and writes the prompts to tokenise in parts (`prompts/parts/`); each part is tokenised into shards by a task of
+its tokenizing: one task reads the source once, normalizes and deduplicates every row (dedupe stays exact across
+parts) and writes the prompts to tokenize in parts (`prompts/parts/`); each part is tokenized into shards by a task of
 its own (`prepare_part`), its shard numbers fixed in advance; `finish_parts` records the shards of every part in
-`prompts/prepare.json`. A dataset of one part is tokenised at once, by the task that read it. A run with a limit is
-prepared whole: the limit counts prompts that tokenise, which only one reader in order can count.
+`prompts/prepare.json`. A dataset of one part is tokenized at once, by the task that read it. A run with a limit is
+prepared whole: the limit counts prompts that tokenize, which only one reader in order can count.
 
 Idempotent: once `prompts/prepare.json` exists for a dataset version, it is the answer, so a cleared or retried task
 never reshards prompts that later stages already consumed; so is a part's record, and the parts' index.
@@ -35,7 +35,7 @@ from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, StageStats
 from regen.rejections import RejectionWriter
 from regen.samples import samples_of
-from regen.stages.prepare.normalise import Conversation, Rejection
+from regen.stages.prepare.normalize import Conversation, Rejection
 from regen.stages.prepare.parts import (
     PART_SCHEMA,
     PartsIndex,
@@ -48,13 +48,13 @@ from regen.stages.prepare.parts import (
     part_rows,
     prepare_part,
     prompt_row,
-    tokenise_part,
+    tokenize_part,
 )
 from regen.stages.prepare.reader import Origin, SeenIds, Tally, candidates, decontamination_record, reject
 from regen.stages.prepare.settings import PrepareSettings
 from regen.stages.prepare.shards import PROMPT_SCHEMA, ShardWriter, record_prepared
 from regen.stages.prepare.sources import iter_rows
-from regen.stages.prepare.tokenise import Rendered, available_cores, render_ordered
+from regen.stages.prepare.tokenize import Rendered, available_cores, render_ordered
 from regen.storage import Storage, get_json
 
 # The names callers know the stage by, wherever they live now.
@@ -83,7 +83,7 @@ def _prepare_whole(
     rejections: RejectionWriter,
     limit: int | None,
 ) -> None:
-    """Every prompt tokenised as it is read, up to `limit` kept."""
+    """Every prompt tokenized as it is read, up to `limit` kept."""
     with closing(render_ordered(candidates, renderer, workers)) as rendered:
         for origin, result in rendered:
             tally.count(origin, result)
@@ -111,7 +111,7 @@ def run_prepare(
     if storage.exists(location.prepare_index):
         index = PartsIndex.read(storage, location)
         log.info("%s already read into %d parts; reusing them", location.dataset, len(index.parts))
-        return PreparedParts(len(index.parts), index.to_tokenise)
+        return PreparedParts(len(index.parts), index.to_tokenize)
 
     # A prepare that failed part-way (a damaged source, a killed task) left shards with no prepare.json: they are
     # not this version's prompts, and a source fixed since may give fewer shards.
@@ -142,8 +142,8 @@ def run_prepare(
         spool.close()
         if len(spool.counts) > 1:  # left in parts, for prepare_part tasks to share
             return leave_in_parts(spool, shards_per_part, tally, rejections, renderer, settings)
-        if spool.counts:  # one part: tokenised here and now
-            part_stats = tokenise_part(part_rows(spool.path(0)), renderer, workers, shards, rejections)
+        if spool.counts:  # one part: tokenized here and now
+            part_stats = tokenize_part(part_rows(spool.path(0)), renderer, workers, shards, rejections)
             tally.stats = StageStats.merged([tally.stats, part_stats])
         shards.flush()
         files = rejections.upload()

@@ -18,10 +18,10 @@ from regen.reasons import Reason
 from regen.rejections import RejectionWriter
 from regen.stages.prepare.decontaminate import EvalOverlap, check_prompts
 from regen.stages.prepare.eval_suites import Decontamination
-from regen.stages.prepare.formats import normalise_row
-from regen.stages.prepare.normalise import Conversation, Rejection
+from regen.stages.prepare.formats import normalize_row
+from regen.stages.prepare.normalize import Conversation, Rejection
 from regen.stages.prepare.sources import BadRow, SourceRow
-from regen.stages.prepare.tokenise import Rendered
+from regen.stages.prepare.tokenize import Rendered
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class Tally:
         self.stats = StageStats()
         self.rows_read = 0
         self.duplicates = 0
-        self.to_tokenise = 0  # prepared in parts: prompts passed on to the parts, which count them kept or dropped
+        self.to_tokenize = 0  # prepared in parts: prompts passed on to the parts, which count them kept or dropped
         self.by_suite: dict[str, int] = {}  # eval_overlap rejections per eval suite
         self._last_index = -1
         self._started = self._logged = time.monotonic()
@@ -72,7 +72,7 @@ class Tally:
         if isinstance(result, Rendered):
             self.stats.keep()
         elif isinstance(result, Conversation):
-            self.to_tokenise += 1
+            self.to_tokenize += 1
         else:
             self.stats.drop(result.reason)
             self.duplicates += result.reason == Reason.DUPLICATE
@@ -85,12 +85,12 @@ class Tally:
     def log(self, what: str) -> None:
         elapsed = time.monotonic() - self._started
         log.info(
-            "%s %s: %d rows read, %d prompts kept, %d to tokenise in parts, %d duplicates, dropped %s (%.0f rows/s)",
+            "%s %s: %d rows read, %d prompts kept, %d to tokenize in parts, %d duplicates, dropped %s (%.0f rows/s)",
             what,
             self.dataset,
             self.rows_read,
             self.stats.kept,
-            self.to_tokenise,
+            self.to_tokenize,
             self.duplicates,
             dict(sorted(self.stats.dropped_by_reason.items())),
             self.rows_read / elapsed if elapsed else 0.0,
@@ -110,7 +110,7 @@ def candidates(
         if isinstance(row, BadRow):
             yield Origin(row.index, row.source, None), Rejection(row.reason, row.detail)
             continue
-        result = normalise_row(row.value, config.format, id_format, config.turns, config.tool_result_names)
+        result = normalize_row(row.value, config.format, id_format, config.turns, config.tool_result_names)
         if isinstance(result, Rejection):
             yield Origin(row.index, row.source, None), result
             continue

@@ -17,7 +17,7 @@ class PrepareSettings:
     limit: int | None = None  # prompts kept at most; a limited dataset is always prepared whole
     resolve_path: Callable[[str], str] = str  # a source path as the config file's folder makes it
     s3_client: S3ClientFactory | None = None  # makes the boto3 client for s3:// sources
-    workers: int | None = None  # tokenising processes: None all cores, 1 this process
+    workers: int | None = None  # tokenizing processes: None all cores, 1 this process
     inputs: dict[str, Any] = field(default_factory=dict)  # what the version is made from (regen.version_inputs)
     run_id: str | None = None
     part_prompts: int | None = None  # more prompts than this (and no limit): left in parts for prepare_part

@@ -1,4 +1,4 @@
-"""Tokenised prompts -> prompt shards in storage (`prompts/shard-*.parquet`, PROMPT_SCHEMA), one row per sample, and
+"""Tokenized prompts -> prompt shards in storage (`prompts/shard-*.parquet`, PROMPT_SCHEMA), one row per sample, and
 the record of a prepared dataset's shards (`prompts/prepare.json`)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ PROMPT_SCHEMA = pa.schema(
 
 
 class ShardWriter:
-    """Tokenised prompts -> shards of `shard_size` rows, numbered from `first_shard`."""
+    """Tokenized prompts -> shards of `shard_size` rows, numbered from `first_shard`."""
 
     def __init__(
         self, location: DatasetLocation, storage: Storage, shard_size: int, config: DatasetConfig, first_shard: int = 0

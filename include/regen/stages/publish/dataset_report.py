@@ -1,8 +1,8 @@
 """What a published dataset version is made of: counts by verdict and reason, token lengths, tool calls, truncation,
-throughput and the re-tokenisation drift, as `report.json` and an HTML page with PNG plots beside the manifest.
+throughput and the re-tokenization drift, as `report.json` and an HTML page with PNG plots beside the manifest.
 
 Computed from the shards' verdict files (one row per answered sample, written by validate), so it costs a read of a
-few columns, never of the token ids. The re-tokenisation drift is the share of records whose `encode(decode(ids))`
+few columns, never of the token ids. The re-tokenization drift is the share of records whose `encode(decode(ids))`
 differs from the ids the model produced: what a pipeline that kept text instead of ids would have corrupted.
 """
 
@@ -195,7 +195,7 @@ Tool-call rate {report.get("tool_call_rate", 0)}. Truncated in the reasoning
 {report.get("truncation_rate", {}).get("in_answer", 0)}.
 Throughput {report.get("throughput", {}).get("answers_per_s")} answers/s,
 {report.get("throughput", {}).get("output_tokens_per_s")} output tokens/s.
-Re-tokenisation drift: {drift.get("drifted", 0)} of {drift.get("sampled", 0)} sampled records
+Re-tokenization drift: {drift.get("drifted", 0)} of {drift.get("sampled", 0)} sampled records
 ({drift.get("rate")}) would have changed had this data been kept as text.</p>
 <h2>Verdicts</h2><table><tr><th>verdict</th><th>records</th></tr>{rows}</table>
 <h2>Token lengths (kept records)</h2>

@@ -344,7 +344,7 @@ def run_publish(
     )
     drift = report.get("retokenize_drift") or {}
     log.info(
-        "%s: %d answers -> %d train, %d truncated, %d rejected %s; tool-call rate %s; re-tokenisation drift %s of %s "
+        "%s: %d answers -> %d train, %d truncated, %d rejected %s; tool-call rate %s; re-tokenization drift %s of %s "
         "sampled; report: %s",
         location.dataset,
         report.get("answered", 0),
@@ -374,7 +374,7 @@ def run_publish(
         "prepare": manifest["prepare"],
         "verified": {k: v for k, v in verified.items() if k != "contents"},
         # The version's shards' generation in one report (sums and the window), so this value stays the same size
-        # however many shards there are: what the run report's utilisation and cost are computed from.
+        # however many shards there are: what the run report's utilization and cost are computed from.
         "generation": [dataclasses.asdict(g) for g in [GenerationReport.combined(generations)] if g],
         "generated_shards": len(generations),
     }

@@ -133,7 +133,7 @@ def test_the_dataset_report_counts_what_landed(published: tuple[PreparedDataset,
     assert manifest["profile"]["chat_template_sha256"] and manifest["profile"]["tokenizer_files_sha256"]
 
 
-def test_retokenisation_drift_is_what_a_text_pipeline_would_corrupt(
+def test_retokenization_drift_is_what_a_text_pipeline_would_corrupt(
     published: tuple[PreparedDataset, LocalStorage, dict[str, Any]], renderer: ChatRenderer
 ) -> None:
     prepared, storage, _ = published

@@ -1,5 +1,5 @@
 """Prepare over an adversarial corpus of more than 10,000 rows, in a child process whose whole process tree (the
-tokeniser workers included) is watched for memory: it never crashes, stays under the memory target, rejects every
+tokenizer workers included) is watched for memory: it never crashes, stays under the memory target, rejects every
 bad row with its reason, and accounts for every line, item and Parquet row. Sources that cannot be read at all (a
 truncated gzip, a damaged Parquet file) fail that dataset with the file's name and leave no prompts behind.
 
@@ -29,9 +29,9 @@ from regen.reasons import Reason
 from regen.stages.prepare.sources import MAX_DEPTH, MAX_ROW_BYTES
 from tests.unit.stages.prepare.test_prepare_properties import rows as hypothesis_rows
 
-# Peak RSS of prepare's whole process tree (the task process and its two tokeniser workers), whatever the input.
+# Peak RSS of prepare's whole process tree (the task process and its two tokenizer workers), whatever the input.
 # Measured on this corpus: about 600 MB, most of it three interpreters with transformers loaded; 1,070 MB when the
-# over-long messages were tokenised rather than rejected by their byte length (docs/data.md, "Hostile input").
+# over-long messages were tokenized rather than rejected by their byte length (docs/data.md, "Hostile input").
 MEMORY_TARGET_MB = 1024
 PREPARE_REASONS = {reason.value for reason in Reason if reason.stage == "prepare"}
 

@@ -12,8 +12,8 @@ from regen.chat import ChatRenderer
 from regen.config import load_config
 from regen.profiles import lookup
 from regen.reasons import Reason
-from regen.stages.prepare.normalise import Rejection
-from regen.stages.prepare.tokenise import Job, render, render_many
+from regen.stages.prepare.normalize import Rejection
+from regen.stages.prepare.tokenize import Job, render, render_many
 from regen.tokenizers.kimi_mini import ensure_tiktoken_tokenizer
 from regen.tokenizers.slow_kimi import ensure_slow_tokenizer
 

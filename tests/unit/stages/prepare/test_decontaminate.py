@@ -1,4 +1,4 @@
-"""Decontamination's core: which prompts hold an eval item, by hashed word n-grams over normalised text."""
+"""Decontamination's core: which prompts hold an eval item, by hashed word n-grams over normalized text."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from regen.reasons import Reason
 from regen.stages.prepare.decontaminate import OverlapIndex, check_prompts, prompt_text, words
-from regen.stages.prepare.normalise import Conversation
+from regen.stages.prepare.normalize import Conversation
 
 GSM8K = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

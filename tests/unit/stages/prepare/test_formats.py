@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from regen.stages.prepare.formats import detect_format, glaive_tools, normalise_row, parse_calls
-from regen.stages.prepare.normalise import Conversation, Rejection
+from regen.stages.prepare.formats import detect_format, glaive_tools, normalize_row, parse_calls
+from regen.stages.prepare.normalize import Conversation, Rejection
 
 KIMI_IDS = "functions.{name}:{index}"
 
@@ -95,7 +95,7 @@ def only(result: list[Conversation] | Rejection) -> Conversation:
 
 
 def test_glaive_row_becomes_messages_tools_and_tool_calls() -> None:
-    conversation = only(normalise_row(GLAIVE_ROW, "glaive", KIMI_IDS))
+    conversation = only(normalize_row(GLAIVE_ROW, "glaive", KIMI_IDS))
     assert conversation.tools == [{"type": "function", "function": BMI}, {"type": "function", "function": NEWS}]
     assert conversation.messages == [
         {
@@ -135,7 +135,7 @@ def test_glaive_row_without_functions() -> None:
         "system": "SYSTEM: You are a helpful assistant, with no access to external functions.",
         "chat": "USER: Tell me a joke.\n\n\nASSISTANT: Why did the chicken cross the road? <|endoftext|>\n",
     }
-    conversation = only(normalise_row(row, "auto", KIMI_IDS))
+    conversation = only(normalize_row(row, "auto", KIMI_IDS))
     assert conversation.tools == []
     assert conversation.messages == [
         {"role": "system", "content": "You are a helpful assistant, with no access to external functions."},
@@ -179,24 +179,24 @@ def test_function_calls_written_as_text(text: str, expected: list[dict[str, Any]
 
 
 def test_opencodeinstruct_row_keeps_metadata_without_the_reference_answer() -> None:
-    conversation = only(normalise_row(OCI_ROW, "auto", KIMI_IDS))
+    conversation = only(normalize_row(OCI_ROW, "auto", KIMI_IDS))
     assert conversation.messages == [{"role": "user", "content": OCI_ROW["input"]}]
     assert conversation.meta == {k: v for k, v in OCI_ROW.items() if k not in ("input", "output")}
 
 
 def test_openai_row_keeps_reasoning_and_renames_tool_call_ids() -> None:
-    conversation = only(normalise_row(OPENAI_ROW, "auto", KIMI_IDS))
+    conversation = only(normalize_row(OPENAI_ROW, "auto", KIMI_IDS))
     assert [m["role"] for m in conversation.messages] == ["system", "user", "assistant", "tool"]
     assert conversation.messages[2]["reasoning_content"] == "I should call the weather tool."
     assert conversation.messages[2]["tool_calls"][0]["id"] == "functions.weather:0"
     assert conversation.messages[3]["tool_call_id"] == "functions.weather:0"
     assert "name" not in conversation.messages[3]  # none given: production renders the header `tool`
-    named = only(normalise_row(OPENAI_ROW, "auto", KIMI_IDS, "final", "from_call"))
+    named = only(normalize_row(OPENAI_ROW, "auto", KIMI_IDS, "final", "from_call"))
     assert named.messages[3]["name"] == "weather"  # from_call: the answered call's function
 
 
 def test_sharegpt_row_keeps_history_and_drops_the_final_answer() -> None:
-    conversation = only(normalise_row(SHAREGPT_ROW, "auto", KIMI_IDS))
+    conversation = only(normalize_row(SHAREGPT_ROW, "auto", KIMI_IDS))
     assert conversation.messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is 2+2?"},
@@ -207,7 +207,7 @@ def test_sharegpt_row_keeps_history_and_drops_the_final_answer() -> None:
 
 
 def test_sharegpt_function_calls_and_observations_become_tool_turns() -> None:
-    conversation = only(normalise_row(SHAREGPT_TOOLS_ROW, "sharegpt", KIMI_IDS))
+    conversation = only(normalize_row(SHAREGPT_TOOLS_ROW, "sharegpt", KIMI_IDS))
     assert conversation.tools == [{"type": "function", "function": NEWS}]  # a bare schema, wrapped
     assert conversation.messages[1:] == [
         {
@@ -238,7 +238,7 @@ def test_sharegpt_turns_keep_their_names() -> None:
             {"from": "human", "name": "", "value": "Thanks"},
         ],
     }
-    messages = only(normalise_row(row, "sharegpt", KIMI_IDS)).messages
+    messages = only(normalize_row(row, "sharegpt", KIMI_IDS)).messages
     assert [(m["role"], m.get("name")) for m in messages] == [
         ("user", "alice"),
         ("assistant", None),
@@ -261,7 +261,7 @@ def test_legacy_openai_function_call_rows_become_a_tool_call_and_its_named_resul
         ],
         "functions": [NEWS],
     }
-    conversation = only(normalise_row(row, "auto", KIMI_IDS))
+    conversation = only(normalize_row(row, "auto", KIMI_IDS))
     assert conversation.tools == [{"type": "function", "function": NEWS}]  # `functions`: bare schemas, wrapped
     assert conversation.meta == {}
     assert conversation.messages == [
@@ -299,7 +299,7 @@ def test_legacy_openai_function_call_rows_become_a_tool_call_and_its_named_resul
     ],
 )
 def test_single_turn_formats(row: dict[str, Any], content: str) -> None:
-    conversation = only(normalise_row(row, "auto", KIMI_IDS))
+    conversation = only(normalize_row(row, "auto", KIMI_IDS))
     assert conversation.messages == [{"role": "user", "content": content}]
     assert "output" not in conversation.meta
 
@@ -378,12 +378,12 @@ BROKEN_GLAIVE_CALL = GLAIVE_CHAT.replace('\'{"weight": 70, "height": 1.75}\'', "
 def test_broken_rows_of_every_format_are_rejected_with_a_reason(
     row: dict[str, Any], source_format: str, reason: str
 ) -> None:
-    result = normalise_row(row, source_format, KIMI_IDS)
+    result = normalize_row(row, source_format, KIMI_IDS)
     assert isinstance(result, Rejection)
     assert result.reason == reason and result.detail
 
 
 def test_an_explicit_format_overrides_detection() -> None:
     row = {"prompt": "from the prompt column", "input": "from the input column"}
-    assert only(normalise_row(row, "auto", KIMI_IDS)).messages[0]["content"] == "from the input column"
-    assert only(normalise_row(row, "prompt", KIMI_IDS)).messages[0]["content"] == "from the prompt column"
+    assert only(normalize_row(row, "auto", KIMI_IDS)).messages[0]["content"] == "from the input column"
+    assert only(normalize_row(row, "prompt", KIMI_IDS)).messages[0]["content"] == "from the prompt column"

@@ -152,11 +152,11 @@ def test_a_prepare_broken_off_by_a_damaged_file_leaves_nothing_a_rerun_keeps(tmp
     )
 
 
-def test_a_message_too_long_for_any_tokenisation_is_rejected_before_tokenising(
+def test_a_message_too_long_for_any_tokenization_is_rejected_before_tokenizing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from regen.profiles import lookup
-    from regen.stages.prepare.tokenise import render
+    from regen.stages.prepare.tokenize import render
 
     renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
     per_token, limit = renderer.max_token_bytes, renderer.profile.max_prompt_tokens
@@ -165,34 +165,34 @@ def test_a_message_too_long_for_any_tokenisation_is_rejected_before_tokenising(
     table = renderer._byte_table()
     assert table is not None and max(len(entry) for entry in table.table) == per_token
 
-    def no_tokenising(*args: object) -> list[int]:
-        raise AssertionError("tokenised a message that cannot fit")
+    def no_tokenizing(*args: object) -> list[int]:
+        raise AssertionError("tokenized a message that cannot fit")
 
     huge = [{"role": "user", "content": "ten megabytes " * 750_000}]
     with monkeypatch.context() as patched:
-        patched.setattr(renderer, "render_ids", no_tokenising)
+        patched.setattr(renderer, "render_ids", no_tokenizing)
         rejected = render(renderer, huge, [])
     assert not isinstance(rejected, list) and rejected.reason == "prompt_too_long"
-    assert f"more than {limit} tokens however it is tokenised" in rejected.detail
-    # Just past the limit in tokens but under the byte bound: tokenised, and rejected by its count.
+    assert f"more than {limit} tokens however it is tokenized" in rejected.detail
+    # Just past the limit in tokens but under the byte bound: tokenized, and rejected by its count.
     words = [{"role": "user", "content": "word " * (limit + 10)}]
     counted = render(renderer, words, [])
     assert not isinstance(counted, list) and counted.detail.endswith(f"tokens > {limit}")
 
 
-def test_no_cheap_bound_when_a_normaliser_could_shrink_text_without_limit() -> None:
+def test_no_cheap_bound_when_a_normalizer_could_shrink_text_without_limit() -> None:
     from tokenizers import normalizers
 
     from regen.profiles import lookup
 
-    def with_normaliser(normaliser: normalizers.Normalizer) -> ChatRenderer:
+    def with_normalizer(normalizer: normalizers.Normalizer) -> ChatRenderer:
         renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
         renderer.tokenizer = copy.deepcopy(renderer.tokenizer)  # the loaded tokenizer is shared: change a copy
-        renderer.tokenizer.backend_tokenizer.normalizer = normaliser
+        renderer.tokenizer.backend_tokenizer.normalizer = normalizer
         return renderer
 
     plain = ChatRenderer(lookup("kimi-k2.5-mini")).max_token_bytes
     assert plain is not None
-    assert with_normaliser(normalizers.Strip()).max_token_bytes is None
-    assert with_normaliser(normalizers.NFC()).max_token_bytes == 3 * plain
+    assert with_normalizer(normalizers.Strip()).max_token_bytes is None
+    assert with_normalizer(normalizers.NFC()).max_token_bytes == 3 * plain
     assert ChatRenderer(lookup("kimi-k2.5-mini")).tokenizer.backend_tokenizer.normalizer is None

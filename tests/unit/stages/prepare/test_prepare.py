@@ -148,7 +148,7 @@ def test_an_s3_source_is_prepared(tmp_path: Path, renderer: ChatRenderer, s3_cli
 
 
 @pytest.mark.parametrize("workers", [pytest.param(2, id="two-workers")])
-def test_parallel_tokenisation_gives_the_same_shards_as_one_process(
+def test_parallel_tokenization_gives_the_same_shards_as_one_process(
     tmp_path: Path, renderer: ChatRenderer, workers: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     source = Path(load_config().resolve("../data/samples/B1_glaive.jsonl")).read_text().splitlines()
@@ -157,9 +157,9 @@ def test_parallel_tokenisation_gives_the_same_shards_as_one_process(
     (tmp_path / "mixed.jsonl").write_text("\n".join(rows) + "\n")
     config = DatasetConfig(paths=["mixed.jsonl"])
     one, storage = prepare_config(tmp_path, renderer, config, "one")
-    with caplog.at_level(logging.INFO, logger="regen.stages.prepare.tokenise"):
+    with caplog.at_level(logging.INFO, logger="regen.stages.prepare.tokenize"):
         many, _ = prepare_config(tmp_path, renderer, config, "many", workers=workers)
-    assert f"tokenising with {workers} worker processes" in caplog.text
+    assert f"tokenizing with {workers} worker processes" in caplog.text
     assert many.stats == one.stats and many.stats.kept == 1036
     assert shard_rows(storage, many) == shard_rows(storage, one)
     rejected = [storage.get_bytes(p.location.prepare_rejections) for p in (one, many)]

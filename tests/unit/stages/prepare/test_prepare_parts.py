@@ -1,4 +1,4 @@
-"""A dataset prepared in parts (one reader, several tokenising tasks) gives what one task gives: the same prompts in
+"""A dataset prepared in parts (one reader, several tokenizing tasks) gives what one task gives: the same prompts in
 the same order, the same counts and rejections, dedupe exact across the parts."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def rejected(storage: Storage, prepared: PreparedDataset) -> list[dict[str, Any]
 @pytest.fixture
 def mixed(tmp_path: Path) -> Path:
     """Repeats of every sample dataset's rows (duplicates across parts, bad lines still bad), plus prompts too long
-    to keep, spread through the file: what the index drops and what only tokenising rejects."""
+    to keep, spread through the file: what the index drops and what only tokenizing rejects."""
     config = load_config()
     lines = []
     for name in ("B1_glaive", "B2_opencodeinstruct"):
@@ -101,7 +101,7 @@ def test_parts_give_the_prompts_counts_and_rejections_of_one_task(
     assert [r | {"id": None} for r in rejected(storage, in_parts)] == [
         r | {"id": None} for r in rejected(storage, whole)
     ]
-    # Each part's shards are numbered from part x shards_per_part: known before any part was tokenised.
+    # Each part's shards are numbered from part x shards_per_part: known before any part was tokenized.
     # (a part whose prompts were all rejected leaves a gap in the numbers: nothing else may assume none)
     by_part: dict[int, list[int]] = {}
     for shard in in_parts.shards:
@@ -152,7 +152,7 @@ def test_parts_are_retried_alone_and_finish_waits_for_every_one(
     shard = Path(storage.uri(first["shards"][0]["prompts_key"]))
     before = shard.stat().st_mtime_ns
     assert prepare_part(config, location, storage, renderer, 0, workers=1) == first
-    assert shard.stat().st_mtime_ns == before  # a retried part returns its record, nothing tokenised again
+    assert shard.stat().st_mtime_ns == before  # a retried part returns its record, nothing tokenized again
     assert parts.parts > 2
     with pytest.raises(PartsNotPrepared, match=re.escape(f"parts {list(range(1, parts.parts))} of {parts.parts}")):
         finish_parts(config, location, storage)

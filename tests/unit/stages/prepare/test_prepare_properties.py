@@ -1,4 +1,4 @@
-"""Property tests: whatever a row holds, normalisation never raises, and prepare accounts for every row."""
+"""Property tests: whatever a row holds, normalization never raises, and prepare accounts for every row."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from regen.config import DatasetConfig
 from regen.layout import DatasetLocation
 from regen.profiles import lookup
 from regen.reasons import Reason
-from regen.stages.prepare.formats import CONVERTERS, SHAREGPT_ROLES, normalise_row
-from regen.stages.prepare.normalise import Conversation, Rejection
+from regen.stages.prepare.formats import CONVERTERS, SHAREGPT_ROLES, normalize_row
+from regen.stages.prepare.normalize import Conversation, Rejection
 from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.storage import LocalStorage
 
@@ -114,11 +114,11 @@ def check_prompt(prompt: Conversation) -> None:
 
 @settings(max_examples=400, deadline=None)
 @given(row_and_format=rows_and_formats, turns=turn_modes)
-def test_normalisation_never_raises_and_gives_prompts_or_a_known_reason(
+def test_normalization_never_raises_and_gives_prompts_or_a_known_reason(
     row_and_format: tuple[Any, str], turns: Any
 ) -> None:
     row, source_format = row_and_format
-    result = normalise_row(row, source_format, KIMI_IDS, turns)
+    result = normalize_row(row, source_format, KIMI_IDS, turns)
     if isinstance(result, Rejection):
         assert result.reason in REASONS and isinstance(result.detail, str) and result.detail
     else:

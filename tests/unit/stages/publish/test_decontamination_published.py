@@ -24,12 +24,12 @@ from tests.unit.stages.prepare.test_decontaminate import GSM8K
 def test_the_manifest_report_and_page_name_the_suites(
     tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
 ) -> None:
-    from regen.stages.prepare.formats import normalise_row
+    from regen.stages.prepare.formats import normalize_row
 
     config = load_config()
     source = config.dataset("B1_glaive")
     rows = Path(config.resolve(source.paths[0])).read_text().splitlines()  # type: ignore[index]
-    first = normalise_row(json.loads(rows[0]), "auto", renderer.profile.tool_call_id_format, "final", "as_given")
+    first = normalize_row(json.loads(rows[0]), "auto", renderer.profile.tool_call_id_format, "final", "as_given")
     assert isinstance(first, list)
     leaked = prompt_text(first[0].messages[:2])  # the start of one of the dataset's own prompts
     suite_file = tmp_path / "held_out.jsonl"

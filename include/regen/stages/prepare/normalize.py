@@ -152,8 +152,8 @@ def _tool_call(call: Any, index: int, id_format: str) -> tuple[dict[str, Any], s
         return arguments
     original_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else f"call_{index}"
     new_id = id_format.format(name=fn["name"], index=index, id=original_id)
-    normalised = {"id": new_id, "type": "function", "function": {"name": fn["name"], "arguments": arguments}}
-    return normalised, original_id
+    normalized = {"id": new_id, "type": "function", "function": {"name": fn["name"], "arguments": arguments}}
+    return normalized, original_id
 
 
 class _CallIds:
@@ -203,9 +203,9 @@ def _assistant(
         result = _tool_call(call, ids.count, id_format)
         if isinstance(result, Rejection):
             return result
-        normalised, original_id = result
-        ids.add(original_id, normalised["id"], normalised["function"]["name"])
-        message.setdefault("tool_calls", []).append(normalised)
+        normalized, original_id = result
+        ids.add(original_id, normalized["id"], normalized["function"]["name"])
+        message.setdefault("tool_calls", []).append(normalized)
     return None
 
 
@@ -238,7 +238,7 @@ def _message(
     return message
 
 
-def normalise_chat(
+def normalize_chat(
     raw: RawChat, id_format: str, tool_result_names: ToolResultNames = "as_given"
 ) -> Conversation | Rejection:
     """The whole conversation, every turn checked; tool-call ids rewritten with the profile's `id_format`."""

@@ -5,15 +5,15 @@ from typing import Any
 import pytest
 
 from regen.reasons import Reason
-from regen.stages.prepare.formats import normalise_row
-from regen.stages.prepare.normalise import Conversation, RawChat, Rejection, check_tools, normalise_chat, select_prompts
+from regen.stages.prepare.formats import normalize_row
+from regen.stages.prepare.normalize import Conversation, RawChat, Rejection, check_tools, normalize_chat, select_prompts
 
 KIMI_IDS = "functions.{name}:{index}"
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
 
 
 def prompts(row: Any, turns: str = "final") -> list[Conversation]:
-    result = normalise_row(row, "openai_messages", KIMI_IDS, turns)  # type: ignore[arg-type]
+    result = normalize_row(row, "openai_messages", KIMI_IDS, turns)  # type: ignore[arg-type]
     assert isinstance(result, list), result
     return result
 
@@ -101,7 +101,7 @@ def test_results_without_ids_answer_parallel_calls_in_order() -> None:
         TOOLS,
         {},
     )
-    conversation = normalise_chat(raw, KIMI_IDS)
+    conversation = normalize_chat(raw, KIMI_IDS)
     assert isinstance(conversation, Conversation)
     assert [m.get("tool_call_id") for m in conversation.messages[2:]] == ["functions.lookup:0", "functions.lookup:1"]
 
@@ -125,10 +125,10 @@ def test_results_keep_the_name_they_are_given_and_from_call_names_the_rest() -> 
         TOOLS,
         {},
     )
-    as_given = normalise_chat(raw, KIMI_IDS)
+    as_given = normalize_chat(raw, KIMI_IDS)
     assert isinstance(as_given, Conversation)
     assert [m.get("name") for m in as_given.messages[2:]] == [None, None, None, "given"]
-    conversation = normalise_chat(raw, KIMI_IDS, "from_call")
+    conversation = normalize_chat(raw, KIMI_IDS, "from_call")
     assert isinstance(conversation, Conversation)
     assert [(m["tool_call_id"], m.get("name")) for m in conversation.messages[2:-1]] == [
         ("functions.weather:1", "weather"),
@@ -150,7 +150,7 @@ def test_names_a_dataset_gives_are_kept_for_every_role() -> None:
         TOOLS,
         {},
     )
-    conversation = normalise_chat(raw, KIMI_IDS)
+    conversation = normalize_chat(raw, KIMI_IDS)
     assert isinstance(conversation, Conversation)
     assert [(m["role"], m.get("name")) for m in conversation.messages] == [
         ("developer", "policy"),
@@ -172,7 +172,7 @@ def test_legacy_function_call_and_function_result_become_a_tool_call_and_tool_re
         TOOLS,
         {},
     )
-    conversation = normalise_chat(raw, KIMI_IDS)
+    conversation = normalize_chat(raw, KIMI_IDS)
     assert isinstance(conversation, Conversation)
     assert conversation.messages[1:] == [
         {
@@ -361,6 +361,6 @@ def test_select_prompts_rejects_conversations_with_nothing_to_answer() -> None:
     ],
 )
 def test_bad_rows_are_rejected_with_a_reason(row: object, reason: str) -> None:
-    result = normalise_row(row, "openai_messages", KIMI_IDS)
+    result = normalize_row(row, "openai_messages", KIMI_IDS)
     assert isinstance(result, Rejection)
     assert result.reason == reason and result.detail

@@ -9,8 +9,8 @@ from typing import Any
 from regen.chat import ChatRenderer
 from regen.profiles import lookup
 from regen.reasons import Reason
-from regen.stages.prepare.normalise import Conversation, Rejection
-from regen.stages.prepare.tokenise import Rendered, render_ordered
+from regen.stages.prepare.normalize import Conversation, Rejection
+from regen.stages.prepare.tokenize import Rendered, render_ordered
 from regen.tokenizers.slow_kimi import ensure_slow_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
@@ -67,32 +67,32 @@ def test_the_slow_python_tokenizer_gives_the_mini_tokenizers_ids(renderer: ChatR
         assert slow.decode(ids) == renderer.decode(ids)
 
 
-def _tokenise_in_a_daemon(results: Any) -> None:
+def _tokenize_in_a_daemon(results: Any) -> None:
     """A daemonic process's work, as a Celery pool process runs a task: prepare's workers, and what they said."""
     import logging
 
     said: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("regen.stages.prepare.tokenise").addHandler(handler)
-    logging.getLogger("regen.stages.prepare.tokenise").setLevel(logging.INFO)
+    logging.getLogger("regen.stages.prepare.tokenize").addHandler(handler)
+    logging.getLogger("regen.stages.prepare.tokenize").setLevel(logging.INFO)
     renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
     items = [(i, c) for i, c in enumerate(CONVERSATIONS)]
     rendered = list(render_ordered(items, renderer, workers=2, in_process_below=0))
     results.put((multiprocessing.current_process().daemon, said, [r for _, r in rendered]))
 
 
-def test_a_daemonic_process_tokenises_in_worker_processes(renderer: ChatRenderer) -> None:
+def test_a_daemonic_process_tokenizes_in_worker_processes(renderer: ChatRenderer) -> None:
     """Celery runs tasks in daemonic processes, which multiprocessing forbids children: prepare still starts its
-    tokeniser workers there, and their ids are those of rendering in-process."""
+    tokenizer workers there, and their ids are those of rendering in-process."""
     context = multiprocessing.get_context("fork")
     results = context.Queue()
-    daemon = context.Process(target=_tokenise_in_a_daemon, args=(results,), daemon=True)
+    daemon = context.Process(target=_tokenize_in_a_daemon, args=(results,), daemon=True)
     daemon.start()
     was_daemonic, said, rendered = results.get(timeout=120)
     daemon.join(30)
     assert was_daemonic is True and daemon.exitcode == 0
-    assert "tokenising with 2 worker processes (spawn, profile kimi-k2.5-mini)" in said
+    assert "tokenizing with 2 worker processes (spawn, profile kimi-k2.5-mini)" in said
     assert rendered == [r for _, r in render_ordered(enumerate(CONVERSATIONS), renderer, workers=1)]
 
 
@@ -101,8 +101,8 @@ if __name__ != "__main__":
     raise RuntimeError("the parent's __main__ was imported again in a worker")
 from regen.chat import ChatRenderer
 from regen.profiles import lookup
-from regen.stages.prepare.normalise import Conversation
-from regen.stages.prepare.tokenise import render_ordered
+from regen.stages.prepare.normalize import Conversation
+from regen.stages.prepare.tokenize import render_ordered
 
 renderer = ChatRenderer(lookup("kimi-k2.5-mini"))
 items = [(i, Conversation([{"role": "user", "content": f"question {i}"}], [])) for i in range(40)]

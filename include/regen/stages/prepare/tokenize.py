@@ -30,7 +30,7 @@ from regen.chat import ChatRenderer
 from regen.chat_request import Refused
 from regen.profiles import Profile
 from regen.reasons import Reason
-from regen.stages.prepare.normalise import Conversation, Rejection
+from regen.stages.prepare.normalize import Conversation, Rejection
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def available_cores() -> int:
 
 
 def pool_size(configured: int | None, tasks_at_once: int = 1) -> int:
-    """Tokeniser processes for one task: as configured, or (None) its share of this machine's cores when
+    """Tokenizer processes for one task: as configured, or (None) its share of this machine's cores when
     `tasks_at_once` tasks may run on it together, each starting a pool (a Celery worker's concurrency): C pools of
     every core each would put C times the cores' work on them."""
     return configured or max(1, available_cores() // max(1, tasks_at_once))
@@ -100,7 +100,7 @@ def render_many(renderer: ChatRenderer, jobs: list[Job]) -> list[Result]:
 
 
 def _refused(e: TemplateError | Refused) -> Rejection:
-    if isinstance(e, Refused):  # normalise refuses these first; a conversation built elsewhere may still hold one
+    if isinstance(e, Refused):  # normalize refuses these first; a conversation built elsewhere may still hold one
         return Rejection(Reason.TEMPLATE_ERROR, f"SGLang's chat layer refuses it: {e}"[:300])
     return Rejection(Reason.TEMPLATE_ERROR, str(e)[:300])
 
@@ -115,7 +115,7 @@ def _within_limit(renderer: ChatRenderer, ids: list[int]) -> list[int] | Rejecti
 def _certainly_too_long(
     renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
 ) -> Rejection | None:
-    """A conversation whose text cannot fit `max_prompt_tokens` at any tokenisation is not tokenised: one 10 MB message
+    """A conversation whose text cannot fit `max_prompt_tokens` at any tokenization is not tokenized: one 10 MB message
     costs gigabytes and seconds there. Only a conversation whose JSON alone is past the bound is rendered to text to
     measure; every other one goes straight to the tokenizer."""
     per_token, limit = renderer.max_token_bytes, renderer.profile.max_prompt_tokens
@@ -126,8 +126,8 @@ def _certainly_too_long(
         return None
     return Rejection(
         Reason.PROMPT_TOO_LONG,
-        f"{size} bytes of prompt text: more than {limit} tokens however it is tokenised (a token of this vocabulary "
-        f"holds at most {per_token} bytes), so it was not tokenised",
+        f"{size} bytes of prompt text: more than {limit} tokens however it is tokenized (a token of this vocabulary "
+        f"holds at most {per_token} bytes), so it was not tokenized",
     )
 
 
@@ -138,7 +138,7 @@ def _start_worker(profile: Profile) -> None:
 
 def _render_chunk(jobs: list[Job]) -> list[Result]:
     if _worker_renderer is None:
-        raise RuntimeError("tokeniser worker used before its renderer was built")
+        raise RuntimeError("tokenizer worker used before its renderer was built")
     return render_many(_worker_renderer, jobs)
 
 
@@ -150,7 +150,7 @@ def _settle(outcome: Conversation | Rejection, result: Result) -> Rendered | Rej
     if isinstance(outcome, Rejection):
         return outcome
     if result is None:
-        raise RuntimeError("a conversation came back from the tokeniser without prompt ids")
+        raise RuntimeError("a conversation came back from the tokenizer without prompt ids")
     return result if isinstance(result, Rejection) else Rendered(outcome, result)
 
 
@@ -185,7 +185,7 @@ def render_ordered(
 class _WorkerProcess(multiprocessing.context.SpawnProcess):
     """A spawned process that does not import the parent's `__main__` again, and starts from a daemonic process too.
     Spawn normally re-imports `__main__` in every child; in an Airflow task that is the `airflow` command, whose
-    import initialises Airflow and fails there (task processes have no database), so every worker would die at
+    import initializes Airflow and fails there (task processes have no database), so every worker would die at
     start. The workers need nothing from `__main__`, so for the instant of the launch it is a blank module, and
     nothing of it is sent to the child."""
 
@@ -215,7 +215,7 @@ def _render_in_pool(
     """A worker that dies (killed, out of memory) fails the stage with `BrokenProcessPool`, never a silent hang."""
     started = time.monotonic()
     pool = ProcessPoolExecutor(workers, mp_context=_WorkerContext(), initializer=_start_worker, initargs=(profile,))
-    log.info("tokenising with %d worker processes (spawn, profile %s)", workers, profile.name)
+    log.info("tokenizing with %d worker processes (spawn, profile %s)", workers, profile.name)
     try:
         pending: deque[tuple[list[tuple[T, Conversation | Rejection]], Future[list[Result]]]] = deque()
         for chunk in _chunks(items, CHUNK_SIZE):
@@ -226,7 +226,7 @@ def _render_in_pool(
             yield from _collect(*pending.popleft())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # also when the consumer stops early (a limit)
-    log.info("tokeniser pool done in %.1f s", time.monotonic() - started)
+    log.info("tokenizer pool done in %.1f s", time.monotonic() - started)
 
 
 def _collect(

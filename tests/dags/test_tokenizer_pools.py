@@ -10,7 +10,7 @@ import pytest
 
 from regen import pipeline
 from regen.run_params import RunSpec
-from regen.stages.prepare import prepare, tokenise
+from regen.stages.prepare import prepare, tokenize
 from regen_airflow.tasks import worker_task_slots
 from tests.conftest import project_config_in
 
@@ -24,14 +24,14 @@ def test_the_worker_slots_are_the_executors_concurrency(monkeypatch: pytest.Monk
     assert worker_task_slots() == 3
 
 
-def test_a_prepare_task_under_celery_tokenises_with_its_share_of_the_cores(
+def test_a_prepare_task_under_celery_tokenizes_with_its_share_of_the_cores(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = project_config_in(tmp_path, allowed_endpoints=["127.0.0.1"], allowed_storage_roots=[str(tmp_path)])
     monkeypatch.setenv("REGEN_CONFIG", str(config))
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
     monkeypatch.setenv("AIRFLOW__CELERY__WORKER_CONCURRENCY", "4")
-    for module in (tokenise, prepare):  # a machine of 12 cores
+    for module in (tokenize, prepare):  # a machine of 12 cores
         monkeypatch.setattr(module, "available_cores", lambda: 12)
     pools: list[int] = []
     real = prepare.render_ordered
@@ -46,4 +46,4 @@ def test_a_prepare_task_under_celery_tokenises_with_its_share_of_the_cores(
     assert run.tokenize_workers is None  # the project's config: all cores
     summary = pipeline.prepare_dataset(run, run.datasets[0], None, worker_task_slots())
     assert summary["prompts"] == 4 and pools == [3]  # 12 cores over 4 tasks at once
-    assert tokenise.pool_size(3, 4) == 3 and tokenise.pool_size(None, 16) == 1  # as configured; at least one
+    assert tokenize.pool_size(3, 4) == 3 and tokenize.pool_size(None, 16) == 1  # as configured; at least one
