@@ -185,10 +185,8 @@ def renderer() -> ChatRenderer:
 
 @pytest.fixture(scope="session")
 def simulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
-    sim = start_simulator(tmp_path_factory.mktemp("sim"), "--omit-think-end-rate", "0")
-    yield sim
-    sim.process.terminate()
-    sim.process.wait(10)
+    with start_simulator(tmp_path_factory.mktemp("sim"), "--omit-think-end-rate", "0") as sim:
+        yield sim
 
 
 @pytest.fixture(scope="session")

@@ -407,6 +407,16 @@ class Stack:
         except TimeoutError as e:  # where it stands, for whoever reads the failure
             raise TimeoutError(f"{e}; its tasks: {self.task_states(run_id)}") from None
 
+    def outcome(self, run_id: str, timeout_s: float = 600) -> dict[str, Any]:
+        """A run waited for: its state, its tasks' states, the fleet check_server saw and the run's report."""
+        state = self.wait_for_run(run_id, timeout_s)
+        return {
+            "state": state,
+            "states": self.task_states(run_id),
+            "fleet": self.xcom(run_id, "check_server"),
+            "report": self.xcom(run_id, "report"),
+        }
+
     def task_states(self, run_id: str) -> list[tuple[str, int, str]]:
         """Every task instance's state, in the DAG's order (upstream first), mapped ones by index."""
         items = self.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})

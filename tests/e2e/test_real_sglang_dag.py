@@ -69,13 +69,8 @@ def real_run(tmp_path_factory: pytest.TempPathFactory, real_sglang_pair: list[Re
                 # its radix cache (prompts arriving together may be prefilled in one batch, none hitting it).
                 "in_flight": 1,
             }
-            run_id = stack.trigger(conf)
-            state = stack.wait_for_run(run_id, timeout_s=600)
             yield {
-                "state": state,
-                "states": stack.task_states(run_id),
-                "fleet": stack.xcom(run_id, "check_server"),
-                "report": stack.xcom(run_id, "report"),
+                **stack.outcome(stack.trigger(conf), timeout_s=600),
                 "router": router.url,
                 "logs": home / "logs",
                 "servers": real_sglang_pair,

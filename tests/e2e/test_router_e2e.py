@@ -101,13 +101,8 @@ def routed_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
             start_router([s.url for s in stack.fleet], home / "router.log", policy="round_robin") as router,
         ):
             conf = {"endpoints": [router.url], "datasets": ["B1_glaive"], "storage_root": str(home / "storage")}
-            run_id = stack.trigger(conf)
-            state = stack.wait_for_run(run_id, timeout_s=300)
             yield {
-                "state": state,
-                "states": stack.task_states(run_id),
-                "fleet": stack.xcom(run_id, "check_server"),
-                "report": stack.xcom(run_id, "report"),
+                **stack.outcome(stack.trigger(conf), timeout_s=300),
                 "router": router.url,
                 "answered": [len(s.records()) for s in stack.fleet],
                 "logs": home / "logs",

@@ -38,9 +38,8 @@ def kimi_served() -> Served:
 
 @pytest.fixture(scope="session")
 def kimi_oracle(kimi_served: Served) -> Iterator[Oracle]:
-    oracle = Oracle(kimi_served)
-    yield oracle
-    oracle.close()
+    with Oracle(kimi_served) as oracle:
+        yield oracle
 
 
 @pytest.fixture(scope="session")
@@ -76,9 +75,8 @@ def qwen_served() -> Served:
 
 @pytest.fixture(scope="session")
 def qwen_oracle(qwen_served: Served) -> Iterator[Oracle]:
-    oracle = Oracle(qwen_served)
-    yield oracle
-    oracle.close()
+    with Oracle(qwen_served) as oracle:
+        yield oracle
 
 
 @pytest.fixture(scope="session")
@@ -125,6 +123,5 @@ def deepseek_oracle(deepseek_folder: Path) -> Iterator[Oracle]:
         model_type="deepseek_v3",
         architecture="DeepseekV3ForCausalLM",
     )
-    oracle = Oracle(served)
-    yield oracle
-    oracle.close()
+    with Oracle(served) as oracle:
+        yield oracle

@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from hypothesis import HealthCheck, settings
 
@@ -106,3 +106,9 @@ class Oracle:
             self.process.stdin.close()
         self.process.wait(60)
         self.stderr.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -33,10 +33,8 @@ from scale_rows import generate
 @pytest.fixture(scope="module")
 def flaky_simulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
     """Some answers carry a defect, so validate rejects a few."""
-    sim = start_simulator(tmp_path_factory.mktemp("sim"), "--defect-rate", "0.3")
-    yield sim
-    sim.process.terminate()
-    sim.process.wait(10)
+    with start_simulator(tmp_path_factory.mktemp("sim"), "--defect-rate", "0.3") as sim:
+        yield sim
 
 
 def publish(folder: Path, config: DatasetConfig, renderer: ChatRenderer, url: str) -> Path:
@@ -92,24 +90,19 @@ def test_a_published_dataset_accounts_for_every_source_row_once(
     assert result["published"] + result["rejected"]["validate"] + result["rejected"].get("generate", 0) == 20
 
 
-def test_a_row_published_twice_is_caught(
-    published: tuple[Path, DatasetConfig], renderer: ChatRenderer, tmp_path: Path
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [(lambda rows: [*rows, rows[0]], "published_twice"), (lambda rows: rows[1:], "missing")],
+    ids=["a-row-published-twice", "a-row-missing-from-train"],
+)
+def test_a_train_file_with_a_row_too_many_or_too_few_is_caught(
+    published: tuple[Path, DatasetConfig], renderer: ChatRenderer, tmp_path: Path, change: Any, problem: str
 ) -> None:
     version = copy_of(published[0], tmp_path)
-    twice = rewrite_first_train_file(version, lambda rows: [*rows, rows[0]])
+    first = rewrite_first_train_file(version, change)
     result = counted(version, published[1], renderer)
-    assert not result["ok"] and result["problems"] == {"published_twice": 1}
-    assert result["examples"]["published_twice"] == [twice]
-
-
-def test_a_row_missing_from_train_is_caught(
-    published: tuple[Path, DatasetConfig], renderer: ChatRenderer, tmp_path: Path
-) -> None:
-    version = copy_of(published[0], tmp_path)
-    lost = rewrite_first_train_file(version, lambda rows: rows[1:])
-    result = counted(version, published[1], renderer)
-    assert not result["ok"] and result["problems"] == {"missing": 1}
-    assert result["examples"]["missing"] == [lost]
+    assert not result["ok"] and result["problems"] == {problem: 1}
+    assert result["examples"][problem] == [first]
 
 
 def test_a_row_both_published_and_rejected_is_caught(

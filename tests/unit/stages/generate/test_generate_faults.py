@@ -126,9 +126,7 @@ def test_sigkill_mid_shard_then_rerun_requests_only_the_unfinished(
         progress = json.loads(storage.get_bytes(prompts.keys.progress))
         assert progress["total"] == SAMPLES and progress["concurrency"] == 4
         assert 0 < progress["done"] <= len(checkpointed)
-        before = len(sim.records())
-        manifest = run_generate(prompts, storage, settings(sim.url))
-        rerun_requests = len(sim.records()) - before
+        manifest, rerun_requests = generate_counting(sim, prompts, storage)
     finally:
         stop(sim)
     assert rerun_requests == SAMPLES - len(checkpointed)
@@ -136,6 +134,13 @@ def test_sigkill_mid_shard_then_rerun_requests_only_the_unfinished(
     assert len(records) == len({r["id"] for r in records}) == SAMPLES
     by_id = {r["id"]: r for r in records}
     assert all(by_id[i]["rid"] == json.loads(line)["rid"] for i, line in checkpointed.items())
+
+
+def generate_counting(sim: Simulator, prompts: ShardManifest, storage: LocalStorage) -> tuple[ShardManifest, int]:
+    """The shard generated (again) against `sim`, and how many requests that took."""
+    before = len(sim.records())
+    manifest = run_generate(prompts, storage, settings(sim.url))
+    return manifest, len(sim.records()) - before
 
 
 def stop_once_answered(simulator: Simulator, deadline_s: float = 30.0, answers: int = 1) -> None:
@@ -182,9 +187,7 @@ def test_whole_fleet_dead_fails_clearly_then_resumes(tmp_path: Path, shard: tupl
 
     revived = start_simulator(tmp_path, port=port)  # appends to the same record file
     try:
-        before = len(revived.records())
-        manifest = run_generate(prompts, storage, settings(revived.url))
-        resumed = len(revived.records()) - before
+        manifest, resumed = generate_counting(revived, prompts, storage)
     finally:
         stop(revived)
     assert resumed == SAMPLES - len(checkpointed)

@@ -121,35 +121,20 @@ DEFECTS = [
         Reason.TOOL_CALL_UNBALANCED,
         id="call-outside-section",
     ),
-    pytest.param(
-        "Hm.</think>" + CALL.replace("functions.get_weather:0", "functions.github:create_issue:0") + "<|im_end|>",
-        {},
-        Reason.TOOL_CALL_BAD_ID,
-        id="call-id-sglang-skips",
-    ),
-    pytest.param(
-        "Hm.</think>" + CALL.replace("functions.get_weather:0", "call_abc123") + "<|im_end|>",
-        {},
-        Reason.TOOL_CALL_BAD_ID,
-        id="call-id-format",
-    ),
-    pytest.param(
-        "Hm.</think>" + CALL.replace('{"city": "Paris"}', '{"city": "Par') + "<|im_end|>",
-        {},
-        Reason.TOOL_CALL_BAD_ARGUMENTS,
-        id="arguments-not-json",
-    ),
-    pytest.param(
-        "Hm.</think>" + CALL.replace('{"city": "Paris"}', "[1, 2]") + "<|im_end|>",
-        {},
-        Reason.TOOL_CALL_BAD_ARGUMENTS,
-        id="arguments-not-an-object",
-    ),
-    pytest.param(
-        "Hm.</think>" + CALL.replace("get_weather", "delete_files") + "<|im_end|>",
-        {},
-        Reason.TOOL_CALL_UNDECLARED,
-        id="undeclared-tool",
+    *(  # the one well-formed call, with one thing about it changed
+        pytest.param("Hm.</think>" + CALL.replace(was, now) + "<|im_end|>", {}, reason, id=name)
+        for name, was, now, reason in (
+            (
+                "call-id-sglang-skips",
+                "functions.get_weather:0",
+                "functions.github:create_issue:0",
+                Reason.TOOL_CALL_BAD_ID,
+            ),
+            ("call-id-format", "functions.get_weather:0", "call_abc123", Reason.TOOL_CALL_BAD_ID),
+            ("arguments-not-json", '{"city": "Paris"}', '{"city": "Par', Reason.TOOL_CALL_BAD_ARGUMENTS),
+            ("arguments-not-an-object", '{"city": "Paris"}', "[1, 2]", Reason.TOOL_CALL_BAD_ARGUMENTS),
+            ("undeclared-tool", "get_weather", "delete_files", Reason.TOOL_CALL_UNDECLARED),
+        )
     ),
     pytest.param("Hm.</think>Hi<|im_end|>", {"meta": {"prompt_tokens": 3}}, Reason.PROMPT_TOKENS_MISMATCH, id="pt"),
     pytest.param(
