@@ -90,6 +90,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError(f"add the modules of {sorted(strays)} to REAL_SERVER_MODULES (tests/conftest.py)")
 
 
+def local_or_s3(request: pytest.FixtureRequest, tmp_path: Path, prefix: str) -> Storage:
+    """For a fixture with params ["local", "s3"]: a storage root on local disk, or under `prefix` in a bucket of this
+    test's own on S3 (boto3 over HTTP to moto's server)."""
+    from regen.storage import S3Storage
+
+    if request.param == "local":
+        return LocalStorage(tmp_path / "root")
+    client: Any = request.getfixturevalue("s3_client")
+    bucket = f"t-{tmp_path.name.lower().replace('_', '-')[-40:]}"
+    client.create_bucket(Bucket=bucket)
+    return S3Storage(bucket, prefix, client)
+
+
 def raw_answers(storage: Storage, key: str | None) -> list[dict[str, Any]]:
     """A shard's raw answers as dicts, read back through the project's own reader."""
     assert key is not None

@@ -19,9 +19,9 @@ import pytest
 from regen import claims
 from regen.claims import VersionBusy, claim, held
 from regen.layout import DatasetLocation
-from regen.storage import LocalStorage, S3Storage, Storage
+from regen.storage import LocalStorage, Storage
 from regen.verify import verify_published
-from tests.conftest import ROOT, project_config_in
+from tests.conftest import ROOT, local_or_s3, project_config_in
 from tools.devstack import Simulator, start_simulator
 
 
@@ -34,13 +34,7 @@ def location(tmp_path: Path) -> tuple[LocalStorage, DatasetLocation]:
 @pytest.fixture(params=["local", "s3"])
 def either(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Storage, DatasetLocation]:
     """A version's location on local storage or on S3 (boto3 over HTTP to moto's server)."""
-    if request.param == "local":
-        storage: Storage = LocalStorage(tmp_path / "root")
-    else:
-        client: Any = request.getfixturevalue("s3_client")
-        bucket = f"claims-{tmp_path.name.lower().replace('_', '-')[-40:]}"
-        client.create_bucket(Bucket=bucket)
-        storage = S3Storage(bucket, "regen", client)
+    storage = local_or_s3(request, tmp_path, "regen")
     return storage, DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "B1_glaive", "night-1")
 
 

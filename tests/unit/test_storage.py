@@ -19,16 +19,12 @@ from regen.storage import (
     is_not_found,
     open_storage,
 )
+from tests.conftest import local_or_s3
 
 
 @pytest.fixture(params=["local", "s3"])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    if request.param == "local":
-        return LocalStorage(tmp_path / "root")
-    client: Any = request.getfixturevalue("s3_client")
-    bucket = f"test-{tmp_path.name.lower().replace('_', '-')[-40:]}"
-    client.create_bucket(Bucket=bucket)
-    return S3Storage(bucket, "some/prefix", client)
+    return local_or_s3(request, tmp_path, "some/prefix")
 
 
 def test_round_trip_list_and_checksums(storage: Storage, tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ import pytest
 from regen import pipeline
 from regen.layout import latest_key
 from regen.run_report import IncompleteRun
-from regen.storage import LocalStorage, S3Storage, Storage
+from regen.storage import LocalStorage, Storage
 from regen.version_inputs import record_published
-from tests.conftest import Simulator, each_shard
+from tests.conftest import Simulator, each_shard, local_or_s3
 from tests.unit.test_claims import Paused, in_thread
 from tests.unit.test_nightly import DATASET, deployment  # noqa: F401 (a fixture)
 
@@ -29,12 +29,7 @@ DAY = datetime(2026, 1, 1, tzinfo=UTC)
 
 @pytest.fixture(params=["local", "s3"])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    if request.param == "local":
-        return LocalStorage(tmp_path / "root")
-    client: Any = request.getfixturevalue("s3_client")
-    bucket = f"latest-{tmp_path.name.lower().replace('_', '-')[-40:]}"
-    client.create_bucket(Bucket=bucket)
-    return S3Storage(bucket, "regen", client)
+    return local_or_s3(request, tmp_path, "regen")
 
 
 def entry(version: str, day: int, **more: Any) -> dict[str, Any]:
