@@ -206,6 +206,14 @@ def test_sharegpt_row_keeps_history_and_drops_the_final_answer() -> None:
     assert conversation.meta == {"id": "sg-1"}
 
 
+# The one call both the ShareGPT and the legacy OpenAI rows below make, as OpenAI's messages carry it.
+NEWS_CALL = {
+    "id": "functions.get_news:0",
+    "type": "function",
+    "function": {"name": "get_news", "arguments": '{"country": "France"}'},
+}
+
+
 def test_sharegpt_function_calls_and_observations_become_tool_turns() -> None:
     conversation = only(normalize_row(SHAREGPT_TOOLS_ROW, "sharegpt", KIMI_IDS))
     assert conversation.tools == [{"type": "function", "function": NEWS}]  # a bare schema, wrapped
@@ -213,13 +221,7 @@ def test_sharegpt_function_calls_and_observations_become_tool_turns() -> None:
         {
             "role": "assistant",
             "content": "",
-            "tool_calls": [
-                {
-                    "id": "functions.get_news:0",
-                    "type": "function",
-                    "function": {"name": "get_news", "arguments": '{"country": "France"}'},
-                }
-            ],
+            "tool_calls": [NEWS_CALL],
         },
         {  # an observation has no name: it stays without one
             "role": "tool",
@@ -269,13 +271,7 @@ def test_legacy_openai_function_call_rows_become_a_tool_call_and_its_named_resul
         {
             "role": "assistant",
             "content": "",
-            "tool_calls": [
-                {
-                    "id": "functions.get_news:0",
-                    "type": "function",
-                    "function": {"name": "get_news", "arguments": '{"country": "France"}'},
-                }
-            ],
+            "tool_calls": [NEWS_CALL],
         },
         {
             "role": "tool",

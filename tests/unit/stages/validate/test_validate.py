@@ -241,20 +241,15 @@ def test_trailing_replacement_characters_must_match_when_not_cut(renderer: ChatR
             ("tool_call_section_empty",),
             id="empty-section",
         ),
-        pytest.param(
-            "Hm.</think>" + CALL.replace("functions.get_weather:0", " functions.get_weather:0\n") + "<|im_end|>",
-            ("tool_call_id_spaced",),
-            id="id-with-whitespace",
-        ),
-        pytest.param(
-            "Hm.</think>" + CALL.replace("functions.get_weather:0", "get_weather:0") + "<|im_end|>",
-            ("tool_call_id_without_functions_prefix",),
-            id="id-without-prefix",
-        ),
-        pytest.param(
-            "Hm.</think>" + CALL.replace("functions.get_weather:0", "3") + "<|im_end|>",
-            ("tool_call_id_bare_counter",),
-            id="id-a-bare-counter",
+        *(  # the call's id written another way
+            pytest.param(
+                "Hm.</think>" + CALL.replace("functions.get_weather:0", written) + "<|im_end|>", (kind,), id=name
+            )
+            for name, written, kind in (
+                ("id-with-whitespace", " functions.get_weather:0\n", "tool_call_id_spaced"),
+                ("id-without-prefix", "get_weather:0", "tool_call_id_without_functions_prefix"),
+                ("id-a-bare-counter", "3", "tool_call_id_bare_counter"),
+            )
         ),
         pytest.param("<think><think>Hm.</think>Hi.<|im_end|>", ("reasoning_start_repeated",), id="think-repeated"),
         pytest.param("Hm." + CALL + CALL + "<|im_end|>", ("tool_call_without_reasoning_end",), id="two-sections"),
