@@ -253,6 +253,7 @@ class RunSpec(BaseModel):
     fleet_wait_s: float
     sample_timeouts: int = 2  # (a spec planned before these existed: the defaults)
     max_server_rejected_share: float = 0.02
+    priority: int | None = None
     checkpoint_every: int
     checkpoint_s: float
     export: dict[str, bool]
@@ -343,6 +344,7 @@ class RunSpec(BaseModel):
             fleet_wait_s=d.fleet_wait_s,
             sample_timeouts=d.sample_timeouts,
             max_server_rejected_share=d.max_server_rejected_share,
+            priority=d.priority,
             checkpoint_every=d.checkpoint_every,
             checkpoint_s=d.checkpoint_s,
             export=(given.export or d.export).model_dump(),

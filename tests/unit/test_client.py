@@ -153,3 +153,33 @@ def test_responses_that_do_not_add_up_are_transient(body: Any, cause: str) -> No
 def test_a_server_disagreeing_on_the_prompt_length_is_judged_at_validate_not_retried() -> None:
     body = {"output_ids": [5, 1], "meta_info": {"completion_tokens": 2, "prompt_tokens": 9, "finish_reason": STOP}}
     assert check_response(json.dumps(body).encode()).meta_info["prompt_tokens"] == 9
+
+
+def test_a_configured_priority_is_sent_with_every_request_and_none_without(
+    simulator: Simulator, renderer: ChatRenderer
+) -> None:
+    """SGLang's /generate takes `priority` (io_struct.GenerateReqInput); a deployment sharing its fleet with live
+    traffic sets one, and every request carries it. Without one, the field is not sent at all: a server started with
+    --abort-on-priority-when-disabled would abort any request that carries it."""
+    from aiohttp import web
+
+    from tests.loopback import AppOnLoopback
+
+    class Recording(AppOnLoopback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bodies: list[dict[str, Any]] = []
+
+        async def handle(self, request: web.Request) -> web.Response:
+            body = await request.read()
+            self.bodies.append(json.loads(body))
+            async with aiohttp.ClientSession() as session, session.post(f"{simulator.url}/generate", data=body) as r:
+                return web.Response(body=await r.read(), status=r.status, content_type="application/json")
+
+    prompt = renderer.render_ids([{"role": "user", "content": "hello"}], None)
+    with Recording() as proxy:
+        asyncio.run(_generate([proxy.url], prompt, SAMPLING, priority=-5))
+        asyncio.run(_generate([proxy.url], prompt, SAMPLING))
+    [with_priority, without] = proxy.bodies
+    assert with_priority["priority"] == -5 and with_priority["input_ids"] == prompt
+    assert "priority" not in without and without["input_ids"] == prompt

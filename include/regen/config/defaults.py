@@ -117,6 +117,13 @@ class Defaults(BaseModel):
         "count mismatch), with exponential backoff and jitter, on another endpoint when there is one; a 400 rejects "
         "the sample once a second endpoint (where there is one) gives it too",
     )
+    priority: int | None = Field(
+        None,
+        description="SGLang's request priority, sent with every /generate; null sends none. For a fleet shared with "
+        "live traffic whose servers run --enable-priority-scheduling: with SGLang's default order a larger value is "
+        "served first, so give the batch a value below live traffic's. A server without priority scheduling ignores "
+        "it, or aborts the request (503) when started with --abort-on-priority-when-disabled (docs/scaling.md)",
+    )
     sample_timeouts: int = Field(
         2,
         ge=1,

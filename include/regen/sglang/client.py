@@ -145,8 +145,10 @@ class SGLangClient:
         max_attempts: int = 5,
         backoff_max_s: float = 30.0,
         sample_timeouts: int = 2,
+        priority: int | None = None,
     ) -> None:
         self.pool = pool
+        self.priority = priority  # SGLang's request priority, sent only when set (docs/scaling.md)
         self.session = session
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.max_attempts = max_attempts
@@ -209,7 +211,10 @@ class SGLangClient:
         through tenacity's loop: its machinery costs about 0.17 ms a request (bench/bench_generate.py cpu), nothing
         beside answers that take seconds to minutes of GPU time."""
         nonce = f"{self._nonce_prefix}{next(self._samples):x}"
-        body = _encoder.encode({"input_ids": prompt_ids, "sampling_params": sampling_params, "rid": ""})
+        request: dict[str, Any] = {"input_ids": prompt_ids, "sampling_params": sampling_params}
+        if self.priority is not None:
+            request["priority"] = self.priority
+        body = _encoder.encode({**request, "rid": ""})
         head, tail = body[: -len(b'""}')], b'"}'  # the body ends with the empty rid
         avoid: str | None = None
         refused_once, timeouts = False, 0

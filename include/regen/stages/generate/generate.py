@@ -67,6 +67,7 @@ class GenerateSettings:
     backoff_max_s: float = 30.0
     sample_timeouts: int = 2  # a sample that timed out this often, its endpoint answering others, is rejected
     max_server_rejected_share: float = 0.02  # refusals (400s) past this share of a shard fail it (red)
+    priority: int | None = None  # SGLang's request priority: below live traffic on a shared fleet
     api_keys: ApiKeys = field(default=NO_KEYS, repr=False)
     vocab_size: int | None = None  # prompt ids must be below it; None: the prepared tokenizer's (run_generate)
 
@@ -215,6 +216,7 @@ async def _generate_missing(
             settings.max_attempts,
             settings.backoff_max_s,
             settings.sample_timeouts,
+            settings.priority,
         )
         queue = iter(todo)  # shared by the workers: each sample is taken exactly once
         work = (
