@@ -210,3 +210,26 @@ def test_every_answer_is_recorded(simulator: Simulator, prompt: list[int]) -> No
     body = generate(simulator, {"input_ids": prompt, "sampling_params": SAMPLING, "rid": "recorded-1"}).json()
     record = next(r for r in simulator.records() if r["rid"] == "recorded-1")
     assert record["output_ids"] == body["output_ids"] and record["input_ids"] == prompt
+
+
+def test_heavy_tailed_answer_lengths_are_lognormal_reproducible_and_bounded(renderer: ChatRenderer) -> None:
+    """`--length-median`: a thinking model's answers, a median and a long tail (a lognormal of sigma 1 has its 90th
+    percentile 3.6x its median), each answer's length the same for the same prompt; the default draws each part
+    uniformly, with no tail."""
+    import statistics
+
+    from regen.simulator.model import ModelBehaviour, SimulatedModel
+
+    prompts = [renderer.render_ids([{"role": "user", "content": f"question {n}"}], None) for n in range(400)]
+    tailed = SimulatedModel(renderer.profile, ModelBehaviour(min_tokens=8, max_tokens=3000, length_median=300))
+    uniform = SimulatedModel(renderer.profile, ModelBehaviour(min_tokens=8, max_tokens=600))
+
+    def lengths(model: SimulatedModel) -> list[int]:
+        return sorted(len(model.answer(p).ids) for p in prompts)
+
+    heavy, flat = lengths(tailed), lengths(uniform)
+    assert 220 < statistics.median(heavy) < 400  # the median asked for (plus the reasoning end and EOS)
+    assert heavy[359] / statistics.median(heavy) > 2.5 and heavy[-1] > 5 * statistics.median(heavy)
+    assert flat[359] / statistics.median(flat) < 1.6
+    assert heavy[-1] <= 2 * 3000 + 2 and heavy[0] >= 2 * 8
+    assert [len(tailed.answer(p).ids) for p in prompts[:20]] == [len(tailed.answer(p).ids) for p in prompts[:20]]

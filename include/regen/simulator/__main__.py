@@ -28,6 +28,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--context-length", type=int, default=16384)
     parser.add_argument("--min-tokens", type=int, default=16, help="shortest reasoning or answer part, in tokens")
     parser.add_argument("--max-tokens", type=int, default=96, help="longest reasoning or answer part, in tokens")
+    parser.add_argument(
+        "--length-median",
+        type=int,
+        default=None,
+        help="heavy-tailed answers: the whole answer's length (reasoning and answer) lognormal around this median, "
+        "each part within --min-tokens and --max-tokens (e.g. --length-median 1000 --max-tokens 8000 for answers of "
+        "up to 16,000 tokens); default: each part uniform between them",
+    )
+    parser.add_argument("--length-sigma", type=float, default=1.0, help="the lognormal's sigma (with --length-median)")
     parser.add_argument("--tool-call-rate", type=float, default=0.5)
     parser.add_argument("--omit-think-end-rate", type=float, default=0.0)
     parser.add_argument("--prefill-us-per-token", type=float, default=0.0)
@@ -112,6 +121,8 @@ def build_state(args: argparse.Namespace) -> SimulatorState:
         seed=args.seed,
         min_tokens=args.min_tokens,
         max_tokens=args.max_tokens,
+        length_median=args.length_median,
+        length_sigma=args.length_sigma,
         tool_call_rate=args.tool_call_rate,
         omit_think_end_rate=args.omit_think_end_rate,
         defects=defect_model(args, ChatRenderer(profile).roles),

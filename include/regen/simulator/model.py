@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ class ModelBehaviour:
     seed: int = 0
     min_tokens: int = 16  # per part (reasoning, answer)
     max_tokens: int = 96
+    # Heavy-tailed answers, as a thinking model's are: the whole answer's length (reasoning and answer, which share
+    # it evenly) lognormal around this median, within the parts' bounds. None: each part uniform in them.
+    length_median: int | None = None
+    length_sigma: float = 1.0
     tool_call_rate: float = 0.5  # among prompts that declare tools
     omit_think_end_rate: float = 0.0  # the known Kimi quirk: no </think> before a tool-call section
     defects: DefectModel = field(default_factory=DefectModel)
@@ -79,8 +84,8 @@ class SimulatedModel:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _prose(self, rng: random.Random) -> list[int]:
-        length = rng.randint(self.behaviour.min_tokens, self.behaviour.max_tokens)
+    def _prose(self, rng: random.Random, length: int | None = None) -> list[int]:
+        length = length or rng.randint(self.behaviour.min_tokens, self.behaviour.max_tokens)
         ids: list[int] = []
         while len(ids) < length:
             ids += rng.choice(self.sentences)
@@ -111,7 +116,8 @@ class SimulatedModel:
         calls_tool = bool(tools) and rng.random() < self.behaviour.tool_call_rate
         if kind is not None and BY_NAME[kind].answer != "any":
             calls_tool = BY_NAME[kind].answer == "tool_call"
-        reasoning = self._prose(rng) if thinking else []
+        part = self._part_length(prompt_ids, seed, thinking)
+        reasoning = self._prose(rng, part) if thinking else []
         omit_end = calls_tool and thinking and rng.random() < self.behaviour.omit_think_end_rate
         end = self.reasoning_end
         close = [end] if end is not None and thinking and not omit_end and kind != "reasoning_end_missing" else []
@@ -119,11 +125,20 @@ class SimulatedModel:
             tools = tools or [_synthetic_tool(defect_rng)]
             body, body_at = self._tool_call_section(rng, defect_rng, prompt_ids, tools, kind)
         else:
-            body, body_at = self._prose(rng), ALWAYS
+            body, body_at = self._prose(rng, part), ALWAYS
         ids, at = self._plant(kind, defect_rng, thinking, reasoning, close, body)
         if body_at != ALWAYS:
             at = len(reasoning) + len(close) + body_at
         return Answer([*ids, self.eos_id], kind, at, defect_rng.getrandbits(32))
+
+    def _part_length(self, prompt_ids: list[int], seed: int | None, thinking: bool) -> int | None:
+        """With `length_median`: each prose part's length, from a stream of its own (the same prompt and seed, the
+        same length; the other draws unchanged)."""
+        b = self.behaviour
+        if b.length_median is None:
+            return None
+        total = b.length_median * math.exp(b.length_sigma * self._rng(prompt_ids, seed, "length").gauss(0.0, 1.0))
+        return max(b.min_tokens, min(b.max_tokens, round(total / (2 if thinking else 1))))
 
     def _plant(
         self,
