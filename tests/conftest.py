@@ -103,6 +103,17 @@ def local_or_s3(request: pytest.FixtureRequest, tmp_path: Path, prefix: str) -> 
     return S3Storage(bucket, prefix, client)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test of the real server's modules on this worker, its shared servers stop (their session
+    fixtures' teardown, at the session's end, finds them stopped)."""
+    shared = "real SGLang server"
+    if work_unit(item.nodeid) == shared and (nextitem is None or work_unit(nextitem.nodeid) != shared):
+        from tests.real_sglang import stop_shared
+
+        stop_shared()
+
+
 def raw_answers(storage: Storage, key: str | None) -> list[dict[str, Any]]:
     """A shard's raw answers as dicts, read back through the project's own reader."""
     assert key is not None

@@ -47,11 +47,22 @@ CURRENCY = {  # a tool the tiny model never calls: with only it declared, the mo
 }
 
 
+SHARED: list[RealServer] = []  # the session's servers, stopped early by `stop_shared`
+
+
 def _serve(factory: pytest.TempPathFactory, profile: str) -> Iterator[RealServer]:
     folder = factory.mktemp(f"real-sglang-{profile}")
     server = start_real_server(folder / "server.log", profile)
+    SHARED.append(server)
     yield server
     server.stop()
+
+
+def stop_shared() -> None:
+    """The session's servers stopped once the modules sharing them ran (tests/conftest.py): on CPU, an idle SGLang
+    scheduler keeps about half a core busy, which the rest of the session would pay for."""
+    for server in SHARED:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
