@@ -77,10 +77,6 @@ def write_config(folder: Path, args: argparse.Namespace, files: dict[str, Path])
     return path
 
 
-def answered(stack: Stack) -> int:
-    return sum(int(s.stats()["answered"]) for s in stack.fleet)
-
-
 def plant(stack: Stack, fault: str, run_id: str) -> dict[str, Any]:
     """One fault, and what it met: for the triggerer, how many datasets' waits were deferred to it."""
     started = time.monotonic()
@@ -102,7 +98,7 @@ def plant(stack: Stack, fault: str, run_id: str) -> dict[str, Any]:
 
 
 def run(stack: Stack, version: str, datasets: list[str], expected: int, chaos: bool) -> dict[str, Any]:
-    baseline_answers, started = answered(stack), time.monotonic()
+    baseline_answers, started = stack.answered(), time.monotonic()
     conf = {
         "datasets": datasets,
         "endpoints": [s.url for s in stack.fleet],
@@ -113,7 +109,7 @@ def run(stack: Stack, version: str, datasets: list[str], expected: int, chaos: b
     planted: list[dict[str, Any]] = []
     pending = list(FAULTS) if chaos else []
     while (state := stack.call("GET", f"/dags/eagle3_regen/dagRuns/{run_id}")["state"]) not in ("success", "failed"):
-        done = answered(stack) - baseline_answers
+        done = stack.answered() - baseline_answers
         while pending and done >= pending[0][0] * expected:
             share, fault = pending.pop(0)
             planted.append({"at_share": share, "at_answers": done, **plant(stack, fault, run_id)})
@@ -127,7 +123,7 @@ def run(stack: Stack, version: str, datasets: list[str], expected: int, chaos: b
         "wall_s": round(wall, 1),
         "faults": planted,
         "faults_not_reached": [fault for _, fault in pending],
-        "simulator_answers": answered(stack) - baseline_answers,
+        "simulator_answers": stack.answered() - baseline_answers,
         "tries": tries(stack, run_id),
         "failures": stack.failures(run_id) if state != "success" else [],
     }

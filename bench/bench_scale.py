@@ -95,10 +95,6 @@ def generating_process(stack: Stack) -> psutil.Process | None:
     return None
 
 
-def answered(stack: Stack) -> int:
-    return sum(int(s.stats()["answered"]) for s in stack.fleet)
-
-
 def kill_and_restart(stack: Stack, lost: dict[str, float]) -> dict[str, Any]:
     """SIGKILL one generating task process, then restart the scheduler (its LocalExecutor workers and the tasks
     they run go with it); what the old scheduler's tree had spent is kept in `lost`."""
@@ -117,7 +113,7 @@ def kill_and_restart(stack: Stack, lost: dict[str, float]) -> dict[str, Any]:
     lost["scheduler_tree"] += before["tree"]
     stack.restart_scheduler()
     print(f"  killed {victim.pid} ({title}) and restarted the scheduler", flush=True)
-    return {"killed_pid": victim.pid, "killed": title, "at_answers": answered(stack), "at": killed_at}
+    return {"killed_pid": victim.pid, "killed": title, "at_answers": stack.answered(), "at": killed_at}
 
 
 def run(stack: Stack, args: argparse.Namespace, datasets: list[str], expected: int) -> dict[str, Any]:
@@ -133,7 +129,7 @@ def run(stack: Stack, args: argparse.Namespace, datasets: list[str], expected: i
     run_id = stack.trigger(conf)
     kill: dict[str, Any] | None = None
     while (state := stack.call("GET", f"/dags/eagle3_regen/dagRuns/{run_id}")["state"]) not in ("success", "failed"):
-        done = answered(stack)
+        done = stack.answered()
         if args.kill_at is not None and kill is None and done >= args.kill_at * expected:
             kill = kill_and_restart(stack, lost)
         print(f"  {time.monotonic() - started:.0f}s: {done} answers of ~{expected}", flush=True)
@@ -159,7 +155,7 @@ def run(stack: Stack, args: argparse.Namespace, datasets: list[str], expected: i
         "db_growth": measure.db_growth(tables_before, measure.db_tables(stack.database)),
         "xcom": measure.xcom_bytes(stack.database, run_id),
         "tries": tries,
-        "simulator_answers": answered(stack),  # probes and answers redone after a kill included
+        "simulator_answers": stack.answered(),  # probes and answers redone after a kill included
         "usage": measure.usage_lines(stack.home / "logs", run_id),
         "failures": stack.failures(run_id) if state != "success" else [],
     }

@@ -4,6 +4,7 @@ import json
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByWorkUnit(config, log)
 
 
-def heaviest_first(item: pytest.Item, unit_sizes: dict[str, int]) -> tuple[int, int]:
+def heaviest_first(item: pytest.Item, unit_sizes: Counter[str]) -> tuple[int, int]:
     """Work units handed out longest first, so that no worker starts a ten-minute unit while the other runs out of
     work: the real server's modules, then the other end-to-end modules, then the parity tests, then the rest (each
     kind by its number of tests; a sort by test count alone put the e2e modules, few tests of minutes each, last)."""
@@ -80,9 +81,7 @@ def heaviest_first(item: pytest.Item, unit_sizes: dict[str, int]) -> tuple[int, 
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    unit_sizes: dict[str, int] = {}
-    for item in items:
-        unit_sizes[work_unit(item.nodeid)] = unit_sizes.get(work_unit(item.nodeid), 0) + 1
+    unit_sizes = Counter(work_unit(item.nodeid) for item in items)
     items.sort(key=lambda item: heaviest_first(item, unit_sizes))  # stable: a module's own order is kept
     strays = {i.nodeid for i in items if REAL_SERVER_FIXTURES & set(getattr(i, "fixturenames", ()))}
     strays = {n for n in strays if n.split("::", 1)[0] not in REAL_SERVER_MODULES}

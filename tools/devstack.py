@@ -267,6 +267,10 @@ class Stack:
         argv, env = self.argv[name]
         self._spawn(name, argv, **env)
 
+    def answered(self) -> int:
+        """Answers the fleet's simulators have sent so far (probes included)."""
+        return sum(int(s.stats()["answered"]) for s in self.fleet)
+
     def wait_for_broker(self) -> None:
         import redis
 
