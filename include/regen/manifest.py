@@ -6,11 +6,12 @@ They name storage keys, counts and checksums, never records. `to_dict`/`from_dic
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from regen.layout import DatasetLocation, ShardKeys
+from regen.layout import DatasetLocation, ShardKeys, is_report_file
 
 
 @dataclass
@@ -190,3 +191,54 @@ class PreparedDataset:
             inputs=data.get("inputs", {}),
             decontamination=data.get("decontamination", {}),
         )
+
+
+@dataclass(frozen=True)
+class PublishedManifest:
+    """manifest.json: a published version. Written last, it names every file of the version with its sha256 and
+    size, the shards, the counts of every stage, and what rendered and generated the prompts; the verifier, the
+    page (`regen.ui.documents.ManifestView`, the fields it shows) and `regen verify` read it back."""
+
+    dataset: str
+    profile: dict[str, Any]  # the chat profile, with its template's and tokenizer's sha256
+    token_roles: dict[str, Any]
+    version: str
+    root: str
+    published_at: str
+    run_id: str | None
+    prepare: dict[str, Any]  # the prepare stage's counts, rows_read and duplicates
+    stages: dict[str, dict[str, Any]]  # generate, validate, export: StageStats.to_dict() each
+    records: int
+    splits: dict[str, int]
+    report: dict[str, Any] = field(default_factory=dict)  # its writer, and the report's json and html
+    retokenize_drift: dict[str, Any] | None = None
+    cost: dict[str, Any] = field(default_factory=dict)
+    sampling_params: dict[str, Any] | None = None  # exactly what every /generate request sent
+    seeds_honoured: bool | None = None  # whether the fleet applied each record's sampling_seed
+    inputs: dict[str, Any] = field(default_factory=dict)  # regen.version_inputs: what the version is made from
+    decontamination: dict[str, Any] = field(default_factory=dict)  # the suites, with their sha256
+    fleet: list[dict[str, Any]] = field(default_factory=list)
+    verified: dict[str, Any] = field(default_factory=dict)  # bytes and records read back, and when
+    shards: list[dict[str, Any]] = field(default_factory=list)  # regen.stages.publish.publish.shard_entries
+    files: dict[str, str] = field(default_factory=dict)  # every file of the version -> sha256
+    sizes: dict[str, int] = field(default_factory=dict)  # every file -> bytes
+
+    @property
+    def writer(self) -> str | None:
+        """The publisher whose report this manifest names (None: published before reports had writers)."""
+        return str(self.report["writer"]) if self.report.get("writer") else None
+
+    def data_files(self) -> dict[str, str]:
+        """The version's data, without its report (which is drawn again on every publish)."""
+        return {k: v for k, v in self.files.items() if not is_report_file(k)}
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), indent=1).encode()
+
+    @classmethod
+    def from_json(cls, body: bytes | str) -> PublishedManifest:
+        """A manifest as written, by this version or an earlier one (fields it lacks take their defaults; fields
+        this version does not know are left out)."""
+        data = json.loads(body)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

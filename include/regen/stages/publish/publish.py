@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from regen.errors import FinalError
-from regen.layout import DatasetLocation, dataset_prefix, is_report_file, report_writer
-from regen.manifest import GenerationReport, PreparedDataset, ShardManifest, StageStats
+from regen.layout import DatasetLocation, dataset_prefix, is_report_file
+from regen.manifest import GenerationReport, PreparedDataset, PublishedManifest, ShardManifest, StageStats
 from regen.reasons import OK
 from regen.run_report import generation_cost
 from regen.sglang.served_model import fleet_seeds_honoured
@@ -161,15 +161,17 @@ def sizes_of(storage: Storage, keys: list[str]) -> dict[str, int]:
         return dict(zip(keys, pool.map(storage.size, keys), strict=True))
 
 
-def _published_before(storage: Storage, key: str, data_files: dict[str, str], overwrite: bool) -> bytes | None:
+def _published_before(
+    storage: Storage, key: str, data_files: dict[str, str], overwrite: bool
+) -> tuple[bytes, PublishedManifest] | None:
     """The version's manifest when it is published already with these data files; None when it is to be written
     (not published yet, or `overwrite`); raises when it is published with other data."""
     if not storage.exists(key):
         return None
     body = storage.get_bytes(key)
-    published = json.loads(body)
-    if {k: v for k, v in published["files"].items() if not is_report_file(k)} == data_files:
-        return body  # the report is drawn again each time (its plots are not byte-stable): only the data counts
+    published = PublishedManifest.from_json(body)
+    if published.data_files() == data_files:
+        return body, published  # the report is drawn again each time (its plots are not byte-stable): only data counts
     if overwrite:
         log.warning("%s: overwriting a published version with other data (overwrite_version is on)", storage.uri(key))
         return None
@@ -182,6 +184,7 @@ def _published_before(storage: Storage, key: str, data_files: dict[str, str], ov
 def _write_manifest(
     prepared: PreparedDataset,
     shards: list[ShardManifest],
+    generations: list[GenerationReport],
     storage: Storage,
     data_files: dict[str, str],
     verified: dict[str, Any],
@@ -191,14 +194,12 @@ def _write_manifest(
     run_id: str | None,
     cost: dict[str, Any],
     overwrite: bool = False,
-) -> tuple[bytes, dict[str, Any]]:
+) -> tuple[bytes, PublishedManifest, dict[str, Any]]:
     """The dataset's report, then the manifest naming every file with its sha256 and size (`sizes`: the data files'
-    as verified): written last, and only
-    if no other publisher wrote it meanwhile (another with other data: VersionExists). Returns the manifest's bytes
-    and the report."""
+    as verified): written last, and only if no other publisher wrote it meanwhile (another with other data:
+    VersionExists). Returns the manifest as written and the report."""
     location = prepared.location
     stages = {stage: StageStats.merged([s.stats[stage] for s in shards]).to_dict() for stage in STAGES}
-    generations = [s.generation for s in shards if s.generation]
     verdicts = read_verdicts(storage, shards)
     report = dataset_report(verdicts, generations)
     report["rejected_by_stage"] = {"prepare": prepared.stats.dropped, **{s: stages[s]["dropped"] for s in STAGES}}
@@ -207,42 +208,46 @@ def _write_manifest(
     title = f"{location.dataset} {location.version} ({location.profile})"
     writer = uuid.uuid4().hex[:16]  # this publisher's own report keys: a concurrent one never writes them
     report_files = write_dataset_report(storage, location, title, verdicts, report, writer)
-    manifest = {
-        "dataset": location.dataset,
-        "profile": prepared.profile,
-        "token_roles": prepared.token_roles,
-        "version": location.version,
-        "root": storage.root_uri,
-        "published_at": datetime.now(UTC).isoformat(),
-        "run_id": run_id,
-        "prepare": {**prepared.stats.to_dict(), "rows_read": prepared.rows_read, "duplicates": prepared.duplicates},
-        "stages": stages,
-        "records": report.get("train_records", 0),
-        "splits": {"train": report.get("train_records", 0), "truncated": report.get("truncated_records", 0)},
-        "report": {
+    manifest = PublishedManifest(
+        dataset=location.dataset,
+        profile=prepared.profile,
+        token_roles=prepared.token_roles,
+        version=location.version,
+        root=storage.root_uri,
+        published_at=datetime.now(UTC).isoformat(),
+        run_id=run_id,
+        prepare={**prepared.stats.to_dict(), "rows_read": prepared.rows_read, "duplicates": prepared.duplicates},
+        stages=stages,
+        records=report.get("train_records", 0),
+        splits={"train": report.get("train_records", 0), "truncated": report.get("truncated_records", 0)},
+        report={
             "writer": writer,
             "json": storage.uri(location.report_file("report.json", writer)),
             "html": storage.uri(location.report_file("report.html", writer)),
         },
-        "retokenize_drift": report.get("retokenize_drift"),
-        "cost": report["cost"],
-        "sampling_params": sampling_params,
-        "seeds_honoured": fleet_seeds_honoured(fleet),  # whether the fleet applied each record's sampling_seed
-        "inputs": prepared.inputs,
-        "decontamination": prepared.decontamination,  # what the prompts were cleaned against (suites, sha256)
-        "fleet": fleet,
-        "verified": {k: verified[k] for k in ("bytes", "records_checked", "verified_at")},
-        "shards": shard_entries(shards),
-        "files": data_files | report_files,
-        "sizes": sizes | sizes_of(storage, list(report_files)),
-    }
-    body = json.dumps(manifest, indent=1).encode()
+        retokenize_drift=report.get("retokenize_drift"),
+        cost=report["cost"],
+        sampling_params=sampling_params,
+        seeds_honoured=fleet_seeds_honoured(fleet),
+        inputs=prepared.inputs,
+        decontamination=prepared.decontamination,
+        fleet=fleet,
+        verified={k: verified[k] for k in ("bytes", "records_checked", "verified_at")},
+        shards=shard_entries(shards),
+        files=data_files | report_files,
+        sizes=sizes | sizes_of(storage, list(report_files)),
+    )
+    body = manifest.to_json()
     if overwrite:
-        replaced = get_json(storage, location.manifest) if storage.exists(location.manifest) else None
+        replaced = (
+            PublishedManifest.from_json(storage.get_bytes(location.manifest))
+            if storage.exists(location.manifest)
+            else None
+        )
         storage.put_bytes(location.manifest, body)
         if replaced is not None:  # the replaced version's report: named by nothing now
-            _discard(storage, [k for k in replaced["files"] if is_report_file(k) and k not in report_files])
-        return body, report
+            _discard(storage, [k for k in replaced.files if is_report_file(k) and k not in report_files])
+        return body, manifest, report
     try:  # one writer per version: of two publishers at once, exactly one writes the manifest
         storage.create(location.manifest, body)
     except KeyExists:  # the same data published meanwhile stands; other data raises VersionExists
@@ -255,13 +260,13 @@ def _write_manifest(
             "this publisher's report is removed",
             location.dataset,
             location.version,
-            json.loads(theirs).get("run_id"),
+            theirs[1].run_id,
         )
-        return theirs, report_of(storage, location, json.loads(theirs))
+        return *theirs, report_of(storage, location, theirs[1])
     # Won: reports of earlier tries that died before their manifest are named by nothing (a loser still writing
     # removes its own as it loses).
     _discard(storage, [k for k in storage.list_keys(location.report_folders) if k not in report_files])
-    return body, report
+    return body, manifest, report
 
 
 def _discard(storage: Storage, keys: list[str]) -> None:
@@ -273,9 +278,9 @@ def _discard(storage: Storage, keys: list[str]) -> None:
             log.warning("%s: not removed (%s); no manifest names it", storage.uri(key), e)
 
 
-def report_of(storage: Storage, location: DatasetLocation, manifest: dict[str, Any]) -> dict[str, Any]:
+def report_of(storage: Storage, location: DatasetLocation, manifest: PublishedManifest) -> dict[str, Any]:
     """The report.json a published manifest names."""
-    return dict(get_json(storage, location.report_file("report.json", report_writer(manifest))))
+    return dict(get_json(storage, location.report_file("report.json", manifest.writer)))
 
 
 def finished_shards(prepared: PreparedDataset, storage: Storage) -> tuple[list[ShardManifest], list[str]]:
@@ -315,15 +320,16 @@ def run_publish(
             f"{location.dataset} {location.version}: its files changed after they were verified; clear "
             "verify_dataset to verify them again"
         )
-    body = _published_before(storage, location.manifest, data_files, overwrite)
-    if body is None:
+    generations = [s.generation for s in shards if s.generation]  # None: generated by an earlier run's try
+    published = _published_before(storage, location.manifest, data_files, overwrite)
+    if published is None:
         sizes = {k: v[0] for k, v in stamps.items() if v is not None}  # what the verifier read: all of them
         args = (verified, sizes, fleet, sampling_params, run_id, cost or {}, overwrite)
-        body, report = _write_manifest(prepared, shards, storage, data_files, *args)
+        body, manifest, report = _write_manifest(prepared, shards, generations, storage, data_files, *args)
     else:  # a retried publish: the version stands as it is, report included
         log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)
-        report = report_of(storage, location, json.loads(body))
-    manifest = json.loads(body)
+        body, manifest = published
+        report = report_of(storage, location, manifest)
     manifest_uri = storage.uri(location.manifest)
     latest = {
         "version": location.version,
@@ -331,16 +337,12 @@ def run_publish(
         "manifest_sha256": hashlib.sha256(body).hexdigest(),
         "inputs_digest": prepared.inputs.get("digest"),
         "logical_date": prepared.inputs.get("logical_date"),  # orders the versions: latest.json only moves forward
-        "published_at": manifest["published_at"],
-        "records": manifest["records"],
+        "published_at": manifest.published_at,
+        "records": manifest.records,
     }
     record_published(storage, location.profile, location.dataset, latest)
     log.info(
-        "published %s %s: %d training records -> %s",
-        location.dataset,
-        location.version,
-        manifest["records"],
-        manifest_uri,
+        "published %s %s: %d training records -> %s", location.dataset, location.version, manifest.records, manifest_uri
     )
     drift = report.get("retokenize_drift") or {}
     log.info(
@@ -355,9 +357,9 @@ def run_publish(
         report.get("tool_call_rate"),
         drift.get("drifted"),
         drift.get("sampled"),
-        manifest["report"]["html"],
+        manifest.report.get("html"),
     )
-    generations = [s.generation for s in shards if s.generation]
+    generation = GenerationReport.combined(generations)
     return {
         "dataset": location.dataset,
         "version": location.version,
@@ -365,16 +367,16 @@ def run_publish(
         "inputs_digest": latest["inputs_digest"],
         "manifest": manifest_uri,
         "manifest_sha256": latest["manifest_sha256"],
-        "report": manifest["report"]["html"],
-        "records": manifest["records"],
-        "splits": manifest["splits"],
-        "retokenize_drift": manifest["retokenize_drift"],
-        "cost": manifest.get("cost"),
-        "stages": manifest["stages"],
-        "prepare": manifest["prepare"],
+        "report": manifest.report.get("html"),
+        "records": manifest.records,
+        "splits": manifest.splits,
+        "retokenize_drift": manifest.retokenize_drift,
+        "cost": manifest.cost,
+        "stages": manifest.stages,
+        "prepare": manifest.prepare,
         "verified": {k: v for k, v in verified.items() if k != "contents"},
         # The version's shards' generation in one report (sums and the window), so this value stays the same size
         # however many shards there are: what the run report's utilization and cost are computed from.
-        "generation": [dataclasses.asdict(g) for g in [GenerationReport.combined(generations)] if g],
+        "generation": [dataclasses.asdict(generation)] if generation else [],
         "generated_shards": len(generations),
     }

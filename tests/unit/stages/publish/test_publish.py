@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.layout import report_writer
+from regen.manifest import PublishedManifest
 from regen.stages.export import run_export
 from regen.stages.generate.generate import GenerateSettings, run_generate
 from regen.stages.publish.publish import IncompleteDataset, run_publish
 from regen.stages.validate import run_validate
+from regen.ui.documents import ManifestView
 from tests.conftest import Simulator, prepare_sample
 
 
@@ -74,3 +78,46 @@ def test_the_dataset_report_counts_every_stages_rejections_and_rounds_for_people
     assert f"{sum(by_stage.values())} rejected (prepare 4" in page
     cells = re.findall(r"<td>([0-9.,]+)</td>", page.split("Token lengths")[1])
     assert cells and all(re.fullmatch(r"[0-9,]+\.[0-9]", c) for c in cells), cells  # one decimal, for people
+
+
+def test_the_written_manifest_reads_back_typed_and_the_page_view_names_only_its_fields(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    prepared, storage = prepare_sample(tmp_path, renderer, "B1_glaive", 6)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=8)
+    for shard in prepared.shards:
+        run_export(run_validate(run_generate(shard, storage, settings), storage, renderer), storage)
+    summary = run_publish(prepared, storage, fleet=[])
+    body = storage.get_bytes(prepared.location.manifest)
+    manifest = PublishedManifest.from_json(body)
+    assert manifest.to_json() == body  # every field the publisher wrote is one the type knows
+    assert (manifest.records, manifest.splits, manifest.stages) == (
+        summary["records"],
+        summary["splits"],
+        summary["stages"],
+    )
+    assert manifest.report["html"] == summary["report"] and manifest.writer == report_writer(json.loads(body))
+    page = msgspec.json.decode(body, type=ManifestView)
+    assert set(ManifestView.__struct_fields__) <= {f.name for f in dataclasses.fields(PublishedManifest)}
+    assert (page.records, page.run_id, page.report) == (manifest.records, manifest.run_id, manifest.report)
+
+
+def test_a_manifest_from_an_earlier_version_reads_with_defaults() -> None:
+    earlier = {
+        "dataset": "d",
+        "profile": {"name": "p"},
+        "token_roles": {},
+        "version": "v1",
+        "root": "/r",
+        "published_at": "2026-01-01T00:00:00+00:00",
+        "run_id": None,
+        "prepare": {},
+        "stages": {},
+        "records": 3,
+        "splits": {"train": 3},
+        "files": {"p/datasets/d/v1/shard-00000/train.jsonl": "ab"},
+        "a_field_of_a_later_version": 1,
+    }
+    manifest = PublishedManifest.from_json(json.dumps(earlier))
+    assert (manifest.writer, manifest.sizes, manifest.seeds_honoured) == (None, {}, None)
+    assert manifest.data_files() == earlier["files"]
