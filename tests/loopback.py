@@ -56,3 +56,26 @@ class AppOnLoopback(OnLoopback):
         runner = web.AppRunner(app)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.port).start()
+
+
+class RecordingProxy(AppOnLoopback):
+    """Every request passed on to `target` as it came, and each /generate body kept, in the order they arrived."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.target = target
+        self.bodies: list[dict[str, Any]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        import json
+
+        import aiohttp
+
+        body = await request.read()
+        if request.path == "/generate":
+            self.bodies.append(json.loads(body))
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(request.method, f"{self.target}{request.path_qs}", data=body, headers=request.headers) as r,
+        ):
+            return web.Response(body=await r.read(), status=r.status, content_type=r.content_type)

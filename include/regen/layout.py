@@ -95,6 +95,9 @@ def write_check_key(profile: str, token: str) -> str:
     return f"{checked_name('profile', profile)}/.write-check-{token}"
 
 
+VERDICTS_SUFFIX = "-verdicts.parquet"  # a shard's verdicts, in the version's reports/ folder
+
+
 def report_writer(manifest: Mapping[str, Any]) -> str | None:
     """The publisher whose report a manifest names (None: a version published before reports had writers)."""
     writer = (manifest.get("report") or {}).get("writer")
@@ -232,7 +235,7 @@ class ShardKeys:
 
     @property
     def verdicts(self) -> str:
-        return self._key("reports", "-verdicts.parquet")
+        return self._key("reports", VERDICTS_SUFFIX)
 
     @property
     def report(self) -> str:

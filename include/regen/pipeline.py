@@ -42,7 +42,7 @@ from regen.stages.publish.publish import run_publish, verify_contents
 from regen.stages.validate import ValidateSettings, run_validate
 from regen.storage import S3ClientFactory, Storage, check_writable, get_json, open_storage
 from regen.tokenizers.loading import why_tokenizer_fails
-from regen.version_inputs import dataset_inputs, dated, unchanged_since
+from regen.version_inputs import answer_lengths, dataset_inputs, dated, unchanged_since
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def prepare_dataset(
     `tasks_at_once`: the tasks this machine may run together, which share its cores when `tokenize_workers` is null."""
     location, at, renderer = run.location(dataset), _RunStorage.open(run, s3_client), renderer_for(run)
     storage = at.storage
-    source, inputs = run.dataset(dataset), {}
+    source, inputs, expected = run.dataset(dataset), {}, {}
     cleaning = load_suites(run.decontamination, run.resolve, s3_client)
     if not storage.exists(location.prepared):  # a new version, not a resumed one
         sources = source_digests(source, run.resolve, s3_client)
@@ -154,6 +154,7 @@ def prepare_dataset(
         if latest is not None:
             return {"dataset": dataset, "unchanged_since": latest}
         inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
+        expected = _expected_tokens(run, storage, dataset)
     with at.writing(location):
         prepared = run_prepare(
             source,
@@ -170,6 +171,7 @@ def prepare_dataset(
                 run_id=run.run_id,
                 part_prompts=run.prepare_part_prompts,
                 decontamination=cleaning,
+                expected_tokens=expected,
             ),
         )
     if isinstance(prepared, PreparedParts):
@@ -204,6 +206,11 @@ def part_name(run: RunSpec, reference: list[int]) -> str:
     return f"{run.datasets[reference[0]]}/part-{reference[1]:05d}"
 
 
+def _expected_tokens(run: RunSpec, storage: Storage, dataset: str) -> dict[str, int]:
+    """Each sample's answer length in the dataset's last version, for generate to send the longest first."""
+    return answer_lengths(storage, run.profile, dataset) if run.longest_first else {}
+
+
 def prepare_dataset_part(
     run: RunSpec, reference: list[int], s3_client: S3ClientFactory | None = None
 ) -> dict[str, Any]:
@@ -212,7 +219,8 @@ def prepare_dataset_part(
     dataset, part = run.datasets[reference[0]], reference[1]
     location = run.location(dataset)
     with _RunStorage.open(run, s3_client).writing(location) as storage:
-        record = prepare_part(run.dataset(dataset), location, storage, renderer_for(run), part, 1)
+        expected = _expected_tokens(run, storage, dataset)
+        record = prepare_part(run.dataset(dataset), location, storage, renderer_for(run), part, 1, expected)
     return {"dataset": dataset, "part": part, "shards": len(record["shards"]), "kept": record["stats"]["kept"]}
 
 

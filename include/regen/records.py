@@ -108,6 +108,7 @@ class ShardPrompts:
         self._seed = table.column("sampling_seed").to_pylist() if "sampling_seed" in names else []
         self._later = table.column("later").to_pylist() if "later" in names else []
         self._messages = table.column("messages").to_pylist() if "messages" in names else []
+        self._expected = table.column("expected_tokens").to_pylist() if "expected_tokens" in names else []
 
     @property
     def on_policy(self) -> bool:
@@ -152,6 +153,21 @@ class ShardPrompts:
                 ids.extend(turn_id(sample_id, turn) for turn in range(1, turns_of(later) + 1))
         return ids
 
+    def longest_expected_first(self, todo: list[str]) -> list[str]:
+        """`todo` with the samples whose answers were longest in the dataset's last version first, so that the
+        shard's last requests are short ones and the fleet stays full to its end; a sample the last version did not
+        answer goes where the known lengths' median would. As given when no length is known (a first version)."""
+        known = sorted(n for n in self._expected if n is not None)
+        if not known:
+            return todo
+        median = known[len(known) // 2]
+
+        def expected(answer_id: str) -> int:
+            n = self._expected[self.row(answer_id)]
+            return median if n is None else int(n)
+
+        return sorted(todo, key=expected, reverse=True)  # stable: equal lengths keep the shard's order
+
     def sampling(self, answer_id: str) -> dict[str, Any]:
         """The sample's own sampling over the run's: its temperature and seed, where it has them (regen.samples); each
         turn of an on-policy sample with a seed has its own, derived from the turn's id."""
@@ -164,7 +180,8 @@ class ShardPrompts:
         return own
 
 
-OPTIONAL_COLUMNS = ("temperature", "sampling_seed", "later")  # absent from prompts prepared before they existed
+# absent from prompts prepared before they existed
+OPTIONAL_COLUMNS = ("temperature", "sampling_seed", "later", "expected_tokens")
 
 
 def read_prompts(storage: Storage, key: str, columns: list[str]) -> ShardPrompts:

@@ -254,6 +254,7 @@ class RunSpec(BaseModel):
     sample_timeouts: int = 2  # (a spec planned before these existed: the defaults)
     max_server_rejected_share: float = 0.02
     priority: int | None = None
+    longest_first: bool = True
     checkpoint_every: int
     checkpoint_s: float
     export: dict[str, bool]
@@ -345,6 +346,7 @@ class RunSpec(BaseModel):
             sample_timeouts=d.sample_timeouts,
             max_server_rejected_share=d.max_server_rejected_share,
             priority=d.priority,
+            longest_first=d.longest_first,
             checkpoint_every=d.checkpoint_every,
             checkpoint_s=d.checkpoint_s,
             export=(given.export or d.export).model_dump(),

@@ -18,8 +18,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from regen.config import DatasetConfig
-from regen.layout import DatasetLocation, latest_key
-from regen.storage import Changed, KeyExists, Storage, get_json, is_not_found
+from regen.layout import VERDICTS_SUFFIX, DatasetLocation, latest_key
+from regen.manifest import PublishedManifest
+from regen.storage import Changed, KeyExists, Storage, get_json, is_not_found, read_table
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,26 @@ def latest_published(storage: Storage, profile: str, dataset: str) -> dict[str, 
         log.warning("%s: version %s's manifest is not the one published; ignoring it", dataset, latest["version"])
         return None
     return dict(latest)
+
+
+def answer_lengths(storage: Storage, profile: str, dataset: str) -> dict[str, int]:
+    """Every sample's answer length (output tokens) in the dataset's last published version, by sample id, from its
+    shards' verdicts: what the next version sends longest first. Empty for a dataset with no version yet. A sample id
+    is its prompt's content (with its temperature and draw), so an unchanged prompt finds its last answer's length.
+    About 100 bytes a sample in memory: 10^7 prompts take a GB, read once per dataset by its prepare task."""
+    latest = latest_published(storage, profile, dataset)
+    if latest is None:
+        return {}
+    location = DatasetLocation(storage.root_uri, profile, dataset, latest["version"])
+    manifest = PublishedManifest.from_json(storage.get_bytes(location.manifest))
+    lengths: dict[str, int] = {}
+    for key in sorted(k for k in manifest.files if k.endswith(VERDICTS_SUFFIX)):  # one a shard
+        verdicts = read_table(storage, key, ["id", "output_len"])
+        lengths.update(zip(verdicts.column("id").to_pylist(), verdicts.column("output_len").to_pylist(), strict=True))
+    log.info(
+        "%s: %d answer lengths from version %s, to send the longest first", dataset, len(lengths), latest["version"]
+    )
+    return lengths
 
 
 def unchanged_since(storage: Storage, location: DatasetLocation, inputs: dict[str, Any]) -> dict[str, Any] | None:

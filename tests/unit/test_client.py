@@ -161,23 +161,10 @@ def test_a_configured_priority_is_sent_with_every_request_and_none_without(
     """SGLang's /generate takes `priority` (io_struct.GenerateReqInput); a deployment sharing its fleet with live
     traffic sets one, and every request carries it. Without one, the field is not sent at all: a server started with
     --abort-on-priority-when-disabled would abort any request that carries it."""
-    from aiohttp import web
-
-    from tests.loopback import AppOnLoopback
-
-    class Recording(AppOnLoopback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bodies: list[dict[str, Any]] = []
-
-        async def handle(self, request: web.Request) -> web.Response:
-            body = await request.read()
-            self.bodies.append(json.loads(body))
-            async with aiohttp.ClientSession() as session, session.post(f"{simulator.url}/generate", data=body) as r:
-                return web.Response(body=await r.read(), status=r.status, content_type="application/json")
+    from tests.loopback import RecordingProxy
 
     prompt = renderer.render_ids([{"role": "user", "content": "hello"}], None)
-    with Recording() as proxy:
+    with RecordingProxy(simulator.url) as proxy:
         asyncio.run(_generate([proxy.url], prompt, SAMPLING, priority=-5))
         asyncio.run(_generate([proxy.url], prompt, SAMPLING))
     [with_priority, without] = proxy.bodies

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -19,6 +20,7 @@ from regen.stages.prepare.sources import source_digests
 from regen.verify import VerificationFailed, verify_published
 from regen.version_inputs import dataset_inputs
 from tests.conftest import ROOT, Simulator, each_shard
+from tests.loopback import RecordingProxy
 
 DATASET = "B1_glaive"
 SHARDS = 300  # shards in one group, in the XCom test (what the group hands on must not grow with them)
@@ -43,7 +45,7 @@ def digests(dataset: DatasetConfig) -> dict[str, str] | None:
     return source_digests(dataset, str)
 
 
-def run_stages(run_id: str, simulator: Simulator, **params: Any) -> dict[str, Any]:
+def run_stages(run_id: str, simulator: Simulator | RecordingProxy, **params: Any) -> dict[str, Any]:
     """plan -> prepare -> every shard through generate, validate, export -> publish -> report, as the DAG does."""
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], **params}, run_id))
     prepared = [pipeline.prepare_dataset(run, name) for name in run.datasets]
@@ -98,6 +100,28 @@ def test_a_changed_dataset_is_regenerated(deployment: Path, simulator: Simulator
     assert [d["version"] for d in second["datasets"]] == ["night-2"] and second["unchanged"] == []
     latest = json.loads((deployment / "storage" / latest_key("kimi-k2.5-mini", DATASET)).read_text())
     assert latest["version"] == "night-2"
+
+
+def test_a_later_version_sends_each_shards_longest_answers_of_the_last_version_first(
+    deployment: Path, simulator: Simulator
+) -> None:
+    """The simulator gives a prompt the same answer length every time (as a model roughly does): the next version
+    knows every length, and each shard's requests go out longest first. The data does not depend on the order."""
+    run_stages("night-1", simulator)
+    last = pq.read_table(next((deployment / "storage").rglob("night-1/reports/shard-00000-verdicts.parquet")))
+    lengths = dict(zip(last.column("id").to_pylist(), last.column("output_len").to_pylist(), strict=True))
+    with RecordingProxy(simulator.url) as proxy:
+        run_stages("night-2", proxy, skip_unchanged=False, in_flight=1)  # one request at a time: the send order
+    night_2 = deployment / "storage" / "kimi-k2.5-mini" / DATASET / "night-2"
+    prompts = pq.read_table(night_2 / "prompts" / "shard-00000.parquet").to_pylist()
+    assert {p["id"]: p["expected_tokens"] for p in prompts} == lengths  # every one known, from night-1
+    sent = [body["rid"].rsplit("-", 2)[0] for body in proxy.bodies]
+    first_shard = [lengths[i] for i in sent[: len(prompts)]]
+    assert sorted(sent[: len(prompts)]) == sorted(lengths) and first_shard == sorted(first_shard, reverse=True)
+    assert len(set(first_shard)) > 5  # lengths that differ, so the order is the length's, not the file's
+    # The same records, in the same (the prompts') order, whatever order they went out in.
+    before, after = sorted((night_2.parent / "night-1").rglob("train/*")), sorted(night_2.rglob("train/*"))
+    assert before and [f.read_bytes() for f in before] == [f.read_bytes() for f in after]
 
 
 def test_the_digest_covers_content_template_and_sampling(deployment: Path) -> None:

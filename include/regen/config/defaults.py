@@ -124,6 +124,13 @@ class Defaults(BaseModel):
         "served first, so give the batch a value below live traffic's. A server without priority scheduling ignores "
         "it, or aborts the request (503) when started with --abort-on-priority-when-disabled (docs/scaling.md)",
     )
+    longest_first: bool = Field(
+        True,
+        description="send each shard's prompts longest expected answer first, the lengths taken from the dataset's "
+        "last published version (a first version keeps the source order): a shard task's last minutes then hold "
+        "short answers, not the few longest with most of its share of in_flight idle (docs/scaling.md). Only the "
+        "order of the requests changes, never the data",
+    )
     sample_timeouts: int = Field(
         2,
         ge=1,

@@ -302,6 +302,8 @@ def run_generate(
             assert renderer is not None
             conversations = Conversations(prompts, renderer, done)
             todo = longest_first(todo)
+        else:
+            todo = prompts.longest_expected_first(todo)
         try:
             asyncio.run(_generate_missing(settings, prompts, todo, checkpointer, progress, conversations))
         finally:

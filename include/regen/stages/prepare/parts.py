@@ -10,7 +10,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -280,10 +280,16 @@ def part_prompts_to_map(shard_size: int, datasets: list[tuple[int, int]], cap: i
 
 
 def prepare_part(
-    config: DatasetConfig, location: DatasetLocation, storage: Storage, renderer: ChatRenderer, part: int, workers: int
+    config: DatasetConfig,
+    location: DatasetLocation,
+    storage: Storage,
+    renderer: ChatRenderer,
+    part: int,
+    workers: int,
+    expected_tokens: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """One part of a dataset prepared in parts, tokenized into its shards: its record (shards, stats, files), also
-    stored beside it, where a retry finds it."""
+    stored beside it, where a retry finds it. `expected_tokens`: as PrepareSettings's."""
     record_key = location.prepare_part(part, ".json")
     if storage.exists(record_key):
         return dict(get_json(storage, record_key))
@@ -296,7 +302,7 @@ def prepare_part(
         storage.get_file(entry.key, path)
         if sha256_file(path) != entry.sha256:
             raise ValueError(f"{entry.key} does not read back as written (sha256 differs): run the task again")
-        shards = ShardWriter(location, storage, index.shard_size, config, entry.first_shard)
+        shards = ShardWriter(location, storage, index.shard_size, config, entry.first_shard, expected_tokens)
         stats = tokenize_part(part_rows(path), renderer, workers, shards, rejections)
         files = rejections.upload()
     record = {"part": part, "shards": [s.to_dict() for s in shards.shards], "stats": stats.to_dict(), "files": files}

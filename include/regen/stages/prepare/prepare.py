@@ -122,7 +122,7 @@ def run_prepare(
     on_policy = config.turns == "on_policy"
     workers = settings.workers or available_cores()
     with tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp, rejections:
-        shards = ShardWriter(location, storage, settings.shard_size, config)
+        shards = ShardWriter(location, storage, settings.shard_size, config, expected_tokens=settings.expected_tokens)
         samples = len(samples_of("", config.temperatures, config.samples_per_prompt))
         per_part, shards_per_part = part_layout(settings.shard_size, samples, settings.part_prompts or 1)
         spool = PartSpool(Path(tmp), per_part, storage, location)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,3 +22,6 @@ class PrepareSettings:
     run_id: str | None = None
     part_prompts: int | None = None  # more prompts than this (and no limit): left in parts for prepare_part
     decontamination: Decontamination | None = None  # the eval suites' index: a prompt holding an item is rejected
+    # each sample's answer tokens in the dataset's last version (regen.version_inputs.answer_lengths), by sample id:
+    # written beside its prompt, for generate to send the longest first
+    expected_tokens: Mapping[str, int] = field(default_factory=dict)

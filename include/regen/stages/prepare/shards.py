@@ -4,6 +4,7 @@ the record of a prepared dataset's shards (`prompts/prepare.json`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,17 +28,28 @@ PROMPT_SCHEMA = pa.schema(
         ("temperature", pa.float64()),  # null: the run's temperature
         ("sampling_seed", pa.int64()),  # null: no seed sent
         ("later", pa.string()),  # on-policy: the conversation after the first turn's prompt (JSON); else null
+        # the sample's answer tokens in the dataset's last version (regen.version_inputs.answer_lengths); null: not
+        # known. Generate sends the longest first, so the shard's last requests are short ones.
+        ("expected_tokens", pa.int32()),
     ]
 )
 
 
 class ShardWriter:
-    """Tokenized prompts -> shards of `shard_size` rows, numbered from `first_shard`."""
+    """Tokenized prompts -> shards of `shard_size` rows, numbered from `first_shard`. `expected_tokens`: a sample's
+    answer length in the dataset's last version, by sample id."""
 
     def __init__(
-        self, location: DatasetLocation, storage: Storage, shard_size: int, config: DatasetConfig, first_shard: int = 0
+        self,
+        location: DatasetLocation,
+        storage: Storage,
+        shard_size: int,
+        config: DatasetConfig,
+        first_shard: int = 0,
+        expected_tokens: Mapping[str, int] | None = None,
     ) -> None:
         self.location, self.storage, self.shard_size, self.first_shard = location, storage, shard_size, first_shard
+        self.expected_tokens = expected_tokens or {}
         self.temperatures, self.per_prompt = config.temperatures, config.samples_per_prompt
         self.on_policy = config.turns == "on_policy"
         self.shards: list[ShardManifest] = []
@@ -48,7 +60,12 @@ class ShardWriter:
         """One row per sample of the prompt (regen.samples); a prompt's samples may span two shards."""
         shared = {name: prompt[name] for name in ("source_index", "source", "messages", "tools", "meta", "later")}
         for sample in samples_of(prompt["sample_id"], self.temperatures, self.per_prompt):
-            row = {"id": sample.id, **shared, "prompt_ids": prompt_ids}
+            row = {
+                "id": sample.id,
+                **shared,
+                "prompt_ids": prompt_ids,
+                "expected_tokens": self.expected_tokens.get(sample.id),
+            }
             self._rows.append({**row, "temperature": sample.temperature, "sampling_seed": sample.seed})
             self._answers += prompt["answers"]
             if len(self._rows) >= self.shard_size:
