@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,18 +155,10 @@ class ShardPrompts:
 
     def longest_expected_first(self, todo: list[str]) -> list[str]:
         """`todo` with the samples whose answers were longest in the dataset's last version first, so that the
-        shard's last requests are short ones and the fleet stays full to its end; a sample the last version did not
-        answer goes where the known lengths' median would. As given when no length is known (a first version)."""
-        known = sorted(n for n in self._expected if n is not None)
-        if not known:
+        shard's last requests are short ones and the fleet stays full to its end (`longest_first_order`)."""
+        if not self._expected:
             return todo
-        median = known[len(known) // 2]
-
-        def expected(answer_id: str) -> int:
-            n = self._expected[self.row(answer_id)]
-            return median if n is None else int(n)
-
-        return sorted(todo, key=expected, reverse=True)  # stable: equal lengths keep the shard's order
+        return [todo[i] for i in longest_first_order([self._expected[self.row(a)] for a in todo])]
 
     def sampling(self, answer_id: str) -> dict[str, Any]:
         """The sample's own sampling over the run's: its temperature and seed, where it has them (regen.samples); each
@@ -178,6 +170,20 @@ class ShardPrompts:
         if self._seed and self._seed[row] is not None:
             own["sampling_seed"] = self._seed[row] if answer_id in self.row_of else seed_of(answer_id)
         return own
+
+
+def longest_first_order(expected: Sequence[int | None]) -> list[int]:
+    """Positions by expected answer length, longest first: one of unknown length (a prompt new since the last
+    version) where the known lengths' median would be, equal lengths in the order given, and all in the order given
+    when none is known (a first version)."""
+    known = sorted(n for n in expected if n is not None)
+    median = known[len(known) // 2] if known else 0
+
+    def length(i: int) -> int:
+        n = expected[i]
+        return median if n is None else n
+
+    return sorted(range(len(expected)), key=length, reverse=True)
 
 
 # absent from prompts prepared before they existed

@@ -3,6 +3,7 @@ of its last published version is skipped. Runs the library's stages exactly as t
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from regen import pipeline
+from regen import pipeline, read_training_data
 from regen.config import ConfigError, DatasetConfig
 from regen.errors import FinalError
 from regen.layout import latest_key
@@ -102,26 +103,33 @@ def test_a_changed_dataset_is_regenerated(deployment: Path, simulator: Simulator
     assert latest["version"] == "night-2"
 
 
-def test_a_later_version_sends_each_shards_longest_answers_of_the_last_version_first(
+def test_a_later_version_deals_the_longest_answers_of_the_last_into_the_first_shards_and_sends_them_first(
     deployment: Path, simulator: Simulator
 ) -> None:
     """The simulator gives a prompt the same answer length every time (as a model roughly does): the next version
-    knows every length, and each shard's requests go out longest first. The data does not depend on the order."""
+    knows every length, deals the longest into its first shards, and sends each shard's longest first. The records
+    are the same whatever the order."""
     run_stages("night-1", simulator)
-    last = pq.read_table(next((deployment / "storage").rglob("night-1/reports/shard-00000-verdicts.parquet")))
-    lengths = dict(zip(last.column("id").to_pylist(), last.column("output_len").to_pylist(), strict=True))
+    folder = deployment / "storage" / "kimi-k2.5-mini" / DATASET
+    lengths: dict[str, int] = {}
+    for verdicts in sorted((folder / "night-1" / "reports").glob("*-verdicts.parquet")):
+        table = pq.read_table(verdicts)
+        lengths.update(zip(table.column("id").to_pylist(), table.column("output_len").to_pylist(), strict=True))
     with RecordingProxy(simulator.url) as proxy:
         run_stages("night-2", proxy, skip_unchanged=False, in_flight=1)  # one request at a time: the send order
-    night_2 = deployment / "storage" / "kimi-k2.5-mini" / DATASET / "night-2"
-    prompts = pq.read_table(night_2 / "prompts" / "shard-00000.parquet").to_pylist()
-    assert {p["id"]: p["expected_tokens"] for p in prompts} == lengths  # every one known, from night-1
-    sent = [body["rid"].rsplit("-", 2)[0] for body in proxy.bodies]
-    first_shard = [lengths[i] for i in sent[: len(prompts)]]
-    assert sorted(sent[: len(prompts)]) == sorted(lengths) and first_shard == sorted(first_shard, reverse=True)
-    assert len(set(first_shard)) > 5  # lengths that differ, so the order is the length's, not the file's
-    # The same records, in the same (the prompts') order, whatever order they went out in.
-    before, after = sorted((night_2.parent / "night-1").rglob("train/*")), sorted(night_2.rglob("train/*"))
-    assert before and [f.read_bytes() for f in before] == [f.read_bytes() for f in after]
+    shards = [pq.read_table(p).to_pylist() for p in sorted((folder / "night-2" / "prompts").glob("shard-*.parquet"))]
+    assert len(shards) > 1 and {p["id"]: p["expected_tokens"] for s in shards for p in s} == lengths
+    for earlier, later in itertools.pairwise(shards):  # dealt longest first
+        assert min(p["expected_tokens"] for p in earlier) >= max(p["expected_tokens"] for p in later)
+    sent = [lengths[body["rid"].rsplit("-", 2)[0]] for body in proxy.bodies]
+    assert sorted(sent) == sorted(lengths.values()) and sent == sorted(sent, reverse=True)
+    assert len(set(sent)) > 5  # lengths that differ: the order is theirs, not the source's
+
+    def records(version: str) -> list[str]:
+        batches = read_training_data(str(folder / version / "manifest.json"))
+        return sorted(json.dumps(row, sort_keys=True) for batch in batches for row in batch.to_pylist())
+
+    assert records("night-1") == records("night-2") and len(records("night-1")) == len(lengths)
 
 
 def test_the_digest_covers_content_template_and_sampling(deployment: Path) -> None:
