@@ -129,6 +129,7 @@ def server_command(
         "--host", "127.0.0.1", "--port", str(port),
         "--tool-call-parser", str(parsers.tool_call_parser), "--reasoning-parser", str(parsers.reasoning_parser),
         "--log-requests", "--log-requests-level", "3",
+        "--enable-metrics",  # as docs/operations.md launches it: answers say how long they queued
         "--context-length", str(CONTEXT),
         *CPU_FLAGS, *extra,
     ]  # fmt: skip

@@ -76,6 +76,10 @@ class GenerationReport:
     prompt_tokens: int = 0  # of the answers received, as the server counted them (meta_info)
     cached_tokens: int = 0  # of those, what the server's prefix cache held (meta_info.cached_tokens): not prefilled
     ejections: int = 0  # endpoints ejected by the outlier detection (regen.sglang.fleet)
+    # Server-side: the seconds the answers held a running slot (e2e_latency less queue_time, which SGLang sends with
+    # --enable-metrics), and how many answers said so.
+    slot_seconds: float = 0.0
+    slot_timed: int = 0
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GenerationReport:
@@ -100,6 +104,8 @@ class GenerationReport:
             prompt_tokens=sum(t.prompt_tokens for t in tries),
             cached_tokens=sum(t.cached_tokens for t in tries),
             ejections=sum(t.ejections for t in tries),
+            slot_seconds=round(sum(t.slot_seconds for t in tries), 3),
+            slot_timed=sum(t.slot_timed for t in tries),
         )
 
 

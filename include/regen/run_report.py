@@ -18,16 +18,21 @@ log = logging.getLogger(__name__)
 def fleet_utilization(reports: list[GenerationReport], fleet: list[dict[str, Any]]) -> dict[str, Any]:
     """Request-seconds the run kept in flight over the fleet's slot-seconds during generation (capped at 1).
 
-    Client-side: time a request waited in a server's queue counts as busy, so this is an upper bound; the simulator's
-    /sim/stats gives the exact server-side figure. Unknown when a server does not report max_running_requests.
+    `utilization` is client-side: time a request waited in a server's queue counts as busy, so it is an upper bound.
+    `server_side` is the servers' own: the seconds the answers held a running slot, which SGLang says of each answer
+    when it runs with --enable-metrics (None unless every answer said so). Unknown when a server does not report
+    max_running_requests.
     """
     slots = fleet_slots(fleet)
     if not reports or slots is None:
         return {"utilization": None, "reason": "no generation in this run, or a server without max_running_requests"}
     window = generation_window(reports)
     busy = sum(r.request_seconds for r in reports)
+    held, timed = sum(r.slot_seconds for r in reports), sum(r.slot_timed for r in reports)
+    every_answer_timed = timed > 0 and timed == sum(r.answered for r in reports)
     return {
         "utilization": min(1.0, busy / (slots * window)) if window > 0 else None,
+        "server_side": round(min(1.0, held / (slots * window)), 4) if window > 0 and every_answer_timed else None,
         "window_s": round(window, 3),
         "request_seconds": round(busy, 3),
         "slots": slots,

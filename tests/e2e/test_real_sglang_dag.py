@@ -91,6 +91,13 @@ def test_the_dag_runs_against_real_servers_behind_the_real_router(real_run: dict
     assert sorted(w["url"] for w in endpoint["workers"]) == sorted(s.url for s in real_run["servers"])
     assert all(w["model_path"] == "kimi-k2.5-mini" and w["version"] == "0.5.23" for w in endpoint["workers"])
     assert endpoint["seeds_honoured"] is False  # torch_native: no --enable-deterministic-inference
+    # Launched with --enable-metrics (docs/operations.md), every answer says, through the router, how long it held a
+    # running slot: the run report's server-side utilization (here without a figure: a server on CPU does not report
+    # its max_running_requests, so the fleet's slots are unknown).
+    for entry in real_run["report"]["datasets"]:
+        [generation] = entry["generation"]
+        assert generation["slot_timed"] == generation["answered"] > 0, generation
+        assert 0 < generation["slot_seconds"] <= generation["request_seconds"], generation
 
 
 @pytest.mark.parametrize("dataset", ["R1_weather", "C1_multiturn"])

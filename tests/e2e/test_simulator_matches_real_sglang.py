@@ -47,7 +47,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def simulator_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with start_simulator(tmp_path_factory.mktemp("simulator"), "--context-length", str(CONTEXT)) as simulator:
+    folder = tmp_path_factory.mktemp("simulator")
+    with start_simulator(folder, "--context-length", str(CONTEXT), "--enable-metrics") as simulator:
         yield simulator.url
 
 

@@ -42,6 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prefill-us-per-token", type=float, default=0.0)
     parser.add_argument("--decode-ms-per-token", type=float, default=0.0)
     parser.add_argument("--max-running", type=int, default=256, help="running requests; the rest queue")
+    parser.add_argument(
+        "--enable-metrics",
+        action="store_true",
+        help="as SGLang's flag: each answer's meta_info also says when it entered a running slot (forward_entry_time) "
+        "and how long it waited for one (queue_time)",
+    )
     parser.add_argument("--warmup-s", type=float, default=0.0, help="/health answers 503 this long after start")
     parser.add_argument(
         "--sglang-version",
@@ -153,6 +159,7 @@ def build_state(args: argparse.Namespace) -> SimulatorState:
     name = args.served_model_name or profile.served_model_names[0]
     state.served.update(model_path=args.model_path or name, served_model_name=name)
     state.served["enable_deterministic_inference"] = not args.seeds_ignored
+    state.served["enable_metrics"] = args.enable_metrics
     return state
 
 

@@ -57,7 +57,16 @@ SAMPLING_FIELDS = (
 ).split()
 
 
-STREAM_FINAL_ONLY = ("weight_versions", "e2e_latency")  # meta_info keys SGLang sends on a stream's last chunk only
+# meta_info keys SGLang sends on a stream's last chunk only (the last five: with --enable-metrics)
+STREAM_FINAL_ONLY = (
+    "weight_versions",
+    "e2e_latency",
+    "request_received_ts",
+    "first_token_latency",
+    "api_server_dispatch_finish_ts",
+    "request_finished_ts",
+    "decode_throughput",
+)
 
 
 class EngineError(ValueError):
@@ -188,6 +197,7 @@ class SimulatorState:
             "model_path": name,
             "served_model_name": name,
             "enable_deterministic_inference": True,  # the simulated model draws from sampling_seed
+            "enable_metrics": False,  # with it, an answer's meta_info says how long it waited for a running slot
         }
         self.faults = faults or FaultModel()
         self.fault_rng = random.Random(fault_seed)
@@ -269,7 +279,7 @@ def _finish(full: list[int], params: dict[str, Any]) -> tuple[list[int], dict[st
 async def _one(
     state: SimulatorState, prompt_ids: list[int], params: dict[str, Any], rid: str, index: int, extra_s: float = 0.0
 ) -> dict[str, Any]:
-    started = time.monotonic()
+    started, received = time.monotonic(), time.time()
     seed = params["sampling_seed"]
     answer = state.model.answer(prompt_ids, None if seed is None else seed + index)
     output_ids, finish_reason = _finish(answer.ids, params)
@@ -277,6 +287,7 @@ async def _one(
     async with state.running:
         state.counters.waiting -= 1
         state.counters.slot_taken()
+        queued_s, forward_entry = time.monotonic() - started, time.time()
         cached = state.prefix_cache.admit(prompt_ids)  # only the uncached part is prefilled
         try:
             await asyncio.sleep(state.latency.seconds(len(prompt_ids) - cached, len(output_ids)) + extra_s)
@@ -298,6 +309,22 @@ async def _one(
         "e2e_latency": round(time.monotonic() - started, 6),
         "response_sent_to_client_ts": time.time(),
     }
+    if state.served["enable_metrics"]:  # SGLang's request time stats (unix times, seconds), with --enable-metrics
+        prefilled = forward_entry + state.latency.seconds(len(prompt_ids) - cached, 0)
+        finished = time.time()
+        meta_info |= {
+            "storage_prefetch_wait": 0.0,
+            "storage_staging_wait": 0.0,
+            "forward_entry_time": forward_entry,
+            "prefill_finished_time": prefilled,
+            "queue_time": queued_s,
+            "request_received_ts": received,  # this and the rest: on a stream's last chunk only
+            "first_token_latency": prefilled - received,
+            "api_server_dispatch_finish_ts": received,
+            "request_finished_ts": finished,
+        }
+        if len(output_ids) > 1:  # tokens after the first over the time they took
+            meta_info["decode_throughput"] = (len(output_ids) - 1) / max(finished - prefilled, 1e-6)
     text = _text(state, output_ids, finish_reason, params)
     if defect is not None and BY_NAME[defect].in_response:
         text, meta_info = plant_in_response(defect, text, meta_info, len(output_ids), random.Random(answer.variant))
@@ -378,7 +405,9 @@ async def _stream(request: web.Request, state: SimulatorState, items: list[Item]
         for end in range(1, len(ids) + 1):
             last = end == len(ids)
             meta = {**whole["meta_info"], "completion_tokens": end}
-            if end > 1:  # SGLang stamps only the first chunk with when it was sent
+            # SGLang stamps the first chunk with when it was sent, and with --enable-metrics the last one too (its
+            # request time stats carry the first chunk's stamp)
+            if end > 1 and not (last and state.served["enable_metrics"]):
                 del meta["response_sent_to_client_ts"]
             if not last:
                 meta = {key: value for key, value in meta.items() if key not in STREAM_FINAL_ONLY} | {

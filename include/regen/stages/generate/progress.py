@@ -20,7 +20,8 @@ class Progress:
         self.shard, self.total, self.done, self.already = shard, total, already, already
         self.started_at, self.started = time.time(), time.monotonic()
         self.answered = self.output_tokens = self.prompt_tokens = self.cached_tokens = 0
-        self.request_seconds = 0.0
+        self.request_seconds = self.slot_seconds = 0.0
+        self.slot_timed = 0
 
     def answer(self, generation: Generation) -> None:
         self.done += 1
@@ -28,6 +29,10 @@ class Progress:
         self.output_tokens += len(generation.output_ids)
         self.prompt_tokens += int(generation.meta_info.get("prompt_tokens") or 0)
         self.cached_tokens += int(generation.meta_info.get("cached_tokens") or 0)
+        held = slot_seconds(generation.meta_info)
+        if held is not None:
+            self.slot_seconds += held
+            self.slot_timed += 1
 
     def log_line(self, client: SGLangClient) -> None:
         elapsed = max(time.monotonic() - self.started, 1e-9)
@@ -73,4 +78,15 @@ class Progress:
             prompt_tokens=self.prompt_tokens,
             cached_tokens=self.cached_tokens,
             ejections=client.pool.ejections,
+            slot_seconds=round(self.slot_seconds, 3),
+            slot_timed=self.slot_timed,
         )
+
+
+def slot_seconds(meta_info: dict[str, Any]) -> float | None:
+    """How long the answer held a running slot, as its server measured: from receipt to finish (e2e_latency) less
+    the wait for a slot (queue_time, in SGLang's meta_info only with --enable-metrics). None when it did not say."""
+    total, queued = meta_info.get("e2e_latency"), meta_info.get("queue_time")
+    if not isinstance(total, int | float) or not isinstance(queued, int | float):
+        return None
+    return max(0.0, float(total) - float(queued))
