@@ -1,0 +1,166 @@
+"""The drain: whole-run fleet utilization on heavy-tailed answers, today's send order against longest first.
+
+    .venv/bin/python bench/bench_drain.py [--prompts 1280] [--endpoints 4] [--slots 16] [--margin 3]
+                                          [--length-median 500] [--decode-ms 4.5] [--report var/bench/drain.json]
+
+Airflow (scheduler, dag-processor, triggerer, api-server; LocalExecutor on PostgreSQL) runs the DAG, a pool of 4
+shard tasks, over two datasets of distinct prompts against `--endpoints` simulators of `--slots` running slots each.
+Their answers have the real shape, scaled down in time: a whole answer's length lognormal around `--length-median`
+tokens (sigma 1), from 50 to 16,000 tokens, the same for the same prompt every time, at `--decode-ms` a token; each
+slot serves 30 to 60 answers over a run at the defaults.
+
+Two runs on one stack, side by side: the first version of the datasets (no earlier version: the shards' own order,
+today's), then the next version (`skip_unchanged` off), which knows every answer's length from the first, deals the
+longest into the first shards and sends each shard's longest first. Utilization is measured server-side: the
+simulators' busy slot-seconds (the time integral of their running requests) over their slots times the window from
+the run's first request to its last answer; beside it, the run report's two figures (`server_side`, from what the
+servers say of each answer with --enable-metrics, and the client-side upper bound). Also: the time from the first
+request to the first published dataset, and the check that both versions hold every prompt's record exactly once,
+and the same training records (the order changes what the fleet does when, never the data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tools.devstack import Stack  # noqa: E402
+
+DATASETS = ("drain_a", "drain_b")
+SHARD_TASKS = 4
+
+
+def write_config(folder: Path, args: argparse.Namespace) -> Path:
+    for name in DATASETS:
+        rows = [
+            {"input": f"{name} task {i}: prove that the {i}th prime exists, then explain."} for i in range(args.prompts)
+        ]
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = {
+        "defaults": {
+            "profile": "kimi-k2.5-mini",
+            "storage_root": str(folder / "storage"),
+            "shard_size": args.shard_size,
+            "in_flight": int(args.endpoints * args.slots * args.margin),
+            "shard_tasks": SHARD_TASKS,
+            "tokenize_workers": 1,
+            "sampling": {"max_new_tokens": 16_384, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0},
+        },
+        "governance": {"allowed_endpoints": ["127.0.0.1"]},  # the bench's simulators
+        "datasets": {name: {"paths": [f"{name}.jsonl"], "format": "input_output"} for name in DATASETS},
+    }
+    path = folder / "regen.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+def one_run(stack: Stack, version: str, **conf: Any) -> dict[str, Any]:
+    before = [s.stats() for s in stack.fleet]
+    run_id = stack.trigger({"endpoints": [s.url for s in stack.fleet], "version": version, **conf})
+    state = stack.wait_for_run(run_id, timeout_s=3600)
+    if state != "success":
+        raise SystemExit(f"run {version}: {state}: {stack.failures(run_id)}")
+    report = stack.xcom(run_id, "report")
+    after = [s.stats() for s in stack.fleet]
+    first_request = min(g["started_at"] for d in report["datasets"] for g in d["generation"])
+    last_answer = max(s["last_end"] for s in after)
+    window = last_answer - first_request
+    busy = sum(a["busy_slot_seconds"] - b["busy_slot_seconds"] for a, b in zip(after, before, strict=True))
+    slots = sum(a["max_running"] for a in after)
+    manifests = {d["dataset"]: json.loads(Path(d["manifest"]).read_text()) for d in report["datasets"]}
+    published = [datetime.fromisoformat(m["published_at"]).timestamp() for m in manifests.values()]
+    return {
+        "version": version,
+        "answered": sum(a["answered"] - b["answered"] for a, b in zip(after, before, strict=True)),
+        "records": {name: m["records"] for name, m in manifests.items()},
+        "window_s": round(window, 1),
+        "first_published_s": round(min(published) - first_request, 1),
+        "utilization": round(busy / (slots * window), 4),
+        "report_server_side": report["fleet_usage"]["server_side"],
+        "report_client_side": report["fleet_usage"]["utilization"],
+        "manifests": [d["manifest"] for d in report["datasets"]],
+    }
+
+
+def records(manifests: list[str]) -> list[str]:
+    """Every training record of the versions, each as canonical JSON, sorted: what the two orders must agree on."""
+    from regen import read_training_data
+
+    return sorted(
+        json.dumps(row, sort_keys=True)
+        for manifest in manifests
+        for batch in read_training_data(manifest)
+        for row in batch.to_pylist()
+    )
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # so the stack's processes are stopped too
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", type=int, default=1280, help="per dataset (two datasets)")
+    parser.add_argument("--shard-size", type=int, default=160)
+    parser.add_argument("--endpoints", type=int, default=4)
+    parser.add_argument("--slots", type=int, default=16, help="running slots per simulated server")
+    parser.add_argument("--margin", type=float, default=3.0, help="in_flight over the fleet's slots, as advised")
+    parser.add_argument("--length-median", type=int, default=500, help="tokens, of the whole answer")
+    parser.add_argument("--decode-ms", type=float, default=4.5, help="per output token")
+    parser.add_argument("--report", type=Path, default=None, help="also write the figures here, as JSON")
+    args = parser.parse_args()
+    simulator_args = [
+        *("--max-running", str(args.slots), "--decode-ms-per-token", str(args.decode_ms)),
+        *("--length-median", str(args.length_median), "--length-sigma", "1.0"),
+        *("--min-tokens", "25", "--max-tokens", "8000", "--context-length", "32768"),  # answers of 50 to 16,000
+        "--enable-metrics",  # as docs/operations.md launches SGLang: the run report's server-side figure
+    ]
+    with tempfile.TemporaryDirectory(prefix="regen-bench-drain-") as tmp:
+        folder = Path(tmp)
+        os.environ["REGEN_CONFIG"] = str(write_config(folder, args))
+        stack = Stack(
+            folder / "airflow",
+            purpose="bench_drain",
+            simulators=args.endpoints,
+            simulator_args=simulator_args,
+            pool_slots=SHARD_TASKS,
+        )
+        with stack:
+            today = one_run(stack, "first")
+            print("shards' own order (first version)", json.dumps(today), flush=True)
+            longest = one_run(stack, "nightly", skip_unchanged=False)
+            print("longest first (next version)", json.dumps(longest), flush=True)
+            same_records = records(today.pop("manifests")) == records(longest.pop("manifests"))
+    expected = {name: args.prompts for name in DATASETS}
+    for run in (today, longest):
+        if run["records"] != expected:  # (answers: the prompts', and check_server's one probe per endpoint)
+            raise SystemExit(f"{run['version']}: {run['records']} records, not one a prompt: {expected}")
+    if not same_records:
+        raise SystemExit("the two versions' training records differ: the order changed the data")
+    figures = {
+        "args": vars(args) | {"report": str(args.report)},
+        "shards_own_order": today,
+        "longest_first": longest,
+        "utilization_ratio": round(longest["utilization"] / today["utilization"], 3),
+        "window_ratio": round(longest["window_s"] / today["window_s"], 3),
+        "first_published_ratio": round(longest["first_published_s"] / today["first_published_s"], 3),
+    }
+    print(
+        f"utilization {longest['utilization']:.3f} longest first vs {today['utilization']:.3f} in the shards' order "
+        f"(ratio {figures['utilization_ratio']}); run window x{figures['window_ratio']}, first dataset published "
+        f"x{figures['first_published_ratio']}; both versions: every record once, the same training records"
+    )
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
