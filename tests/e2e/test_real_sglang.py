@@ -87,6 +87,25 @@ def _qwen_profile() -> Any:
     return load_config().profiles["qwen3.6"]
 
 
+def test_a_priority_reaches_the_real_server_which_without_priority_scheduling_answers_as_ever(
+    real_sglang: RealServer,
+) -> None:
+    """`defaults.priority` on a fleet launched without --enable-priority-scheduling (docs/scaling.md): the request
+    carries it, and the server ignores it (it aborts such a request only with --abort-on-priority-when-disabled)."""
+    prompt = ChatRenderer(lookup("kimi-k2.5-mini")).render_ids(_messages("Question 7: weather in Oslo?"), None)
+
+    async def ask(priority: int | None) -> Generation:
+        async with aiohttp.ClientSession() as session:
+            pool = EndpointPool([real_sglang.url], session)
+            client = SGLangClient(pool, session, request_timeout_s=120, max_attempts=1, priority=priority)
+            return await client.generate(prompt, GREEDY, f"priority-{priority}")
+
+    with_priority, without = asyncio.run(ask(-5)), asyncio.run(ask(None))
+    assert with_priority.output_ids == without.output_ids and with_priority.finish_reason["type"] == "stop"
+    logged = [line for line in real_sglang.log.read_text().splitlines() if f"rid='{with_priority.rid}'" in line]
+    assert logged and all("priority=-5" in line for line in logged), logged  # the request as the server read it
+
+
 def test_check_server_passes_on_the_real_server_launched_as_production_launches_it(real_sglang: RealServer) -> None:
     """`--model-path <a folder> --served-model-name kimi-k2.5-mini`: judged by model_path, this failed ("serves
     '<the folder>', but profile 'kimi-k2.5-mini' expects one of ['kimi-k2.5-mini']")."""
