@@ -338,7 +338,7 @@ def generate_shard(
     run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None, api_keys: ApiKeys = NO_KEYS
 ) -> dict[str, Any]:
     from_run = {"endpoints", "concurrency", "request_timeout_s", "max_attempts", "fleet_wait_s", "checkpoint_every"}
-    from_run |= {"checkpoint_s", "sample_timeouts", "max_server_rejected_share", "priority"}
+    from_run |= {"checkpoint_s", "sample_timeouts", "max_server_rejected_share", "priority", "endpoint_affinity"}
     settings = GenerateSettings(api_keys=api_keys, sampling_params=run.sampling, **run.model_dump(include=from_run))
     manifest = ShardManifest.from_dict(shard)
     # Only an on-policy shard (prepare counted its turns) renders prompts as it goes: other shards never load the

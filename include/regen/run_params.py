@@ -255,6 +255,7 @@ class RunSpec(BaseModel):
     max_server_rejected_share: float = 0.02
     priority: int | None = None
     longest_first: bool = True
+    endpoint_affinity: bool = True
     checkpoint_every: int
     checkpoint_s: float
     export: dict[str, bool]
@@ -347,6 +348,7 @@ class RunSpec(BaseModel):
             max_server_rejected_share=d.max_server_rejected_share,
             priority=d.priority,
             longest_first=d.longest_first,
+            endpoint_affinity=d.endpoint_affinity,
             checkpoint_every=d.checkpoint_every,
             checkpoint_s=d.checkpoint_s,
             export=(given.export or d.export).model_dump(),

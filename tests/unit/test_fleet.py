@@ -262,3 +262,25 @@ def test_an_evicted_endpoint_that_is_down_is_just_not_back_yet() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     problem = asyncio.run(scenario(url))
     assert problem is not None and problem.startswith(f"{url}: nothing listens there (connection refused: ")
+
+
+def test_a_preferred_endpoint_is_taken_unless_it_is_much_busier_or_to_be_avoided() -> None:
+    """An on-policy turn prefers the server holding its history in cache: taken while it has at most 1.25 x the
+    least-loaded endpoint's requests outstanding, plus one; never when the retry avoids it."""
+
+    async def scenario() -> list[str]:
+        async with aiohttp.ClientSession() as session:
+            a, b = "http://127.0.0.1:1", "http://127.0.0.1:2"
+            pool = EndpointPool([a, b], session, FAST)
+            busy, idle = pool.endpoints
+            picked = []
+            for outstanding_a, outstanding_b, prefer, avoid in [(1, 0, a, None), (2, 0, a, None), (5, 4, a, None),
+                                                               (7, 4, a, None), (0, 3, a, a)]:  # fmt: skip
+                busy.outstanding, idle.outstanding = outstanding_a, outstanding_b
+                endpoint = await pool.acquire(avoid, prefer)
+                picked.append(endpoint.url)
+            await pool.close()
+            return picked
+
+    a, b = "http://127.0.0.1:1", "http://127.0.0.1:2"
+    assert asyncio.run(scenario()) == [a, b, a, b, b]

@@ -124,6 +124,12 @@ class Defaults(BaseModel):
         "served first, so give the batch a value below live traffic's. A server without priority scheduling ignores "
         "it, or aborts the request (503) when started with --abort-on-priority-when-disabled (docs/scaling.md)",
     )
+    endpoint_affinity: bool = Field(
+        True,
+        description="an on-policy conversation's next turn goes first to the endpoint that answered its previous "
+        "turn, whose prefix cache holds the conversation so far (unless that endpoint is over 25% busier than the "
+        "least busy): the history is not prefilled again. Off: every turn to the least busy endpoint",
+    )
     longest_first: bool = Field(
         True,
         description="send each shard's prompts longest expected answer first, the lengths taken from the dataset's "

@@ -160,8 +160,8 @@ class SGLangClient:
         # one), then a count per sample (one urandom read per client, not per request).
         self._nonce_prefix, self._samples = uuid.uuid4().hex[:8], itertools.count()
 
-    async def _attempt(self, payload: bytes, rid: str, avoid: str | None) -> Generation:
-        endpoint = await self.pool.acquire(avoid)
+    async def _attempt(self, payload: bytes, rid: str, avoid: str | None, prefer: str | None = None) -> Generation:
+        endpoint = await self.pool.acquire(avoid, prefer)
         self.stats.requests += 1
         cause: str | None = "other"  # None once the endpoint has answered (a refusal of the request included)
         sent = time.monotonic()
@@ -204,8 +204,11 @@ class SGLangClient:
         except FleetUnavailable:  # nothing listens there any more
             return False
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], rid: str) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: dict[str, Any], rid: str, prefer: str | None = None
+    ) -> Generation:
         """One sample: transient faults retried with exponential backoff and jitter, on another endpoint if any.
+        `prefer`: the endpoint to ask first where it is not much busier than the others (EndpointPool.acquire).
 
         The request body is encoded once per sample; only the rid changes between attempts. Every attempt goes
         through tenacity's loop: its machinery costs about 0.17 ms a request (bench/bench_generate.py cpu), nothing
@@ -237,7 +240,7 @@ class SGLangClient:
                 attempt_rid = f"{rid}-{nonce}-{attempt}"
                 payload = b"".join((head, b'"', attempt_rid.encode(), tail))
                 try:
-                    generation = await self._attempt(payload, attempt_rid, avoid)
+                    generation = await self._attempt(payload, attempt_rid, avoid, prefer if attempt == 1 else None)
                 except TransientError as e:
                     avoid = e.endpoint  # the next try goes elsewhere where the fleet has another endpoint
                     timeouts += e.cause == "sample_timeout"

@@ -42,6 +42,11 @@ class NothingListens(FleetUnavailable):
     """Connection refused or an unknown host: no server is there, so waiting for one to get ready cannot help."""
 
 
+# A preferred endpoint (one holding the prompt's prefix in its cache) is taken while it has at most this many times
+# the least-loaded endpoint's requests outstanding, plus one: a prefill saved is worth a little imbalance, not a queue.
+AFFINITY_SLACK = 1.25
+
+
 def nothing_listens(error: BaseException) -> str | None:
     """Why nothing can answer at that address ("connection refused", "unknown host"), or None for timeouts, resets
     and the like, which a server that is there but busy or starting up can cause."""
@@ -155,9 +160,11 @@ class EndpointPool:
         """Whether an admitted endpoint other than `url` could take a request."""
         return any(not e.ejected and e.url != url for e in self.endpoints)
 
-    async def acquire(self, avoid: str | None = None) -> Endpoint:
+    async def acquire(self, avoid: str | None = None, prefer: str | None = None) -> Endpoint:
         """The least-loaded admitted endpoint under its in-flight limit (not `avoid` if another will do), its
-        outstanding count taken. Waits for a release while every admitted endpoint is at its limit."""
+        outstanding count taken; `prefer` (the endpoint whose prefix cache holds the prompt's history) instead, when
+        it is admitted, open, and not much busier than that one (AFFINITY_SLACK). Waits for a release while every
+        admitted endpoint is at its limit."""
         while True:
             admitted = [e for e in self.endpoints if not e.ejected]
             if not admitted:
@@ -168,6 +175,9 @@ class EndpointPool:
                 break
             await self._released.wait()  # at its limit an endpoint has requests outstanding, so a release comes
         endpoint = min(open_, key=lambda e: (e.url == avoid and len(open_) > 1, e.outstanding))
+        preferred = next((e for e in open_ if e.url == prefer and e.url != avoid), None)
+        if preferred is not None and preferred.outstanding <= endpoint.outstanding * AFFINITY_SLACK + 1:
+            endpoint = preferred
         endpoint.outstanding += 1
         return endpoint
 

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import jinja2
 
@@ -20,8 +20,16 @@ from regen.records import RawAnswer, ShardPrompts, decode_answer
 from regen.samples import sample_of, turn_id
 from regen.stages.generate.checkpoints import Checkpoints
 
-# ask(answer id, prompt ids, sampling params): the answer, checkpointed, or None when it was rejected
-Ask = Callable[[str, list[int], dict[str, Any]], Awaitable[RawAnswer | None]]
+
+class Ask(Protocol):
+    """ask(answer id, prompt ids, sampling params, prefer=endpoint): the answer, checkpointed, or None when it was
+    rejected; `prefer`, the endpoint to ask first."""
+
+    def __call__(
+        self, answer_id: str, prompt_ids: list[int], params: dict[str, Any], *, prefer: str | None = None
+    ) -> Awaitable[RawAnswer | None]: ...
+
+
 # reject(answer id, reason, detail): a turn that will never be asked, checkpointed with why
 Reject = Callable[[str, Reason, str], None]
 
@@ -32,11 +40,13 @@ class Conversations:
     conversation at a time and follows it to its end, so a turn waits only for its own previous turn and the
     conversation's prefix is still in the server's cache; the fleet stays full with many conversations in flight.
     A resumed conversation reads its finished turns from the checkpoints and asks only for the first unfinished
-    one: each (conversation, turn) is generated once."""
+    one: each (conversation, turn) is generated once. With `affinity`, a turn goes first to the endpoint that
+    answered the turn before it, whose prefix cache holds the conversation so far (EndpointPool.acquire)."""
 
     prompts: ShardPrompts
     renderer: ChatRenderer
     done: Checkpoints
+    affinity: bool = True
     render_thread: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "regen-render"))
 
     async def worker(self, queue: Iterator[str], sampling_params: dict[str, Any], ask: Ask, reject: Reject) -> None:
@@ -49,6 +59,7 @@ class Conversations:
         messages = json.loads(prompts.messages_json(sample_id))
         tools = json.loads(prompts.tools_json(sample_id) or "[]")
         prompt_ids = prompts.prompt_ids(sample_id).tolist()
+        endpoint: str | None = None  # the one that answered the previous turn
         for turn, recorded in enumerate(turns, 1):
             answer_id = turn_id(sample_id, turn)
             if turn > 1:
@@ -64,7 +75,9 @@ class Conversations:
                 answer = decode_answer(self.done.answers[answer_id])
                 check_resumed(answer, prompt_ids)
             elif answer_id not in self.done.rejected:
-                answer = await ask(answer_id, prompt_ids, {**sampling_params, **prompts.sampling(answer_id)})
+                params = {**sampling_params, **prompts.sampling(answer_id)}
+                answer = await ask(answer_id, prompt_ids, params, prefer=endpoint if self.affinity else None)
+            endpoint = answer.endpoint if answer is not None and answer.endpoint else endpoint
             if turn == len(turns):
                 return
             after = after_answer(answer, prompt_ids, messages, tools, recorded, self.renderer)

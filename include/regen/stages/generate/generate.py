@@ -68,6 +68,7 @@ class GenerateSettings:
     sample_timeouts: int = 2  # a sample that timed out this often, its endpoint answering others, is rejected
     max_server_rejected_share: float = 0.02  # refusals (400s) past this share of a shard fail it (red)
     priority: int | None = None  # SGLang's request priority: below live traffic on a shared fleet
+    endpoint_affinity: bool = True  # an on-policy turn first to the endpoint that answered the turn before it
     api_keys: ApiKeys = field(default=NO_KEYS, repr=False)
     vocab_size: int | None = None  # prompt ids must be below it; None: the prepared tokenizer's (run_generate)
 
@@ -95,15 +96,17 @@ async def _ask(
     checkpointer: Checkpointer,
     progress: Progress,
     keep: bool = False,
+    prefer: str | None = None,
 ) -> RawAnswer | None:
     """One answer, checkpointed; or None when the sample is rejected (checkpointed with its reason). `keep`:
-    the answer carries its prompt (one that prompts/ does not hold: an on-policy turn's)."""
+    the answer carries its prompt (one that prompts/ does not hold: an on-policy turn's). `prefer`: the endpoint
+    to ask first (an on-policy turn's: the one that answered its previous turn, whose cache holds the history)."""
     bad = out_of_vocab(prompt_ids, settings.vocab_size)
     if bad is not None:  # never sent: SGLang 0.5.23 does not range-check input ids, and one kills the server
         _reject(checkpointer, progress, answer_id, Reason.PROMPT_ID_OUT_OF_VOCAB, bad)
         return None
     try:
-        generation = await client.generate(prompt_ids, params, answer_id)
+        generation = await client.generate(prompt_ids, params, answer_id, prefer)
     except PermanentError as e:
         detail = f"{redact_url(e.endpoint)}: {e}" if e.endpoint else str(e)
         _reject(checkpointer, progress, answer_id, Reason.SERVER_REJECTED, detail, e.endpoint)
@@ -300,7 +303,7 @@ def run_generate(
         conversations = None
         if prompts.on_policy:
             assert renderer is not None
-            conversations = Conversations(prompts, renderer, done)
+            conversations = Conversations(prompts, renderer, done, affinity=settings.endpoint_affinity)
             todo = longest_first(todo)
         else:
             todo = prompts.longest_expected_first(todo)
