@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from report_file import save  # noqa: E402
 from scale_rows import generate  # noqa: E402
 
 from regen.chat import ChatRenderer  # noqa: E402
@@ -103,11 +104,7 @@ def main() -> None:
         f"(ratio {on['cached_share'] / off['cached_share']:.2f}); later turns on their history's endpoint "
         f"{off['later_turns_on_the_previous_turns_endpoint']} -> {on['later_turns_on_the_previous_turns_endpoint']}"
     )
-    if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(
-            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "off": off, "on": on}, indent=1)
-        )
+    save(args.report, {"args": vars(args), "off": off, "on": on})
 
 
 if __name__ == "__main__":

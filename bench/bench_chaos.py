@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from report_file import save  # noqa: E402
 from scale_once import count_once, source_prompts  # noqa: E402
 from scale_rows import generate  # noqa: E402
 
@@ -224,10 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         base, chaos_run = report["baseline"], report["chaos"]
         report["chaos_over_baseline_wall"] = round(chaos_run["wall_s"] / base["wall_s"], 2)
     print(json.dumps(report, indent=1, default=str))
-    if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(report, indent=1, default=str))
-        print(f"report: {args.report}")
+    save(args.report, report)
     ok = all(
         r["state"] == "success" and r.get("published") and all(c["ok"] for c in r["published"].values())
         for r in (base, chaos_run)

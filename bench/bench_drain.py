@@ -34,6 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from report_file import save  # noqa: E402
+
 from tools.devstack import Stack  # noqa: E402
 
 DATASETS = ("drain_a", "drain_b")
@@ -157,9 +159,7 @@ def main() -> None:
         f"(ratio {figures['utilization_ratio']}); run window x{figures['window_ratio']}, first dataset published "
         f"x{figures['first_published_ratio']}; both versions: every record once, the same training records"
     )
-    if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(figures, indent=1))
+    save(args.report, figures)
 
 
 if __name__ == "__main__":

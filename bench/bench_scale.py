@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import psutil  # noqa: E402
 import scale_measure as measure  # noqa: E402
 from bench_floor import print_floor, run_floor  # noqa: E402
+from report_file import save  # noqa: E402
 from scale_once import source_prompts  # noqa: E402
 from scale_report import print_report  # noqa: E402
 from scale_rows import generate  # noqa: E402
@@ -294,10 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         report = bench(folder, args)
     print_report(report)
-    if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(report, indent=1, default=str))
-        print(f"report: {args.report}")
+    save(args.report, report)
     ok = report["state"] == "success" and all(c.get("ok") for c in report["exactly_once"].values())
     return 0 if ok else 1
 
