@@ -87,26 +87,24 @@ class GenerationReport:
 
     @classmethod
     def combined(cls, tries: list[GenerationReport]) -> GenerationReport | None:
+        """One report over several tries (or shards): the window from the first request to the last answer, and
+        every count summed."""
         if not tries:
             return None
         retries: Counter[str] = Counter()
         for t in tries:
             retries.update(t.retries_by_cause)
-        return cls(
-            started_at=min(t.started_at for t in tries),
-            finished_at=max(t.finished_at for t in tries),
-            requests=sum(t.requests for t in tries),
-            answered=sum(t.answered for t in tries),
-            request_seconds=round(sum(t.request_seconds for t in tries), 3),
-            output_tokens=sum(t.output_tokens for t in tries),
-            retries_by_cause=dict(retries),
-            tries=sum(t.tries for t in tries),
-            prompt_tokens=sum(t.prompt_tokens for t in tries),
-            cached_tokens=sum(t.cached_tokens for t in tries),
-            ejections=sum(t.ejections for t in tries),
-            slot_seconds=round(sum(t.slot_seconds for t in tries), 3),
-            slot_timed=sum(t.slot_timed for t in tries),
-        )
+        window: dict[str, Any] = {
+            "started_at": min(t.started_at for t in tries),
+            "finished_at": max(t.finished_at for t in tries),
+        }
+        sums: dict[str, Any] = {
+            f.name: sum(getattr(t, f.name) for t in tries)
+            for f in dataclasses.fields(cls)
+            if f.name not in {*window, "retries_by_cause"}
+        }
+        sums = {name: round(total, 3) if isinstance(total, float) else total for name, total in sums.items()}
+        return cls(**window, **sums, retries_by_cause=dict(retries))
 
 
 @dataclass(frozen=True)
