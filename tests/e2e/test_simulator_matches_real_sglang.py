@@ -129,7 +129,10 @@ def test_a_stream_is_cumulative_and_ends_with_done(real_sglang: RealServer, simu
         assert parsed[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
         for chunk in parsed:
             chunk["meta_info"].pop("cached_tokens_details", None)
-        seen[url] = [shape(chunk) for chunk in parsed]
+        # The first chunk, the ones between (each alike), the last: a busy server sends two tokens in one chunk at
+        # times (measured: the last two, in 7 streams of 30), so the number of chunks is not the server's to keep.
+        between = sorted({json.dumps(shape(chunk)) for chunk in parsed[1:-1]})
+        seen[url] = [shape(parsed[0]), between, shape(parsed[-1])]
     assert seen[simulator_url] == seen[real_sglang.url]
 
 
