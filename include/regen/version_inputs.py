@@ -89,7 +89,8 @@ def answer_lengths(storage: Storage, profile: str, dataset: str) -> dict[str, in
     """Every sample's answer length (output tokens) in the dataset's last published version, by sample id, from its
     shards' verdicts: what the next version sends longest first. Empty for a dataset with no version yet. A sample id
     is its prompt's content (with its temperature and draw), so an unchanged prompt finds its last answer's length.
-    About 100 bytes a sample in memory: 10^7 prompts take a GB, read once per dataset by its prepare task."""
+    About 100 bytes a sample in memory: 10^7 prompts take a GB. Read by the dataset's prepare task, and again by each
+    prepare_part task of a dataset left in parts (each reads every shard's verdicts, not only its own part's)."""
     latest = latest_published(storage, profile, dataset)
     if latest is None:
         return {}

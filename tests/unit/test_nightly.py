@@ -129,7 +129,8 @@ def test_a_later_version_deals_the_longest_answers_of_the_last_into_the_first_sh
         batches = read_training_data(str(folder / version / "manifest.json"))
         return sorted(json.dumps(row, sort_keys=True) for batch in batches for row in batch.to_pylist())
 
-    assert records("night-1") == records("night-2") and len(records("night-1")) == len(lengths)
+    first = records("night-1")
+    assert first == records("night-2") and len(first) == len(lengths)
 
 
 def test_the_digest_covers_content_template_and_sampling(deployment: Path) -> None:

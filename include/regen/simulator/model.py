@@ -133,7 +133,7 @@ class SimulatedModel:
 
     def _part_length(self, prompt_ids: list[int], seed: int | None, thinking: bool) -> int | None:
         """With `length_median`: each prose part's length, from a stream of its own (the same prompt and seed, the
-        same length; the other draws unchanged)."""
+        same length)."""
         b = self.behaviour
         if b.length_median is None:
             return None
