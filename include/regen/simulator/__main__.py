@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -17,6 +18,11 @@ from regen.simulator.defects import DEFECTS, DefectModel
 from regen.simulator.faults import FaultModel
 from regen.simulator.model import ModelBehaviour, SimulatedModel
 from regen.simulator.server import LatencyModel, SimulatorState
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -121,25 +127,22 @@ def defect_model(args: argparse.Namespace, roles: TokenRoles | None = None) -> D
     return DefectModel.spread(rates, args.defect_rate, args.text_tokenizer_mismatch, roles)
 
 
+def from_flags(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
+    """A `cls` dataclass whose fields are flags of the same names (`given`: the fields that are not)."""
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in given}
+    return cls(**flags, **given)
+
+
 def build_state(args: argparse.Namespace) -> SimulatorState:
     profile = find_profile(args.profile)
-    behaviour = ModelBehaviour(
-        seed=args.seed,
-        min_tokens=args.min_tokens,
-        max_tokens=args.max_tokens,
-        length_median=args.length_median,
-        length_sigma=args.length_sigma,
-        tool_call_rate=args.tool_call_rate,
-        omit_think_end_rate=args.omit_think_end_rate,
-        defects=defect_model(args, ChatRenderer(profile).roles),
-    )
+    behaviour = from_flags(ModelBehaviour, args, defects=defect_model(args, ChatRenderer(profile).roles))
     latency = LatencyModel(
         prefill_s_per_token=args.prefill_us_per_token / 1e6,
         decode_s_per_token=args.decode_ms_per_token / 1e3,
         max_running=args.max_running,
         warmup_s=args.warmup_s,
     )
-    fault_model = FaultModel(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FaultModel)})  # same names
+    fault_model = from_flags(FaultModel, args)
     model = SimulatedModel(profile, behaviour)
     parsers = {
         key: getattr(profile, key) if getattr(args, key) is None else getattr(args, key) or None
