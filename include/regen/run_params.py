@@ -331,41 +331,29 @@ class RunSpec(BaseModel):
         check_fleet_pool(d.shard_tasks, d.pool_slots)
         sampling = {name: value for name in Sampling.model_fields if (value := getattr(given, name)) is not None}
         in_flight = given.in_flight or d.in_flight
+        # Every setting the spec shares by name with the defaults is the configured one, unless the run set it here.
+        configured = {name: value for name, value in d.model_dump().items() if name in cls.model_fields}
         return cls(
-            datasets=datasets,
-            endpoints=endpoints,
-            storage_root=storage_root,
-            profile=profile,
-            limit=given.limit,
-            sampling=Sampling(**{**d.sampling.model_dump(), **sampling}).as_params(),
-            version=version,
-            shard_size=given.shard_size or d.shard_size,
-            concurrency=-(-in_flight // d.shard_tasks),
-            request_timeout_s=d.request_timeout_s,
-            max_attempts=d.max_attempts,
-            fleet_wait_s=d.fleet_wait_s,
-            sample_timeouts=d.sample_timeouts,
-            max_server_rejected_share=d.max_server_rejected_share,
-            priority=d.priority,
-            longest_first=d.longest_first,
-            endpoint_affinity=d.endpoint_affinity,
-            checkpoint_every=d.checkpoint_every,
-            checkpoint_s=d.checkpoint_s,
-            export=(given.export or d.export).model_dump(),
-            validation=d.validation.model_dump(),
-            skip_unchanged=True if given.skip_unchanged is None else given.skip_unchanged,
-            overwrite_version=bool(given.overwrite_version),
-            run_id=run_id,
-            dataset_configs=dataset_configs,
-            config_dir=str(config.base_dir.resolve()),
-            profile_declaration=declaration,
-            tokenize_workers=d.tokenize_workers,
-            prepare_part_prompts=d.prepare_part_prompts,
-            shard_task_limit=d.shard_task_limit,
-            cost=d.cost.model_dump(),
-            s3=d.s3.model_dump(),
-            sglang_conn_id=d.sglang_conn_id,
-            decontamination=config.decontamination,
+            **{
+                **configured,
+                "datasets": datasets,
+                "endpoints": endpoints,
+                "storage_root": storage_root,
+                "profile": profile,
+                "limit": given.limit,
+                "sampling": Sampling(**{**d.sampling.model_dump(), **sampling}).as_params(),
+                "version": version,
+                "shard_size": given.shard_size or d.shard_size,
+                "concurrency": -(-in_flight // d.shard_tasks),
+                "export": (given.export or d.export).model_dump(),
+                "skip_unchanged": True if given.skip_unchanged is None else given.skip_unchanged,
+                "overwrite_version": bool(given.overwrite_version),
+                "run_id": run_id,
+                "dataset_configs": dataset_configs,
+                "config_dir": str(config.base_dir.resolve()),
+                "profile_declaration": declaration,
+                "decontamination": config.decontamination,
+            }
         )
 
     def to_dict(self) -> dict[str, Any]:
