@@ -168,17 +168,12 @@ class PreparedDataset:
     decontamination: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {
+            **own,
             "location": dataclasses.asdict(self.location),
             "shards": [s.to_dict() for s in self.shards],
             "stats": self.stats.to_dict(),
-            "rows_read": self.rows_read,
-            "duplicates": self.duplicates,
-            "profile": self.profile,
-            "token_roles": self.token_roles,
-            "files": self.files,
-            "inputs": self.inputs,
-            "decontamination": self.decontamination,
         }
 
     @classmethod

@@ -87,20 +87,7 @@ class PartsIndex:
     run_id: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "parts": [asdict(part) for part in self.parts],
-            "to_tokenize": self.to_tokenize,
-            "stats": self.stats.to_dict(),
-            "rows_read": self.rows_read,
-            "duplicates": self.duplicates,
-            "decontamination": self.decontamination,
-            "files": self.files,
-            "shard_size": self.shard_size,
-            "profile": self.profile,
-            "token_roles": self.token_roles,
-            "inputs": self.inputs,
-            "run_id": self.run_id,
-        }
+        return {**asdict(self), "stats": self.stats.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
