@@ -14,6 +14,7 @@ import requests
 from regen.chat import ChatRenderer
 from regen.on_policy import assistant_message
 from regen.profiles import lookup
+from tests.messages import assistant, call
 from tests.real_sglang import GET_WEATHER
 from tools.real_sglang import RealServer
 
@@ -26,18 +27,7 @@ TURNS = {
         [
             SYSTEM,
             {"role": "user", "content": "What is the weather in Paris?"},
-            {
-                "role": "assistant",
-                "content": "",
-                "reasoning_content": "I should look it up.",
-                "tool_calls": [
-                    {
-                        "id": "functions.get_weather:0",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                    }
-                ],
-            },
+            assistant("", "I should look it up.", [call(0, '{"city": "Paris"}')]),
             {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "rain, 12 C"},
             {"role": "user", "content": "And tomorrow?"},
         ],

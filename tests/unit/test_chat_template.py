@@ -18,6 +18,7 @@ from regen.chat import ChatRenderer
 from regen.profiles import lookup
 from regen.tokenizers.kimi_mini import ensure_tiktoken_tokenizer
 from regen.tokenizers.slow_kimi import ensure_slow_tokenizer
+from tests.messages import assistant, call, result
 
 WEATHER_TOOL = {
     "type": "function",
@@ -38,14 +39,6 @@ WEATHER_DECLARATION = (
 )
 GEN = "<|im_assistant|>assistant<|im_middle|><think>"  # generation prompt, thinking on (default)
 GEN_NO_THINK = "<|im_assistant|>assistant<|im_middle|><think></think>"  # generation prompt, thinking=False
-
-
-def call(index: int, arguments: str | dict[str, Any], name: str = "get_weather") -> dict[str, Any]:
-    return {"id": f"functions.{name}:{index}", "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def result(index: int, content: str, name: str = "get_weather") -> dict[str, Any]:
-    return {"role": "tool", "name": name, "tool_call_id": f"functions.{name}:{index}", "content": content}
 
 
 def section(*calls: tuple[int, str]) -> str:
@@ -74,7 +67,7 @@ CASES = [
     pytest.param(  # rule: history (up to the last answer) shows <think></think>, its reasoning dropped
         [
             {"role": "user", "content": "Q1"},
-            {"role": "assistant", "content": "A1", "reasoning_content": "old thoughts"},
+            assistant("A1", "old thoughts"),
             {"role": "user", "content": "Q2"},
         ],
         None,
@@ -86,21 +79,11 @@ CASES = [
     pytest.param(  # rule: assistant turns after the last answer keep <think>{reasoning_content}</think>
         [
             {"role": "user", "content": "Q1"},
-            {"role": "assistant", "content": "A1", "reasoning_content": "old thoughts"},
+            assistant("A1", "old thoughts"),
             {"role": "user", "content": "Weather in Paris?"},
-            {
-                "role": "assistant",
-                "content": "",
-                "reasoning_content": "call it",
-                "tool_calls": [call(0, '{"city": "Paris"}')],
-            },
+            assistant("", "call it", [call(0, '{"city": "Paris"}')]),
             result(0, "rain"),
-            {
-                "role": "assistant",
-                "content": "Checking Oslo too.",
-                "reasoning_content": "compare",
-                "tool_calls": [call(1, '{"city": "Oslo"}')],
-            },
+            assistant("Checking Oslo too.", "compare", [call(1, '{"city": "Oslo"}')]),
             result(1, "snow"),
         ],
         [WEATHER_TOOL],
@@ -121,12 +104,7 @@ CASES = [
         [
             {"role": "system", "content": "Use tools."},
             {"role": "user", "content": "Weather in Paris?"},
-            {
-                "role": "assistant",
-                "content": "",
-                "reasoning_content": "need the tool",
-                "tool_calls": [call(0, '{"city": "Paris"}')],
-            },
+            assistant("", "need the tool", [call(0, '{"city": "Paris"}')]),
             result(0, '{"temp": 21}'),
         ],
         [WEATHER_TOOL],
@@ -142,15 +120,10 @@ CASES = [
     pytest.param(  # rules: calls chained in one section; arguments verbatim, or tojson (", " and ": ") for objects
         [
             {"role": "user", "content": "Paris and Oslo?"},
-            {
-                "role": "assistant",
-                "content": "",
-                "reasoning_content": "two cities",
-                "tool_calls": [call(0, '{"city": "Paris"}'), call(1, {"city": "Oslo", "days": 2})],
-            },
+            assistant("", "two cities", [call(0, '{"city": "Paris"}'), call(1, {"city": "Oslo", "days": 2})]),
             result(0, "21"),
             result(1, "3"),
-            {"role": "assistant", "content": "Paris 21, Oslo 3.", "reasoning_content": "compare"},
+            assistant("Paris 21, Oslo 3.", "compare"),
             {"role": "user", "content": "Thanks"},
         ],
         [WEATHER_TOOL],
@@ -167,12 +140,7 @@ CASES = [
     pytest.param(  # rule: thinking=False empties <think> in the current turns and in the generation prompt
         [
             {"role": "user", "content": "Weather in Oslo?"},
-            {
-                "role": "assistant",
-                "content": "Let me check.",
-                "reasoning_content": "call the tool",
-                "tool_calls": [call(0, '{"city": "Oslo"}')],
-            },
+            assistant("Let me check.", "call the tool", [call(0, '{"city": "Oslo"}')]),
             result(0, "snow"),
         ],
         [WEATHER_TOOL],

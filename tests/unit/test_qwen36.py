@@ -17,6 +17,7 @@ import pytest
 from regen.chat import ChatRenderer
 from regen.chat_request import served_tools
 from regen.config import load_config
+from tests.messages import assistant
 
 TOOLS = [
     {
@@ -35,7 +36,7 @@ TOOLS = [
 CONVERSATION: list[dict[str, Any]] = [
     {"role": "system", "content": "You are helpful."},
     {"role": "user", "content": "Q1"},
-    {"role": "assistant", "content": "A1", "reasoning_content": "R1"},
+    assistant("A1", "R1"),
     {"role": "user", "content": "Weather in Paris?"},
     {
         "role": "assistant",
@@ -47,7 +48,7 @@ CONVERSATION: list[dict[str, Any]] = [
     },
     {"role": "tool", "content": '{"temp": 20}'},
     {"role": "tool", "content": '{"temp": 21}'},
-    {"role": "assistant", "content": "It is 20C.", "reasoning_content": "R3"},
+    assistant("It is 20C.", "R3"),
 ]
 TOOL_BLOCK = (
     "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"

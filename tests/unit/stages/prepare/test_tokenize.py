@@ -12,6 +12,7 @@ from regen.reasons import Reason
 from regen.stages.prepare.normalize import Conversation, Rejection
 from regen.stages.prepare.tokenize import Rendered, render_ordered
 from regen.tokenizers.slow_kimi import ensure_slow_tokenizer
+from tests.messages import assistant, call
 
 TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
 CONVERSATIONS = [
@@ -20,18 +21,7 @@ CONVERSATIONS = [
         [
             {"role": "system", "content": "Use tools."},
             {"role": "user", "content": "Weather in Paris?"},
-            {
-                "role": "assistant",
-                "content": "",
-                "reasoning_content": "call it",
-                "tool_calls": [
-                    {
-                        "id": "functions.weather:0",
-                        "type": "function",
-                        "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
-                    }
-                ],
-            },
+            assistant("", "call it", [call(0, '{"city": "Paris"}', "weather")]),
             {"role": "tool", "content": '{"temp_c": 21}', "tool_call_id": "functions.weather:0"},
         ],
         TOOLS,
