@@ -23,3 +23,10 @@ def call(index: int, arguments: str | dict[str, Any], name: str = "get_weather")
 def result(index: int, content: str, name: str = "get_weather") -> dict[str, Any]:
     """The tool's answer to call `index`, named for its function as Kimi-K2.5's template heads the turn."""
     return {"role": "tool", "name": name, "tool_call_id": f"functions.{name}:{index}", "content": content}
+
+
+def function_tool(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """A declared tool: a function taking an object of `properties`, its keys in the order OpenAI's docs write them
+    (a template that prints tools as JSON prints them in this order)."""
+    parameters = {"type": "object", "properties": properties, "required": required}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}

@@ -23,28 +23,19 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.messages import function_tool
 from tools.real_sglang import RealServer, start_real_server, start_real_servers
 
-GET_WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": "the city"}},
-            "required": ["city"],
-        },
-    },
-}
-CURRENCY = {  # a tool the tiny model never calls: with only it declared, the model answers in content
-    "type": "function",
-    "function": {
-        "name": "convert_currency",
-        "description": "Convert an amount between currencies",
-        "parameters": {"type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]},
-    },
-}
+GET_WEATHER = function_tool(
+    "get_weather",
+    "Get the current weather in a city",
+    {"city": {"type": "string", "description": "the city"}},
+    ["city"],
+)
+# A tool the tiny model never calls: with only it declared, the model answers in content.
+CURRENCY = function_tool(
+    "convert_currency", "Convert an amount between currencies", {"amount": {"type": "number"}}, ["amount"]
+)
 
 
 SHARED: list[RealServer] = []  # the session's servers, stopped early by `stop_shared`

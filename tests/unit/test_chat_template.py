@@ -18,20 +18,14 @@ from regen.chat import ChatRenderer
 from regen.profiles import lookup
 from regen.tokenizers.kimi_mini import ensure_tiktoken_tokenizer
 from regen.tokenizers.slow_kimi import ensure_slow_tokenizer
-from tests.messages import assistant, call, result
+from tests.messages import assistant, call, function_tool, result
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": "City name"}, "unit": {"enum": ["c", "f"]}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER_TOOL = function_tool(
+    "get_weather",
+    "Get weather",
+    {"city": {"type": "string", "description": "City name"}, "unit": {"enum": ["c", "f"]}},
+    ["city"],
+)
 # The real declaration of WEATHER_TOOL (KIMI_K25.md's example; the encoder's rules in test_tool_declaration_ts.py).
 WEATHER_DECLARATION = (
     "<|im_system|>tool_declare<|im_middle|># Tools\n\n## functions\nnamespace functions {\n// Get weather\n"

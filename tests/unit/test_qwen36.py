@@ -17,21 +17,10 @@ import pytest
 from regen.chat import ChatRenderer
 from regen.chat_request import served_tools
 from regen.config import load_config
-from tests.messages import assistant
+from tests.messages import assistant, function_tool
 
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                "required": ["city"],
-            },
-        },
-    }
+    function_tool("get_weather", "Get weather", {"city": {"type": "string"}, "days": {"type": "integer"}}, ["city"])
 ]
 CONVERSATION: list[dict[str, Any]] = [
     {"role": "system", "content": "You are helpful."},
