@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from regen.tokenizers.tool_declaration_ts import kimi_template_inputs, sort_keys_deep, tools_to_typescript
+from tests.messages import function_tool
 
 HEAD = "# Tools\n\n## functions\nnamespace functions {\n"
 
@@ -32,28 +33,17 @@ def params(properties: dict[str, Any], required: list[str], **extra: Any) -> dic
 
 SMG = [
     pytest.param(
-        [
-            tool(
-                {
-                    "name": "echo",
-                    "description": "Echo a string back to the caller.",
-                    "parameters": params({"text": {"type": "string"}}, ["text"]),
-                }
-            )
-        ],
+        [function_tool("echo", "Echo a string back to the caller.", {"text": {"type": "string"}}, ["text"])],
         HEAD + "// Echo a string back to the caller.\ntype echo = (_: {\n  text: string\n}) => any;\n}\n",
         id="smg-01_simple_string",
     ),
     pytest.param(
         [
-            tool(
-                {
-                    "name": "delay",
-                    "description": "Sleep for some milliseconds.",
-                    "parameters": params(
-                        {"ms": {"type": "integer", "minimum": 0}, "reason": {"type": "string"}}, ["ms"]
-                    ),
-                }
+            function_tool(
+                "delay",
+                "Sleep for some milliseconds.",
+                {"ms": {"type": "integer", "minimum": 0}, "reason": {"type": "string"}},
+                ["ms"],
             )
         ],
         HEAD
@@ -63,14 +53,11 @@ SMG = [
     ),
     pytest.param(
         [
-            tool(
-                {
-                    "name": "create_user",
-                    "description": "Create a new user record.",
-                    "parameters": params(
-                        {"user": params({"name": {"type": "string"}, "age": {"type": "integer"}}, ["name"])}, ["user"]
-                    ),
-                }
+            function_tool(
+                "create_user",
+                "Create a new user record.",
+                {"user": params({"name": {"type": "string"}, "age": {"type": "integer"}}, ["name"])},
+                ["user"],
             )
         ],
         HEAD
@@ -79,15 +66,7 @@ SMG = [
         id="smg-03_nested_object",
     ),
     pytest.param(
-        [
-            tool(
-                {
-                    "name": "tag_items",
-                    "description": "Apply tags.",
-                    "parameters": params({"tags": {"type": "array", "items": {"type": "string"}}}, ["tags"]),
-                }
-            )
-        ],
+        [function_tool("tag_items", "Apply tags.", {"tags": {"type": "array", "items": {"type": "string"}}}, ["tags"])],
         HEAD + "// Apply tags.\ntype tag_items = (_: {\n  tags: Array<string>\n}) => any;\n}\n",
         id="smg-04_array_of_strings",
     ),
@@ -148,14 +127,11 @@ SMG = [
     ),
     pytest.param(
         [
-            tool(
-                {
-                    "name": "annotate",
-                    "description": "Annotate the input.\nSupports multiple\nlines.",
-                    "parameters": params(
-                        {"text": {"type": "string", "description": "The text\nto annotate."}}, ["text"]
-                    ),
-                }
+            function_tool(
+                "annotate",
+                "Annotate the input.\nSupports multiple\nlines.",
+                {"text": {"type": "string", "description": "The text\nto annotate."}},
+                ["text"],
             )
         ],
         HEAD + "// Annotate the input.\n// Supports multiple\n// lines.\ntype annotate = (_: {\n  // The text\n"
@@ -163,15 +139,7 @@ SMG = [
         id="smg-11_multiline_description",
     ),
     pytest.param(
-        [
-            tool(
-                {
-                    "name": "translate",
-                    "description": "翻译 text into 中文.",
-                    "parameters": params({"text": {"type": "string"}}, ["text"]),
-                }
-            )
-        ],
+        [function_tool("translate", "翻译 text into 中文.", {"text": {"type": "string"}}, ["text"])],
         HEAD + "// 翻译 text into 中文.\ntype translate = (_: {\n  text: string\n}) => any;\n}\n",
         id="smg-12_unicode",
     ),
@@ -190,27 +158,23 @@ SMG = [
 REAL = [
     pytest.param(
         [
-            tool(
+            function_tool(
+                "search",
+                "Search the catalogue.\n\nReturns at most `limit` hits.",
                 {
-                    "name": "search",
-                    "description": "Search the catalogue.\n\nReturns at most `limit` hits.",
-                    "parameters": params(
-                        {
-                            "query": {
-                                "type": "string",
-                                "description": "Words to look for",
-                                "minLength": 1,
-                                "maxLength": 200,
-                                "pattern": "^[^<>]*$",
-                            },
-                            "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10},
-                            "exact": {"type": "boolean", "default": False},
-                            "sort": {"type": "string", "enum": ["relevance", "date"], "default": "relevance"},
-                            "ratio": {"type": "number", "default": 0.5},
-                        },
-                        ["query"],
-                    ),
-                }
+                    "query": {
+                        "type": "string",
+                        "description": "Words to look for",
+                        "minLength": 1,
+                        "maxLength": 200,
+                        "pattern": "^[^<>]*$",
+                    },
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10},
+                    "exact": {"type": "boolean", "default": False},
+                    "sort": {"type": "string", "enum": ["relevance", "date"], "default": "relevance"},
+                    "ratio": {"type": "number", "default": 0.5},
+                },
+                ["query"],
             )
         ],
         HEAD + "// Search the catalogue.\n\n// Returns at most `limit` hits.\ntype search = (_: {\n"
