@@ -7,7 +7,7 @@ Interface (kept stable; tests of other modules use it):
   kimi-k2.5-mini --log-requests --log-requests-level 3`. Fields: `url`, `served_name`, `model` (the folder), `log`;
   `finished()` is every request it finished, parsed from its log ({rid, input_ids, output_ids, text, meta_info};
   its own warm-up and health probes left out);
-  `alive()`. Do not stop or kill it (it is shared): start your own with `start_real_server` for that.
+  `alive()`. Do not stop or kill it (it is shared): start your own with `start_real_servers` for that.
 - `real_sglang_qwen` (session): the same for profile qwen3.6 (Qwen3.6's tokenizer, served as `qwen3.6`,
   `--tool-call-parser qwen3_coder --reasoning-parser qwen3`).
 - `real_sglang_pair` (module): two more kimi-k2.5-mini servers (started together), for a router in front of them.
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.messages import function_tool
-from tools.real_sglang import RealServer, start_real_server, start_real_servers
+from tools.real_sglang import RealServer, start_real_servers
 
 GET_WEATHER = function_tool(
     "get_weather",
@@ -43,7 +43,7 @@ SHARED: list[RealServer] = []  # the session's servers, stopped early by `stop_s
 
 def _serve(factory: pytest.TempPathFactory, profile: str) -> Iterator[RealServer]:
     folder = factory.mktemp(f"real-sglang-{profile}")
-    server = start_real_server(folder / "server.log", profile)
+    [server] = start_real_servers([folder / "server.log"], profile)
     SHARED.append(server)
     yield server
     server.stop()

@@ -223,7 +223,7 @@ def launch_real_server(
     extra_args: tuple[str, ...] = (),
     model: Path | None = None,
 ) -> RealServer:
-    """A real server's process, started (not yet ready: see start_real_server)."""
+    """A real server's process, started (not yet ready: see start_real_servers)."""
     profile = PROFILES[profile_name]
     model = model or model_dir(profile_name)
     port = port or free_port()
@@ -236,20 +236,6 @@ def launch_real_server(
     return RealServer(f"http://127.0.0.1:{port}", profile.served_name, model, log, process)
 
 
-def start_real_server(
-    log: Path,
-    profile_name: str = "kimi-k2.5-mini",
-    port: int | None = None,
-    extra_args: tuple[str, ...] = (),
-    model: Path | None = None,
-    ready_timeout_s: float = 300.0,
-) -> RealServer:
-    """A real server, returned once /health_generate answers 200 (its own generation probe passed). `model`: another
-    model folder (e.g. one with a smaller vocabulary); `extra_args`: more server flags."""
-    [server] = start_real_servers([log], profile_name, extra_args, model, ready_timeout_s, port)
-    return server
-
-
 def start_real_servers(
     logs: list[Path],
     profile_name: str = "kimi-k2.5-mini",
@@ -258,7 +244,9 @@ def start_real_servers(
     ready_timeout_s: float = 300.0,
     port: int | None = None,
 ) -> list[RealServer]:
-    """One server per log, started together (their start-ups overlap), returned once all are ready."""
+    """One server per log, started together (their start-ups overlap), returned once all are ready: once each one's
+    /health_generate answers 200 (its own generation probe passed). `model`: another model folder (e.g. one with a
+    smaller vocabulary); `extra_args`: more server flags."""
     servers: list[RealServer] = []
     try:
         for log in logs:
@@ -287,7 +275,7 @@ def _wait_ready(server: RealServer, timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def real_server(log: Path, profile_name: str = "kimi-k2.5-mini", **kwargs: Any) -> Iterator[RealServer]:
-    server = start_real_server(log, profile_name, **kwargs)
+    [server] = start_real_servers([log], profile_name, **kwargs)
     try:
         yield server
     finally:
