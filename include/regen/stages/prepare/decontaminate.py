@@ -20,15 +20,16 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
+from regen.config.datasets import MessageRole
 from regen.reasons import Reason
 from regen.stages.prepare.normalize import Conversation, Rejection
 
 WORD = re.compile(r"[^\W_]+")  # letters and digits: `_`, markdown and punctuation separate words
 # Every text a prompt renders is read: an eval item pasted into a tool result, a tool's description or an earlier
 # assistant turn reaches the model as surely as one in a user turn. The roles are configurable (`roles`).
-ALL_ROLES = ("system", "developer", "user", "assistant", "tool")
+ALL_ROLES: tuple[str, ...] = get_args(MessageRole)
 NOT_TEXT = frozenset({"role", "type", "id", "tool_call_id"})  # a message's keys that hold markup, not text
 
 
