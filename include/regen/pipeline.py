@@ -42,7 +42,7 @@ from regen.stages.publish.publish import run_publish, verify_contents
 from regen.stages.validate import ValidateSettings, run_validate
 from regen.storage import S3ClientFactory, Storage, check_writable, get_json, open_storage
 from regen.tokenizers.loading import why_tokenizer_fails
-from regen.version_inputs import answer_lengths, dataset_inputs, dated, unchanged_since
+from regen.version_inputs import answer_lengths, dataset_inputs, dated, latest_published, unchanged_since
 
 log = logging.getLogger(__name__)
 
@@ -150,11 +150,12 @@ def prepare_dataset(
         sources = source_digests(source, run.resolve, s3_client)
         suites = cleaning.record if cleaning else None
         inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, sources, suites)
-        latest = unchanged_since(storage, location, inputs) if run.skip_unchanged else None
-        if latest is not None:
+        latest = latest_published(storage, location.profile, dataset)
+        if run.skip_unchanged and unchanged_since(latest, dataset, inputs):
             return {"dataset": dataset, "unchanged_since": latest}
         inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
-        expected = _expected_tokens(run, storage, dataset)
+        # Each sample's answer length in the last version, for generate to send the longest first.
+        expected = answer_lengths(storage, latest, location) if run.longest_first else {}
     with at.writing(location):
         prepared = run_prepare(
             source,
@@ -206,11 +207,6 @@ def part_name(run: RunSpec, reference: list[int]) -> str:
     return f"{run.datasets[reference[0]]}/part-{reference[1]:05d}"
 
 
-def _expected_tokens(run: RunSpec, storage: Storage, dataset: str) -> dict[str, int]:
-    """Each sample's answer length in the dataset's last version, for generate to send the longest first."""
-    return answer_lengths(storage, run.profile, dataset) if run.longest_first else {}
-
-
 def prepare_dataset_part(
     run: RunSpec, reference: list[int], s3_client: S3ClientFactory | None = None
 ) -> dict[str, Any]:
@@ -219,8 +215,7 @@ def prepare_dataset_part(
     dataset, part = run.datasets[reference[0]], reference[1]
     location = run.location(dataset)
     with _RunStorage.open(run, s3_client).writing(location) as storage:
-        expected = _expected_tokens(run, storage, dataset)
-        record = prepare_part(run.dataset(dataset), location, storage, renderer_for(run), part, 1, expected)
+        record = prepare_part(run.dataset(dataset), location, storage, renderer_for(run), part, 1)
     return {"dataset": dataset, "part": part, "shards": len(record["shards"]), "kept": record["stats"]["kept"]}
 
 

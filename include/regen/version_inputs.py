@@ -11,6 +11,7 @@ latest.json it read).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -85,43 +86,41 @@ def latest_published(storage: Storage, profile: str, dataset: str) -> dict[str, 
     return dict(latest)
 
 
-def answer_lengths(storage: Storage, profile: str, dataset: str) -> dict[str, int]:
-    """Every sample's answer length (output tokens) in the dataset's last published version, by sample id, from its
-    shards' verdicts: what the next version sends longest first. Empty for a dataset with no version yet. A sample id
-    is its prompt's content (with its temperature and draw), so an unchanged prompt finds its last answer's length.
-    About 100 bytes a sample in memory: 10^7 prompts take a GB. Read by the dataset's prepare task, and again by each
-    prepare_part task of a dataset left in parts (each reads every shard's verdicts, not only its own part's)."""
-    latest = latest_published(storage, profile, dataset)
+def answer_lengths(storage: Storage, latest: dict[str, Any] | None, location: DatasetLocation) -> dict[str, int]:
+    """Every sample's answer length (output tokens) in the dataset's last published version (`latest`, as
+    latest_published gives it), by sample id, from its shards' verdicts: what the next version sends longest first.
+    Empty for a dataset with no version yet. A sample id is its prompt's content (with its temperature and draw), so
+    an unchanged prompt finds its last answer's length. About 100 bytes a sample in memory (10^7 prompts take a GB),
+    in the dataset's prepare task only: a dataset left in parts writes each prompt's lengths into its part."""
     if latest is None:
         return {}
-    location = DatasetLocation(storage.root_uri, profile, dataset, latest["version"])
-    manifest = PublishedManifest.from_json(storage.get_bytes(location.manifest))
+    last = dataclasses.replace(location, version=latest["version"])
+    manifest = PublishedManifest.from_json(storage.get_bytes(last.manifest))
     lengths: dict[str, int] = {}
     for key in sorted(k for k in manifest.files if k.endswith(VERDICTS_SUFFIX)):  # one a shard
         verdicts = read_table(storage, key, ["id", "output_len"])
         lengths.update(zip(verdicts.column("id").to_pylist(), verdicts.column("output_len").to_pylist(), strict=True))
     log.info(
-        "%s: %d answer lengths from version %s, to send the longest first", dataset, len(lengths), latest["version"]
+        "%s: %d answer lengths from version %s, to send the longest first", last.dataset, len(lengths), last.version
     )
     return lengths
 
 
-def unchanged_since(storage: Storage, location: DatasetLocation, inputs: dict[str, Any]) -> dict[str, Any] | None:
-    """The nightly rule: the dataset's last published version when it was made from exactly these inputs (the
-    dataset is then skipped, nothing generated), else None. A source with no pinned identity never matches."""
+def unchanged_since(latest: dict[str, Any] | None, dataset: str, inputs: dict[str, Any]) -> bool:
+    """The nightly rule: a dataset whose last published version (`latest`) was made from exactly these inputs is
+    skipped, nothing generated. A source with no pinned identity never matches."""
     if inputs["digest"] is None:
-        log.info("%s: a source without a pinned content identity: regenerated every run", location.dataset)
-        return None
-    latest = latest_published(storage, location.profile, location.dataset)
+        log.info("%s: a source without a pinned content identity: regenerated every run", dataset)
+        return False
     if latest is None or latest["inputs_digest"] != inputs["digest"]:
-        return None
+        return False
     log.info(
         "%s: unchanged since version %s (same sources, profile, template and sampling): skipped, nothing generated; "
         "trigger with skip_unchanged off to sample it again",
-        location.dataset,
+        dataset,
         latest["version"],
     )
-    return latest
+    return True
 
 
 def dated(inputs: dict[str, Any], logical_date: str) -> dict[str, Any]:

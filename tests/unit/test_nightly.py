@@ -50,6 +50,9 @@ def run_stages(run_id: str, simulator: Simulator | RecordingProxy, **params: Any
     """plan -> prepare -> every shard through generate, validate, export -> publish -> report, as the DAG does."""
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], **params}, run_id))
     prepared = [pipeline.prepare_dataset(run, name) for name in run.datasets]
+    for part in pipeline.dataset_parts(run, prepared):  # a dataset left in parts: a task a part, then recorded whole
+        pipeline.prepare_dataset_part(run, part)
+    prepared = pipeline.finish_prepared(run, prepared)
     for shard in each_shard(run, prepared):
         generated = pipeline.generate_shard(run, shard)
         pipeline.export_shard(run, pipeline.validate_shard(run, generated))
@@ -103,27 +106,45 @@ def test_a_changed_dataset_is_regenerated(deployment: Path, simulator: Simulator
     assert latest["version"] == "night-2"
 
 
+@pytest.mark.parametrize("in_parts", [False, True], ids=["whole", "in-parts"])
 def test_a_later_version_deals_the_longest_answers_of_the_last_into_the_first_shards_and_sends_them_first(
-    deployment: Path, simulator: Simulator
+    deployment: Path, simulator: Simulator, monkeypatch: pytest.MonkeyPatch, in_parts: bool
 ) -> None:
     """The simulator gives a prompt the same answer length every time (as a model roughly does): the next version
-    knows every length, deals the longest into its first shards, and sends each shard's longest first. The records
-    are the same whatever the order."""
+    knows every length, deals the longest into its first shards, and sends each shard's longest first. A dataset
+    left in parts is read once, by its reader: each part deals its own prompts, by the lengths they carry. The
+    records are the same whatever the order."""
+    if in_parts:
+        config = yaml.safe_load((deployment / "regen.yaml").read_text())
+        config["defaults"].update(prepare_part_prompts=8, shard_size=4)  # 36 prompts: 5 parts of 2 shards at most
+        (deployment / "regen.yaml").write_text(yaml.safe_dump(config))
     run_stages("night-1", simulator)
     folder = deployment / "storage" / "kimi-k2.5-mini" / DATASET
     lengths: dict[str, int] = {}
     for verdicts in sorted((folder / "night-1" / "reports").glob("*-verdicts.parquet")):
         table = pq.read_table(verdicts)
         lengths.update(zip(table.column("id").to_pylist(), table.column("output_len").to_pylist(), strict=True))
+    reads: list[str] = []
+    read_lengths = pipeline.answer_lengths
+    monkeypatch.setattr(pipeline, "answer_lengths", lambda *a: reads.append(a[2].dataset) or read_lengths(*a))
     with RecordingProxy(simulator.url) as proxy:
         run_stages("night-2", proxy, skip_unchanged=False, in_flight=1)  # one request at a time: the send order
+    assert reads == [DATASET]  # once, by the dataset's reader: never by a part task
     shards = [pq.read_table(p).to_pylist() for p in sorted((folder / "night-2" / "prompts").glob("shard-*.parquet"))]
     assert len(shards) > 1 and {p["id"]: p["expected_tokens"] for s in shards for p in s} == lengths
-    for earlier, later in itertools.pairwise(shards):  # dealt longest first
-        assert min(p["expected_tokens"] for p in earlier) >= max(p["expected_tokens"] for p in later)
+    dealt_together = [shards[i : i + 2] for i in range(0, len(shards), 2)] if in_parts else [shards]
+    assert len(dealt_together) == (5 if in_parts else 1)
+    for dealt in dealt_together:  # dealt longest first
+        for earlier, later in itertools.pairwise(dealt):
+            assert min(p["expected_tokens"] for p in earlier) >= max(p["expected_tokens"] for p in later)
     sent = [lengths[body["rid"].rsplit("-", 2)[0]] for body in proxy.bodies]
-    assert sorted(sent) == sorted(lengths.values()) and sent == sorted(sent, reverse=True)
-    assert len(set(sent)) > 5  # lengths that differ: the order is theirs, not the source's
+    assert sorted(sent) == sorted(lengths.values()) and len(set(sent)) > 5  # lengths that differ
+    at = 0
+    for shard in shards:  # shard after shard, each one's longest first
+        assert sent[at : at + len(shard)] == sorted((p["expected_tokens"] for p in shard), reverse=True)
+        at += len(shard)
+    if not in_parts:  # dealt across every shard: the whole version's longest first
+        assert sent == sorted(sent, reverse=True)
 
     def records(version: str) -> list[str]:
         batches = read_training_data(str(folder / version / "manifest.json"))

@@ -41,6 +41,9 @@ PART_SCHEMA = pa.schema(
         ("sample_id", pa.string()),
         *(PROMPT_SCHEMA.field(name) for name in ("source_index", "source", "messages", "tools", "meta", "later")),
         ("answers", pa.int64()),  # on-policy: the conversation's turns to regenerate; else 1
+        # JSON {sample id: answer tokens} of the prompt's samples in the dataset's last version (PrepareSettings's
+        # expected_tokens, read once by the dataset's prepare task); null: none known
+        ("expected_tokens", pa.string()),
     ]
 )
 PART_BATCH = 4096  # prompts per Parquet row group of a part, and per read
@@ -114,8 +117,11 @@ class PartsIndex:
         storage.put_bytes(location.prepare_index, json.dumps(self.to_dict(), indent=1).encode())
 
 
-def prompt_row(origin: Origin, conversation: Conversation, on_policy: bool) -> dict[str, Any]:
-    """A prompt as a part holds it (PART_SCHEMA), before it is tokenized."""
+def prompt_row(
+    origin: Origin, conversation: Conversation, on_policy: bool, expected_tokens: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """A prompt as a part holds it (PART_SCHEMA), before it is tokenized. `expected_tokens`: its samples' answer
+    lengths in the last version."""
     return {
         "sample_id": conversation.sample_id,
         "source_index": origin.index,
@@ -126,7 +132,16 @@ def prompt_row(origin: Origin, conversation: Conversation, on_policy: bool) -> d
         "meta": json.dumps(conversation.meta, ensure_ascii=False, default=str),
         "later": json.dumps(conversation.later, ensure_ascii=False) if on_policy else None,
         "answers": len(dataset_turns(conversation.later)) if on_policy else 1,
+        "expected_tokens": json.dumps(expected_tokens) if expected_tokens else None,
     }
+
+
+def part_expected_tokens(path: Path) -> dict[str, int]:
+    """The answer lengths a part's prompts carry (`prompt_row`), by sample id: the part's own, not the dataset's."""
+    if "expected_tokens" not in pq.read_schema(path).names:  # a part written before parts carried them
+        return {}
+    column = pq.read_table(path, columns=["expected_tokens"]).column("expected_tokens").to_pylist()
+    return {sample: tokens for cell in column if cell for sample, tokens in json.loads(cell).items()}
 
 
 class PartSpool:
@@ -273,10 +288,9 @@ def prepare_part(
     renderer: ChatRenderer,
     part: int,
     workers: int,
-    expected_tokens: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """One part of a dataset prepared in parts, tokenized into its shards: its record (shards, stats, files), also
-    stored beside it, where a retry finds it. `expected_tokens`: as PrepareSettings's."""
+    """One part of a dataset prepared in parts, tokenized into its shards (longest first by the answer lengths its
+    prompts carry): its record (shards, stats, files), also stored beside it, where a retry finds it."""
     record_key = location.prepare_part(part, ".json")
     if storage.exists(record_key):
         return dict(get_json(storage, record_key))
@@ -289,7 +303,8 @@ def prepare_part(
         storage.get_file(entry.key, path)
         if sha256_file(path) != entry.sha256:
             raise ValueError(f"{entry.key} does not read back as written (sha256 differs): run the task again")
-        shards = ShardWriter(location, storage, index.shard_size, config, entry.first_shard, expected_tokens)
+        expected = part_expected_tokens(path)
+        shards = ShardWriter(location, storage, index.shard_size, config, entry.first_shard, expected)
         stats = tokenize_part(part_rows(path), renderer, workers, shards, rejections)
         files = rejections.upload()
     record = {"part": part, "shards": [s.to_dict() for s in shards.shards], "stats": stats.to_dict(), "files": files}

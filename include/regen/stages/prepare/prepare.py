@@ -138,7 +138,7 @@ def run_prepare(
                     if isinstance(outcome, Rejection):
                         reject(rejections, origin, outcome)
                     else:
-                        spool.add(prompt_row(origin, outcome, on_policy))
+                        spool.add(prompt_row(origin, outcome, on_policy, shards.expected_of(outcome.sample_id)))
         spool.close()
         if len(spool.counts) > 1:  # left in parts, for prepare_part tasks to share
             return leave_in_parts(spool, shards_per_part, tally, rejections, renderer, settings)

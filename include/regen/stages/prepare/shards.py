@@ -64,6 +64,13 @@ class ShardWriter:
         self._rows: list[dict[str, Any]] = []
         self._answers = 0  # on-policy: the turns of the shard's conversations
 
+    def expected_of(self, prompt_id: str) -> dict[str, int]:
+        """The answer lengths this writer knows of the prompt's samples, by sample id."""
+        if not self.expected_tokens:
+            return {}
+        samples = samples_of(prompt_id, self.temperatures, self.per_prompt)
+        return {s.id: self.expected_tokens[s.id] for s in samples if s.id in self.expected_tokens}
+
     def add(self, prompt: dict[str, Any], prompt_ids: list[int]) -> None:
         """One row per sample of the prompt (regen.samples); a prompt's samples may span two shards."""
         shared = {name: prompt[name] for name in ("source_index", "source", "messages", "tools", "meta", "later")}
