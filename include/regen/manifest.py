@@ -11,6 +11,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+import msgspec
+
 from regen.layout import DatasetLocation, ShardKeys, is_report_file
 
 
@@ -237,7 +239,6 @@ class PublishedManifest:
     @classmethod
     def from_json(cls, body: bytes | str) -> PublishedManifest:
         """A manifest as written, by this version or an earlier one (fields it lacks take their defaults; fields
-        this version does not know are left out)."""
-        data = json.loads(body)
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        this version does not know are left out), its types checked: a field of the wrong type raises a ValueError
+        naming it (msgspec.ValidationError, `... - at $.records`)."""
+        return msgspec.json.decode(body, type=cls)
