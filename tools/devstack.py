@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -47,6 +48,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_to_hold() -> int:
+    """A free port below the kernel's ephemeral range, for a server started on it later, and again after a kill: a
+    port from free_port is in that range, where any process's next outgoing connection may be given it meanwhile."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.SystemRandom().sample(range(min(10_000, low // 2), low), 200):  # not the tests' seeded draw
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    raise RuntimeError(f"no free port below {low} in 200 tries")
 
 
 def wait_until(what: str, check: Any, timeout_s: float, poll_s: float = 0.5) -> Any:
