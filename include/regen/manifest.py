@@ -1,6 +1,8 @@
 """The small typed documents passed between tasks (XCom) and written beside the data.
 
-They name storage keys, counts and checksums, never records. `to_dict`/`from_dict` give the JSON form XCom carries.
+They name storage keys, counts and checksums, never records. `to_dict`/`from_dict` give the JSON form XCom carries;
+msgspec reads it into the types, so a field missing or of the wrong type is refused naming it (msgspec.ValidationError,
+a ValueError), and a field this version does not know is read past.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class StageStats:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        return cls(total=data["total"], kept=data["kept"], dropped_by_reason=dict(data["dropped_by_reason"]))
+        return msgspec.convert(data, cls)  # `dropped` is derived: read past
 
     @classmethod
     def merged(cls, parts: list[StageStats]) -> StageStats:
@@ -85,7 +87,7 @@ class GenerationReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GenerationReport:
-        return cls(**data)
+        return msgspec.convert(data, cls)
 
     @classmethod
     def combined(cls, tries: list[GenerationReport]) -> GenerationReport | None:
@@ -144,14 +146,7 @@ class ShardManifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ShardManifest:
-        return cls(
-            **{
-                **data,
-                "location": DatasetLocation(**data["location"]),
-                "stats": {stage: StageStats.from_dict(s) for stage, s in data["stats"].items()},
-                "generation": GenerationReport.from_dict(data["generation"]) if data.get("generation") else None,
-            }
-        )
+        return msgspec.convert(data, cls)
 
 
 @dataclass(frozen=True)
@@ -180,18 +175,7 @@ class PreparedDataset:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PreparedDataset:
-        return cls(
-            location=DatasetLocation(**data["location"]),
-            shards=[ShardManifest.from_dict(s) for s in data["shards"]],
-            stats=StageStats.from_dict(data["stats"]),
-            duplicates=data["duplicates"],
-            profile=data["profile"],
-            token_roles=data["token_roles"],
-            files=data.get("files", {}),
-            rows_read=data.get("rows_read", data["stats"]["total"]),
-            inputs=data.get("inputs", {}),
-            decontamination=data.get("decontamination", {}),
-        )
+        return msgspec.convert({"rows_read": data["stats"]["total"], **data}, cls)  # rows_read: as written before it
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Self
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -94,20 +95,8 @@ class PartsIndex:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        return cls(
-            parts=tuple(PartEntry(**part) for part in data["parts"]),
-            to_tokenize=data["to_tokenize" if "to_tokenize" in data else "to_tokenise"],  # as written before 2026-12
-            stats=StageStats.from_dict(data["stats"]),
-            rows_read=data["rows_read"],
-            duplicates=data["duplicates"],
-            decontamination=data.get("decontamination", {}),  # indexes written before decontamination have none
-            files=dict(data["files"]),
-            shard_size=data["shard_size"],
-            profile=data["profile"],
-            token_roles=data["token_roles"],
-            inputs=data["inputs"],
-            run_id=data["run_id"],
-        )
+        renamed = {"to_tokenize": data["to_tokenise"]} if "to_tokenise" in data else {}  # as written before 2026-12
+        return msgspec.convert({"decontamination": {}, **renamed, **data}, cls)  # decontamination: none before it
 
     @classmethod
     def read(cls, storage: Storage, location: DatasetLocation) -> Self:
