@@ -9,10 +9,11 @@ the same without Airflow.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -144,19 +145,21 @@ def prepare_dataset(
     `tasks_at_once`: the tasks this machine may run together, which share its cores when `tokenize_workers` is null."""
     location, at, renderer = run.location(dataset), _RunStorage.open(run, s3_client), renderer_for(run)
     storage = at.storage
-    source, inputs, expected = run.dataset(dataset), {}, {}
+    source, inputs = run.dataset(dataset), {}
     cleaning = load_suites(run.decontamination, run.resolve, s3_client)
-    if not storage.exists(location.prepared):  # a new version, not a resumed one
-        sources = source_digests(source, run.resolve, s3_client)
-        suites = cleaning.record if cleaning else None
-        inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, sources, suites)
-        latest = latest_published(storage, location.profile, dataset)
-        if run.skip_unchanged and unchanged_since(latest, dataset, inputs):
-            return {"dataset": dataset, "unchanged_since": latest}
-        inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
-        # Each sample's answer length in the last version, for generate to send the longest first.
-        expected = answer_lengths(storage, latest, location) if run.longest_first else {}
-    with at.writing(location):
+    with contextlib.ExitStack() as held:
+        expected: Mapping[str, int] = {}
+        if not storage.exists(location.prepared):  # a new version, not a resumed one
+            sources = source_digests(source, run.resolve, s3_client)
+            suites = cleaning.record if cleaning else None
+            inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, sources, suites)
+            latest = latest_published(storage, location.profile, dataset)
+            if run.skip_unchanged and unchanged_since(latest, dataset, inputs):
+                return {"dataset": dataset, "unchanged_since": latest}
+            inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
+            if run.longest_first:  # each sample's answer length in the last version, to send the longest first
+                expected = held.enter_context(answer_lengths(storage, latest, location))
+        held.enter_context(at.writing(location))
         prepared = run_prepare(
             source,
             location,

@@ -69,7 +69,8 @@ class ShardWriter:
         if not self.expected_tokens:
             return {}
         samples = samples_of(prompt_id, self.temperatures, self.per_prompt)
-        return {s.id: self.expected_tokens[s.id] for s in samples if s.id in self.expected_tokens}
+        known = {s.id: self.expected_tokens.get(s.id) for s in samples}
+        return {sample_id: tokens for sample_id, tokens in known.items() if tokens is not None}
 
     def add(self, prompt: dict[str, Any], prompt_ids: list[int]) -> None:
         """One row per sample of the prompt (regen.samples); a prompt's samples may span two shards."""

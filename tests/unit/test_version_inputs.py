@@ -1,0 +1,72 @@
+"""The last version's answer lengths, as the next version's reader holds them: a table on local disk by sample id,
+gone once the reader is done with it, and gone too when reading them fails."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from regen.layout import DatasetLocation
+from regen.manifest import PublishedManifest
+from regen.storage import LocalStorage, write_table
+from regen.version_inputs import answer_lengths
+
+LAST = DatasetLocation("/unused", "kimi-k2.5-mini", "B1_glaive", "v1")
+
+
+def lengths_folders() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("regen-answer-lengths-*"))
+
+
+def published(storage: LocalStorage, verdicts: dict[str, dict[str, int]]) -> dict[str, str]:
+    """A version whose manifest names these verdict files (key -> sample id -> output_len); its latest.json entry."""
+    location = DatasetLocation(storage.root_uri, LAST.profile, LAST.dataset, LAST.version)
+    files = {}
+    for key, lengths in verdicts.items():
+        if lengths:
+            table = pa.table({"id": list(lengths), "output_len": pa.array(list(lengths.values()), pa.int32())})
+            files[key] = write_table(storage, key, table)
+        else:
+            files[key] = "0" * 64  # named, never written
+    manifest = PublishedManifest("B1_glaive", {}, {}, "v1", storage.root_uri, "2026-12-01", None, {}, {}, 0, {})
+    storage.put_bytes(location.manifest, PublishedManifest(**{**vars(manifest), "files": files}).to_json())
+    return {"version": "v1"}
+
+
+def test_the_lengths_are_read_by_sample_id_into_a_table_removed_on_exit(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    prefix = f"{LAST.profile}/{LAST.dataset}/v1/reports"
+    latest = published(
+        storage,
+        {
+            f"{prefix}/shard-00000-verdicts.parquet": {"a#0": 900, "b#0": 12},
+            f"{prefix}/shard-00001-verdicts.parquet": {"c#0": 40},
+        },
+    )
+    before = lengths_folders()
+    location = DatasetLocation(storage.root_uri, LAST.profile, LAST.dataset, "v2")
+    with answer_lengths(storage, latest, location) as lengths:
+        assert len(lengths) == 3 and dict(lengths) == {"a#0": 900, "b#0": 12, "c#0": 40}
+        assert lengths.get("new#0") is None and "b#0" in lengths
+        with pytest.raises(KeyError):
+            lengths["new#0"]
+        assert len(lengths_folders() - before) == 1  # on disk, not in memory
+    assert lengths_folders() == before
+    with answer_lengths(storage, None, location) as none:  # a first version: nothing known
+        assert len(none) == 0 and not none
+
+
+def test_a_verdicts_file_that_cannot_be_read_fails_and_leaves_no_table(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    prefix = f"{LAST.profile}/{LAST.dataset}/v1/reports"
+    latest = published(
+        storage, {f"{prefix}/shard-00000-verdicts.parquet": {"a#0": 1}, f"{prefix}/shard-00001-verdicts.parquet": {}}
+    )
+    before = lengths_folders()
+    location = DatasetLocation(storage.root_uri, LAST.profile, LAST.dataset, "v2")
+    with pytest.raises(FileNotFoundError):
+        answer_lengths(storage, latest, location)
+    assert lengths_folders() == before
