@@ -3,9 +3,10 @@
 
     .venv/bin/python bench/bench_answer_lengths.py [--samples 1000000] [--report var/bench/answer_lengths.json]
 
-Sample ids as the verdict files give them (fresh strings, a 32-hex-digit prompt id and a draw), 400 a shard, each
-kept by whoever holds them. Printed for both: the Python memory they hold (tracemalloc; SQLite's own page cache,
-2 MB by default, is not Python's), the time to build them, a lookup of every id, and the table's file on disk.
+Sample ids as the verdict files give them for a dataset of one sample a prompt (fresh strings: the prompt's id, 20
+hex digits, regen.stages.prepare.normalize), 400 a shard, each kept by whoever holds them. Printed for both: the
+Python memory they hold (tracemalloc; SQLite's own page cache, 2 MB by default, is not Python's), the time to build
+them, a lookup of every id, and the table's file on disk.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ SHARD = 400
 def shards(samples: int) -> Iterator[tuple[list[str], list[int]]]:
     for start in range(0, samples, SHARD):
         numbers = range(start, min(samples, start + SHARD))
-        yield [hashlib.sha256(str(i).encode()).hexdigest()[:32] + "#0" for i in numbers], [i % 5000 for i in numbers]
+        yield [hashlib.sha256(str(i).encode()).hexdigest()[:20] for i in numbers], [i % 5000 for i in numbers]
 
 
 def measure(kind: str, samples: int) -> dict[str, Any]:

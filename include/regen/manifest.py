@@ -1,8 +1,8 @@
 """The small typed documents passed between tasks (XCom) and written beside the data.
 
 They name storage keys, counts and checksums, never records. `to_dict`/`from_dict` give the JSON form XCom carries;
-msgspec reads it into the types, so a field missing or of the wrong type is refused naming it (msgspec.ValidationError,
-a ValueError), and a field this version does not know is read past.
+msgspec reads it into the types, so a required field missing or a field of the wrong type is refused naming it
+(msgspec.ValidationError, a ValueError), and a field this version does not know is read past.
 """
 
 from __future__ import annotations

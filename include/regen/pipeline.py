@@ -153,7 +153,8 @@ def prepare_dataset(
             sources = source_digests(source, run.resolve, s3_client)
             suites = cleaning.record if cleaning else None
             inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, sources, suites)
-            latest = latest_published(storage, location.profile, dataset)
+            wanted = run.skip_unchanged or run.longest_first
+            latest = latest_published(storage, location.profile, dataset) if wanted else None
             if run.skip_unchanged and unchanged_since(latest, dataset, inputs):
                 return {"dataset": dataset, "unchanged_since": latest}
             inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it

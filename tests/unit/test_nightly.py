@@ -125,11 +125,13 @@ def test_a_later_version_deals_the_longest_answers_of_the_last_into_the_first_sh
         table = pq.read_table(verdicts)
         lengths.update(zip(table.column("id").to_pylist(), table.column("output_len").to_pylist(), strict=True))
     reads: list[str] = []
-    read_lengths = pipeline.answer_lengths
+    read_lengths, prepare_part = pipeline.answer_lengths, pipeline.prepare_dataset_part
     monkeypatch.setattr(pipeline, "answer_lengths", lambda *a: reads.append(a[2].dataset) or read_lengths(*a))
+    monkeypatch.setattr(pipeline, "prepare_dataset_part", lambda *a: reads.append("a part") or prepare_part(*a))
     with RecordingProxy(simulator.url) as proxy:
         run_stages("night-2", proxy, skip_unchanged=False, in_flight=1)  # one request at a time: the send order
-    assert reads == [DATASET]  # once, by the dataset's reader: never by a part task
+    # The lengths read once, by the dataset's reader, never by a part task (five of them, when in parts).
+    assert reads == [DATASET, *["a part"] * (5 if in_parts else 0)]
     shards = [pq.read_table(p).to_pylist() for p in sorted((folder / "night-2" / "prompts").glob("shard-*.parquet"))]
     assert len(shards) > 1 and {p["id"]: p["expected_tokens"] for s in shards for p in s} == lengths
     dealt_together = [shards[i : i + 2] for i in range(0, len(shards), 2)] if in_parts else [shards]

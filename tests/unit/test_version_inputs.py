@@ -17,6 +17,13 @@ from regen.version_inputs import answer_lengths
 LAST = DatasetLocation("/unused", "kimi-k2.5-mini", "B1_glaive", "v1")
 
 
+@pytest.fixture(autouse=True)
+def own_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tables go to a temp folder of this test's own: other tests' readers make theirs in the shared one."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+
 def lengths_folders() -> set[Path]:
     return set(Path(tempfile.gettempdir()).glob("regen-answer-lengths-*"))
 
