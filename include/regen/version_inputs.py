@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import sqlite3
 import tempfile
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from typing import Any
 from regen.config import DatasetConfig
 from regen.layout import VERDICTS_SUFFIX, DatasetLocation, latest_key
 from regen.manifest import PublishedManifest
+from regen.scratch import scratch_table
 from regen.storage import Changed, KeyExists, Storage, get_json, is_not_found, read_table
 
 log = logging.getLogger(__name__)
@@ -99,10 +99,9 @@ class AnswerLengths(Mapping[str, int]):
     def __init__(self) -> None:
         self._folder = tempfile.TemporaryDirectory(prefix="regen-answer-lengths-")
         self.path = Path(self._folder.name) / "lengths.sqlite3"
-        self._db = sqlite3.connect(self.path)
-        self._db.execute("PRAGMA journal_mode = OFF")
-        self._db.execute("PRAGMA synchronous = OFF")
-        self._db.execute("CREATE TABLE lengths (id TEXT PRIMARY KEY, tokens INTEGER NOT NULL) WITHOUT ROWID")
+        self._db = scratch_table(
+            self.path, "CREATE TABLE lengths (id TEXT PRIMARY KEY, tokens INTEGER NOT NULL) WITHOUT ROWID"
+        )
         self._count = 0
 
     def add(self, sample_ids: list[str], tokens: list[int]) -> None:

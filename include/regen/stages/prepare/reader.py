@@ -5,7 +5,6 @@ SQLite table on local disk (memory stays flat), and a tally counts what the mani
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from regen.config.datasets import DatasetConfig
 from regen.manifest import StageStats
 from regen.reasons import Reason
 from regen.rejections import RejectionWriter
+from regen.scratch import scratch_table
 from regen.stages.prepare.decontaminate import EvalOverlap, check_prompts
 from regen.stages.prepare.eval_suites import Decontamination
 from regen.stages.prepare.formats import normalize_row
@@ -39,10 +39,7 @@ class SeenIds:
     """Sample ids already kept or queued, in an SQLite table on local disk: a Python set would grow with the data."""
 
     def __init__(self, directory: Path) -> None:
-        self._db = sqlite3.connect(directory / "seen.sqlite3")
-        self._db.execute("PRAGMA journal_mode = OFF")
-        self._db.execute("PRAGMA synchronous = OFF")
-        self._db.execute("CREATE TABLE seen (id TEXT PRIMARY KEY) WITHOUT ROWID")
+        self._db = scratch_table(directory / "seen.sqlite3", "CREATE TABLE seen (id TEXT PRIMARY KEY) WITHOUT ROWID")
 
     def first(self, sample_id: str) -> bool:
         """True the first time an id is offered, False for every repeat."""
