@@ -25,7 +25,7 @@ from regen.config import load_config
 from regen.run_params import RunSpec
 
 airflow_local_settings.preload_if_forking(sys.argv[1:])
-before = pipeline._renderer.cache_info()
+before = pipeline.run._renderer.cache_info()
 if not before.currsize:  # nothing preloaded: a task would build its own, as without the preload
     print(json.dumps({"preloaded": 0}))
     sys.exit(0)
@@ -33,7 +33,7 @@ read, write = os.pipe()
 if os.fork() == 0:
     spec = RunSpec.model_validate(RunSpec.from_params({}, "run-1", load_config()).to_dict())
     renderer = pipeline.renderer_for(spec)
-    info = pipeline._renderer.cache_info()
+    info = pipeline.run._renderer.cache_info()
     found = {"hits": info.hits - before.hits, "misses": info.misses - before.misses,
              "table_built": renderer._decoder_built,
              "parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),

@@ -125,8 +125,8 @@ def test_a_later_version_deals_the_longest_answers_of_the_last_into_the_first_sh
         table = pq.read_table(verdicts)
         lengths.update(zip(table.column("id").to_pylist(), table.column("output_len").to_pylist(), strict=True))
     reads: list[str] = []
-    read_lengths, prepare_part = pipeline.answer_lengths, pipeline.prepare_dataset_part
-    monkeypatch.setattr(pipeline, "answer_lengths", lambda *a: reads.append(a[2].dataset) or read_lengths(*a))
+    read_lengths, prepare_part = pipeline.prepare.answer_lengths, pipeline.prepare_dataset_part
+    monkeypatch.setattr(pipeline.prepare, "answer_lengths", lambda *a: reads.append(a[2].dataset) or read_lengths(*a))
     monkeypatch.setattr(pipeline, "prepare_dataset_part", lambda *a: reads.append("a part") or prepare_part(*a))
     with RecordingProxy(simulator.url) as proxy:
         run_stages("night-2", proxy, skip_unchanged=False, in_flight=1)  # one request at a time: the send order
@@ -256,7 +256,7 @@ def test_the_advice_for_too_many_parts_is_a_value_that_maps(
     """More parts than Airflow maps: the prepare_part_prompts the error asks for, set and run, is accepted. Under a
     cap of 3, 72 prompts / 3 = 24 a part (the old advice) would be cut to 20 (whole shards of 5) for the first
     dataset and to 10 prompts of 2 samples for the second: 6 parts."""
-    monkeypatch.setattr(pipeline, "MAX_MAP_LENGTH", 3)
+    monkeypatch.setattr(pipeline.prepare, "MAX_MAP_LENGTH", 3)
     config = yaml.safe_load((deployment / "regen.yaml").read_text())
     config["datasets"]["second"] = {**config["datasets"][DATASET], "samples_per_prompt": 2}
     config["defaults"]["prepare_part_prompts"] = 8

@@ -1,0 +1,58 @@
+"""The delivery tasks of a dataset, once its own shards finished: its version read back whole (`verify_dataset`),
+then published (`publish_dataset`: report, manifest last, latest.json), and what its asset event carries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from regen.errors import FinalError
+from regen.pipeline.run_storage import RunStorage
+from regen.run_params import RunSpec
+from regen.stages.publish.publish import run_publish, verify_contents
+from regen.storage import S3ClientFactory
+
+
+class NotVerified(FinalError):
+    """Publish never writes a manifest for data the verifier did not pass."""
+
+
+def verify_dataset(run: RunSpec, prepared: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    """A finished version read back whole before any manifest names it (regen.verify): every file's sha256, and
+    every record's invariants. Raises VerificationFailed naming every problem, IncompleteDataset when shards did not
+    finish. An unchanged dataset has nothing new to verify."""
+    if "unchanged_since" in prepared:
+        return {"dataset": prepared["dataset"], "unchanged": True}
+    at = RunStorage.open(run, s3_client)
+    dataset = at.prepared(prepared["dataset"])
+    with at.writing(dataset.location) as storage:  # its verdict holds only while no other run writes
+        return verify_contents(dataset, storage)
+
+
+def publish_dataset(
+    run: RunSpec,
+    prepared: dict[str, Any],
+    fleet: list[dict[str, Any]],
+    verified: dict[str, Any] | None,
+    s3_client: S3ClientFactory | None = None,
+) -> dict[str, Any]:
+    """The published version's summary, for the version `verify_dataset` passed (`verified`: what it returned; None
+    when it failed). For an unchanged dataset, its last version's, marked `unchanged`."""
+    dataset = prepared["dataset"]
+    if "unchanged_since" in prepared:
+        return {"dataset": dataset, "unchanged": True, **prepared["unchanged_since"]}
+    if not verified or "contents" not in verified:
+        raise NotVerified(f"{dataset}: verify_dataset did not pass, so nothing is published; its log says why")
+    at = RunStorage.open(run, s3_client)
+    prepared_dataset = at.prepared(dataset)
+    with at.writing(prepared_dataset.location) as storage:  # the manifest is written by the version's writer
+        published = run_publish(
+            prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run.run_id, run.cost
+        )
+    at.release(prepared_dataset.location)  # a published version is never written again
+    return published
+
+
+def asset_event(published: dict[str, Any]) -> dict[str, Any]:
+    """What a dataset's asset event carries: enough for a consumer to find and verify the version."""
+    keys = ("dataset", "version", "manifest", "manifest_sha256", "records", "splits", "inputs_digest")
+    return {key: published[key] for key in keys if key in published}

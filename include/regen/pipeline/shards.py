@@ -1,0 +1,145 @@
+"""The shard tasks: a run's shards in groups (`shard_groups`), and each group through generate, validate and export.
+
+A group is a range of positions in the dataset's prompts/prepare.json (`{"dataset", "first", "count"}`), and every
+stage names its shards the same way: by those positions, through the shard manifests prepare recorded there. Never by
+shard number: a dataset prepared in parts keeps shard numbers for each part in advance, and a part that loses prompts
+at tokenize writes fewer shards than it kept numbers for, so its numbers have gaps. Each stage keeps its shards'
+manifests in storage (`reports/shard-*.{stage}.json`) for the next, and a task opens its run's storage once for all
+of its group's shards.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from regen.errors import FinalError
+from regen.manifest import ShardManifest
+from regen.pipeline.run import renderer_for
+from regen.pipeline.run_storage import RunStorage
+from regen.run_params import RunSpec
+from regen.sglang.auth import NO_KEYS, ApiKeys
+from regen.stages.export import ExportSettings, run_export
+from regen.stages.generate.generate import GenerateSettings, run_generate
+from regen.stages.validate import ValidateSettings, run_validate
+from regen.storage import S3ClientFactory, get_json
+
+
+def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """Every shard of the prepared datasets (`prepare_dataset`'s summaries), in at most `limit` groups of
+    consecutive shards of one dataset, each `{"dataset", "first", "count"}`: one mapped task per group, which handles
+    its shards in turn (a group never spans datasets, so one dataset's failed shard holds back no other's). Up to
+    `limit` shards, every group is one shard."""
+    counts = {p["dataset"]: p["shard_count"] for p in prepared if p.get("shard_count")}
+    size = max(1, -(-sum(counts.values()) // limit))
+    largest = max(counts.values(), default=1)
+    while size < largest and sum(-(-count // size) for count in counts.values()) > limit:
+        size += 1  # (a limit below the number of datasets still gives one group per dataset)
+    return [
+        {"dataset": dataset, "first": first, "count": min(size, count - first)}
+        for dataset, count in counts.items()
+        for first in range(0, count, size)
+    ]
+
+
+def group_shards(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> list[dict[str, Any]]:
+    """The manifests of a group's shards (`shard_groups`), as prepare recorded them."""
+    return [shard.to_dict() for shard in _group(RunStorage.open(run, s3_client), group)]
+
+
+def _group(at: RunStorage, group: dict[str, Any]) -> list[ShardManifest]:
+    shards = at.prepared(group["dataset"]).shards
+    return shards[group["first"] : group["first"] + group["count"]]
+
+
+def generate_group(
+    run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None, api_keys: ApiKeys = NO_KEYS
+) -> dict[str, Any]:
+    """A group's shards (`shard_groups`) generated in turn, each one's manifest kept in storage for validate. The
+    group again: what the next task reads, the same few bytes at any number of shards."""
+    at = RunStorage.open(run, s3_client)
+    for shard in _group(at, group):
+        _keep_stage_manifest(at, _generate(at, shard.to_dict(), api_keys), "generate")
+    return _range(group)
+
+
+def validate_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    """A generated group's shards validated in turn, each one's manifest kept in storage for export; the group."""
+    at = RunStorage.open(run, s3_client)
+    for shard in _kept_stage_manifests(at, group, "generate"):
+        _keep_stage_manifest(at, _validate(at, shard), "validate")
+    return _range(group)
+
+
+def export_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    """A validated group's shards exported in turn (each writes its final manifest, reports/shard-*.json, which
+    verify reads); the group."""
+    at = RunStorage.open(run, s3_client)
+    for shard in _kept_stage_manifests(at, group, "validate"):
+        _export(at, shard)
+    return _range(group)
+
+
+def _range(group: dict[str, Any]) -> dict[str, Any]:
+    return {"dataset": group["dataset"], "first": group["first"], "count": group["count"]}
+
+
+def _keep_stage_manifest(at: RunStorage, shard: dict[str, Any], stage: str) -> None:
+    # Right after the stage's own claimed block: a run that lost the claim failed there and never gets here.
+    manifest = ShardManifest.from_dict(shard)
+    at.storage.put_bytes(manifest.keys.stage_manifest(stage), json.dumps(shard).encode())
+
+
+def _kept_stage_manifests(at: RunStorage, group: dict[str, Any], stage: str) -> list[dict[str, Any]]:
+    """The manifests `stage` kept of a group's shards. Raises FinalError when one is missing: that stage's task
+    did not finish it (cleared alone, or its files deleted), so it is the task to run again."""
+    manifests = []
+    for shard in _group(at, group):
+        key = shard.keys.stage_manifest(stage)
+        if not at.storage.exists(key):
+            raise FinalError(f"{at.storage.uri(key)} is missing: run {stage}_shard for this group again")
+        manifests.append(get_json(at.storage, key))
+    return manifests
+
+
+def generate_shard(
+    run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None, api_keys: ApiKeys = NO_KEYS
+) -> dict[str, Any]:
+    return _generate(RunStorage.open(run, s3_client), shard, api_keys)
+
+
+def validate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    return _validate(RunStorage.open(run, s3_client), shard)
+
+
+def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
+    return _export(RunStorage.open(run, s3_client), shard)
+
+
+def _generate(at: RunStorage, shard: dict[str, Any], api_keys: ApiKeys) -> dict[str, Any]:
+    run = at.run
+    from_run = {"endpoints", "concurrency", "request_timeout_s", "max_attempts", "fleet_wait_s", "checkpoint_every"}
+    from_run |= {"checkpoint_s", "sample_timeouts", "max_server_rejected_share", "priority", "endpoint_affinity"}
+    settings = GenerateSettings(api_keys=api_keys, sampling_params=run.sampling, **run.model_dump(include=from_run))
+    manifest = ShardManifest.from_dict(shard)
+    # Only an on-policy shard (prepare counted its turns) renders prompts as it goes: other shards never load the
+    # tokenizer here.
+    renderer = renderer_for(run) if manifest.num_answers is not None else None
+    with at.writing(manifest.location) as storage:
+        return run_generate(manifest, storage, settings, renderer).to_dict()
+
+
+def _validate(at: RunStorage, shard: dict[str, Any]) -> dict[str, Any]:
+    renderer = renderer_for(at.run)
+    settings = ValidateSettings(**at.run.validation)
+    manifest = ShardManifest.from_dict(shard)
+    with at.writing(manifest.location) as storage:
+        return run_validate(manifest, storage, renderer, settings).to_dict()
+
+
+def _export(at: RunStorage, shard: dict[str, Any]) -> dict[str, Any]:
+    settings = ExportSettings(**at.run.export)
+    decode = renderer_for(at.run).decode if settings.review_text else None
+    manifest = ShardManifest.from_dict(shard)
+    with at.writing(manifest.location) as storage:
+        return run_export(manifest, storage, settings, decode).to_dict()
