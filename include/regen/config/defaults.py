@@ -147,8 +147,10 @@ class Defaults(BaseModel):
         0.02,
         ge=0,
         le=1,
-        description="a shard whose samples the servers refused (server_rejected) past this share fails red instead "
-        "of publishing, naming the servers; one refusal alone never does",
+        description="a shard whose samples the servers rejected past this share fails red instead of publishing, "
+        "naming the servers and the reasons: refused (server_rejected), aborted (server_aborted) or miscounted "
+        "(count_mismatch) on every attempt. One such sample alone never does, and a sample that timed out on working "
+        "servers (sample_timeout) never counts",
     )
     fleet_wait_s: float = Field(
         120.0,

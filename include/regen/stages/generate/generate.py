@@ -44,7 +44,14 @@ from regen.rejections import RejectionWriter
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLangClient, TransientError
 from regen.sglang.fleet import EndpointPool, FleetUnavailable
-from regen.stages.generate.checkpoints import OUTAGE_S, Checkpointer, Checkpoints, load_checkpoints, rejection_line
+from regen.stages.generate.checkpoints import (
+    OUTAGE_S,
+    SERVER_SIDE,
+    Checkpointer,
+    Checkpoints,
+    load_checkpoints,
+    rejection_line,
+)
 from regen.stages.generate.conversations import Conversations, longest_first
 from regen.stages.generate.progress import Progress
 from regen.storage import Storage, sha256_file
@@ -66,7 +73,7 @@ class GenerateSettings:
     fleet_wait_s: float = 120.0
     backoff_max_s: float = 30.0
     sample_timeouts: int = 2  # a sample that timed out this often, its endpoint answering others, is rejected
-    max_server_rejected_share: float = 0.02  # refusals (400s) past this share of a shard fail it (red)
+    max_server_rejected_share: float = 0.02  # server-side rejections (FLEET_FAULTS) past this share fail it (red)
     priority: int | None = None  # SGLang's request priority: below live traffic on a shared fleet
     endpoint_affinity: bool = True  # an on-policy turn first to the endpoint that answered the turn before it
     api_keys: ApiKeys = field(default=NO_KEYS, repr=False)
@@ -131,22 +138,34 @@ RECORD_FAULT_REASONS = {
 }
 
 
+# The rejections the backstop counts: a sample the servers refused (400 on a second server too), aborted on every
+# attempt (retraction or memory storms, a router that keeps picking one sick worker) or answered with counts that do
+# not add up on every attempt. Any one of them may be the sample's; many in one shard are the fleet's. A sample that
+# timed out on servers answering others is left out: the poison prompt is the data's, whatever the share.
+FLEET_FAULTS = SERVER_SIDE - {Reason.SAMPLE_TIMEOUT}
+
+
 class TooManyServerRejections(FinalError):
-    """A shard whose samples the servers refused (400) past `max_server_rejected_share`: the fleet is at fault, not
-    the data, so the shard fails red instead of publishing what is left. The next run asks those samples again."""
+    """A shard whose samples the servers rejected (FLEET_FAULTS) past `max_server_rejected_share`: the fleet is at
+    fault, not the data, so the shard fails red instead of publishing what is left. The next run asks those samples
+    again (checkpoints.SERVER_SIDE)."""
 
 
 def check_server_rejections(shard: ShardManifest, total: int, done: Checkpoints, share: float) -> None:
-    """Refusals (400s) only: an abort, a count mismatch or a timeout that every attempt of a sample met is that
-    sample's, rejected with its own reason."""
-    rejected = {i: r for i, r in done.rejected.items() if r["reason"] == Reason.SERVER_REJECTED}
+    """Every server-side rejection counts (a 400, an abort or a count mismatch on every attempt), a sample timeout
+    not: each alone is kept with its reason, but past the share (one alone never) they fail the shard."""
+    rejected = [r for r in done.rejected.values() if r["reason"] in FLEET_FAULTS]
     if len(rejected) <= max(1, int(share * total)):  # one rejected prompt alone never fails a shard
         return
-    endpoints = Counter(r.get("endpoint", "unknown") for r in rejected.values())
+    endpoints = Counter(r.get("endpoint") or "unknown" for r in rejected)
+    reasons = Counter(str(r["reason"]) for r in rejected)
     raise TooManyServerRejections(
-        f"{shard.location.dataset} {shard.name}: the servers rejected {len(rejected)} of {total} samples "
-        f"(HTTP 400), past max_server_rejected_share {share:.0%}; by endpoint: {dict(endpoints)}. Fix or "
-        "remove those endpoints and run again: these samples are asked again, the answers kept"
+        f"{shard.location.dataset} {shard.name}: the servers rejected {len(rejected)} of {total} samples, past "
+        f"max_server_rejected_share {share:.0%}; by endpoint: {dict(endpoints.most_common())}; by reason: "
+        f"{dict(reasons.most_common())} (server_rejected: HTTP 400 on a second server too; server_aborted: "
+        "finish_reason abort on every attempt; count_mismatch: completion_tokens != len(output_ids) on every "
+        "attempt). Look at those endpoints (their logs: retractions, out of memory; a router's sick worker), fix or "
+        "remove them and run again: these samples are asked again, the answers kept"
     )
 
 

@@ -1,7 +1,8 @@
 """Whose fault an answer is: an endpoint that answers what no SGLang server answers (a proxy's 404 page) is ejected
 and its samples answered elsewhere; a 400 only one endpoint gives is asked again on another; a sample that never
 gets an answer in time is rejected with its reason while the rest are kept; and a shard the servers rejected too
-much of fails red, naming them, instead of publishing what is left (its rejected samples asked again next time)."""
+much of (refused, aborted or miscounted on every attempt) fails red, naming them and the reasons, instead of
+publishing what is left (its rejected samples asked again next time)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -18,6 +20,7 @@ from regen.config import Sampling
 from regen.layout import DatasetLocation
 from regen.manifest import ShardManifest
 from regen.sglang.fleet import FleetUnavailable
+from regen.simulator.faults import abort_answer
 from regen.stages.generate.checkpoints import Checkpoints, load_checkpoints
 from regen.stages.generate.generate import (
     GenerateSettings,
@@ -26,7 +29,7 @@ from regen.stages.generate.generate import (
     run_generate,
 )
 from regen.storage import LocalStorage
-from tests.conftest import Simulator, prepare_sample, raw_answers, start_simulator
+from tests.conftest import Simulator, prepare_sample, raw_answers, shard_prompt_ids, start_simulator
 from tests.loopback import AppOnLoopback
 
 
@@ -42,6 +45,28 @@ class FixedAnswer(AppOnLoopback):
     async def handle(self, request: web.Request) -> web.Response:
         self.generates += request.path == "/generate"
         return web.Response(status=self.status, text=self.body, content_type=self.content_type)
+
+
+class SickWorker(AppOnLoopback):
+    """A router in front of the simulator that sends some prompts, on every attempt, to a sick worker: their
+    /generate is answered with an abort (HTTP 200, finish_reason abort, as after a retraction). Everything else is
+    passed on to the simulator."""
+
+    def __init__(self, target: str, doomed: list[list[int]]) -> None:
+        super().__init__()
+        self.target, self.doomed = target, doomed
+        self.aborted = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.path == "/generate" and json.loads(body)["input_ids"] in self.doomed:
+            self.aborted += 1
+            return web.json_response(abort_answer(json.loads(body)["rid"], 0.0, 0.0))
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(request.method, f"{self.target}{request.path_qs}", data=body) as answer,
+        ):
+            return web.Response(body=await answer.read(), status=answer.status, content_type=answer.content_type)
 
 
 NOT_FOUND = "<html><body><h1>404 Not Found</h1>nginx</body></html>"
@@ -124,29 +149,86 @@ def test_a_shard_the_servers_reject_too_much_of_fails_red_and_a_mended_fleet_ans
 @pytest.mark.parametrize(
     "server_side,other,share,fails",
     [
-        pytest.param(1, 0, 0.0, False, id="one-alone-never"),
-        pytest.param(2, 0, 0.0, True, id="two-past-zero"),
-        pytest.param(2, 0, 0.1, False, id="two-of-24-within-10pc"),
-        pytest.param(3, 0, 0.1, True, id="three-of-24-past-10pc"),
-        pytest.param(1, 20, 0.0, False, id="other-reasons-not-counted"),
+        pytest.param({"server_rejected": 1}, 0, 0.0, False, id="one-alone-never"),
+        pytest.param({"server_rejected": 2}, 0, 0.0, True, id="two-past-zero"),
+        pytest.param({"server_rejected": 2}, 0, 0.1, False, id="two-of-24-within-10pc"),
+        pytest.param({"server_rejected": 3}, 0, 0.1, True, id="three-of-24-past-10pc"),
+        pytest.param({"server_aborted": 2}, 0, 0.0, True, id="aborts-count"),
+        pytest.param({"count_mismatch": 2}, 0, 0.0, True, id="count-mismatches-count"),
+        pytest.param({"server_aborted": 1}, 0, 0.0, False, id="one-abort-alone-never"),
+        pytest.param({"server_rejected": 1, "server_aborted": 1, "count_mismatch": 1}, 0, 0.125, False, id="mixed-3"),
+        pytest.param({"server_rejected": 2, "server_aborted": 1, "count_mismatch": 1}, 0, 0.125, True, id="mixed-4"),
+        pytest.param({"server_rejected": 1}, 20, 0.0, False, id="timeouts-and-the-prompts-own-not-counted"),
     ],
 )
 def test_the_backstop_counts_server_side_rejections_only(
-    server_side: int, other: int, share: float, fails: bool
+    server_side: dict[str, int], other: int, share: float, fails: bool
 ) -> None:
-    """The backstop is for a fleet at fault: one prompt a server refuses is that prompt's, kept with its reason."""
+    """The backstop is for a fleet at fault: a refusal, an abort or a count mismatch on every attempt, of any one
+    sample alone, is kept with its reason; past the share they fail the shard. A sample that timed out on working
+    servers (the poison prompt) and one whose ids are out of the vocabulary are the sample's own, never counted."""
     done = Checkpoints()
-    for i in range(server_side):
-        done.rejected[f"s{i}"] = {"reason": "server_rejected", "detail": "too long", "endpoint": "http://gpu-1"}
-    others = ["prompt_id_out_of_vocab", "sample_timeout", "count_mismatch", "server_aborted"]  # a sample's own
+    for reason, count in server_side.items():
+        for i in range(count):
+            done.rejected[f"{reason}{i}"] = {"reason": reason, "detail": "d", "endpoint": "http://gpu-1"}
+    others = ["prompt_id_out_of_vocab", "sample_timeout"]  # a sample's own
     for i in range(other):
-        done.rejected[f"o{i}"] = {"reason": others[i % 4], "detail": "d", "endpoint": "http://gpu-1"}
+        done.rejected[f"o{i}"] = {"reason": others[i % 2], "detail": "d", "endpoint": "http://gpu-1"}
     shard = ShardManifest(DatasetLocation("/data", "kimi-k2.5-mini", "D", "v1"), 0, "p", "sha", 24)
     if fails:
-        with pytest.raises(TooManyServerRejections, match=r"http://gpu-1': " + str(server_side)):
+        total = sum(server_side.values())
+        with pytest.raises(TooManyServerRejections, match=rf"http://gpu-1': {total}\b") as failed:
             check_server_rejections(shard, 24, done, share)
+        for reason, count in server_side.items():
+            assert f"'{reason}': {count}" in str(failed.value)
     else:
         check_server_rejections(shard, 24, done, share)
+
+
+def test_a_shard_whose_samples_a_sick_worker_aborts_on_every_attempt_fails_red_naming_it_and_the_reason(
+    shard: tuple[LocalStorage, ShardManifest], simulator: Simulator
+) -> None:
+    """A router that keeps sending 4 of 24 prompts to a sick worker: each is aborted on every attempt. Over 2% of the
+    shard, that is the fleet's fault, not the data's: the shard fails instead of publishing 20 answers."""
+    storage, prompts = shard
+    doomed = list(shard_prompt_ids(storage, prompts).values())[:4]
+    with SickWorker(simulator.url, doomed) as router, pytest.raises(TooManyServerRejections) as failed:
+        run_generate(prompts, storage, settings(router.url))
+    message = str(failed.value)
+    assert f"4 of {prompts.num_prompts} samples" in message
+    assert router.url in message and "'server_aborted': 4" in message and "max_server_rejected_share" in message
+    assert router.aborted == 4 * 5  # every attempt of each
+    assert not storage.exists(prompts.keys.raw)  # nothing to publish
+    manifest = run_generate(prompts, storage, settings(simulator.url))  # the fleet mended: asked again
+    assert len(raw_answers(storage, manifest.raw_key)) == prompts.num_prompts and not rejections(storage, manifest)
+
+
+def test_one_sample_aborted_on_every_attempt_alone_is_rejected_and_the_shard_goes_on(
+    shard: tuple[LocalStorage, ShardManifest], simulator: Simulator
+) -> None:
+    storage, prompts = shard
+    doomed = list(shard_prompt_ids(storage, prompts).values())[:1]
+    with SickWorker(simulator.url, doomed) as router:
+        manifest = run_generate(prompts, storage, settings(router.url, max_server_rejected_share=0.0))
+    assert [r["reason"] for r in rejections(storage, manifest)] == ["server_aborted"]
+    assert len(raw_answers(storage, manifest.raw_key)) == prompts.num_prompts - 1
+
+
+def test_a_shard_the_server_miscounts_on_every_attempt_fails_red_naming_it_and_the_reason(
+    tmp_path: Path, shard: tuple[LocalStorage, ShardManifest]
+) -> None:
+    """completion_tokens off from len(output_ids), drawn from the prompt and seed: every attempt of those samples
+    carries it. A server that says so of a fifth of a shard is broken, not the prompts. (One request at a time and
+    3 attempts a sample: a lone endpoint is ejected after 16 failures in a row, which would fail the task before
+    the backstop is reached.)"""
+    storage, prompts = shard
+    with start_simulator(tmp_path, "--defect-count-mismatch-rate", "0.2") as miscounting:
+        with pytest.raises(TooManyServerRejections) as failed:
+            run_generate(prompts, storage, settings(miscounting.url, concurrency=1, max_attempts=3))
+        miscounted = {r["rid"].split("-")[0] for r in miscounting.records() if r["defect"] == "count_mismatch"}
+    message = str(failed.value)
+    assert len(miscounted) > 1 and f"rejected {len(miscounted)} of {prompts.num_prompts} samples" in message
+    assert miscounting.url in message and f"'count_mismatch': {len(miscounted)}" in message
 
 
 def test_a_sample_that_always_times_out_is_rejected_with_its_reason_and_the_rest_are_kept(
@@ -164,3 +246,18 @@ def test_a_sample_that_always_times_out_is_rejected_with_its_reason_and_the_rest
     assert timed_out and len(answers) + len(timed_out) == prompts.num_prompts  # the rest answered
     assert all("no answer in 2s" in r["detail"] for r in timed_out)
     assert manifest.generation is not None and manifest.generation.ejections == 0  # the servers were fine
+
+
+def test_samples_that_always_time_out_never_fail_the_shard_however_many(
+    tmp_path: Path, shard: tuple[LocalStorage, ShardManifest]
+) -> None:
+    """The poison prompt is the data's: it times out on servers that answer others, and is not the fleet's fault,
+    so the backstop leaves it out even at a share of 0."""
+    storage, prompts = shard
+    hangs = ("--hang-prompt-rate", "0.25", "--hang-s", "5", "--decode-ms-per-token", "2")
+    with start_simulator(tmp_path, *hangs) as first, start_simulator(tmp_path, *hangs) as second:
+        run = settings(first.url, second.url, request_timeout_s=2.0, max_server_rejected_share=0.0)
+        manifest = run_generate(prompts, storage, run)
+    reasons = [r["reason"] for r in rejections(storage, manifest)]
+    assert len(reasons) > 1 and set(reasons) == {"sample_timeout"}
+    assert len(raw_answers(storage, manifest.raw_key)) + len(reasons) == prompts.num_prompts
