@@ -162,10 +162,10 @@ def check_server_rejections(shard: ShardManifest, total: int, done: Checkpoints,
     raise TooManyServerRejections(
         f"{shard.location.dataset} {shard.name}: the servers rejected {len(rejected)} of {total} samples, past "
         f"max_server_rejected_share {share:.0%}; by endpoint: {dict(endpoints.most_common())}; by reason: "
-        f"{dict(reasons.most_common())} (server_rejected: HTTP 400 on a second server too; server_aborted: "
-        "finish_reason abort on every attempt; count_mismatch: completion_tokens != len(output_ids) on every "
-        "attempt). Look at those endpoints (their logs: retractions, out of memory; a router's sick worker), fix or "
-        "remove them and run again: these samples are asked again, the answers kept"
+        f"{dict(reasons.most_common())} (server_rejected: HTTP 400, from a second server too where there is one; "
+        "server_aborted: finish_reason abort on every attempt; count_mismatch: completion_tokens != "
+        "len(output_ids) on every attempt). Look at those endpoints (their logs: retractions, out of memory; a "
+        "router's sick worker), fix or remove them and run again: these samples are asked again, the answers kept"
     )
 
 
