@@ -41,14 +41,8 @@ from regen.chat import TokenRoles
 from regen.chat_request import standard_tools
 from regen.reasons import OK, Reason, split_of
 from regen.records import RawAnswer, text_digest
-from regen.tool_calls import (
-    BadCall,
-    arguments_problem,
-    read_section_call_id,
-    read_tagged,
-    read_xml_calls,
-    redumped_arguments,
-)
+from regen.tool_call_detectors import read_xml_calls, redumped_arguments
+from regen.tool_calls import BadCall, arguments_problem, read_section_call_id, read_tagged
 
 FLAG_NO_REASONING_END = "tool_call_without_reasoning_end"
 FLAG_START_REPEATED = "reasoning_start_repeated"

@@ -38,7 +38,8 @@ from regen.judge import judge_output
 from regen.profiles import Profile, SectionCalls, TaggedCalls
 from regen.reasons import Reason
 from regen.records import RawAnswer
-from regen.tool_calls import BadCall, read_deepseek_calls, read_section_call_id, read_tagged, read_xml_calls
+from regen.tool_call_detectors import read_deepseek_calls, read_xml_calls
+from regen.tool_calls import BadCall, read_section_call_id, read_tagged
 
 Message = dict[str, Any]
 Decode = Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text
