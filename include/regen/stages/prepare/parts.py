@@ -293,8 +293,8 @@ def prepare_part(
         if sha256_file(path) != entry.sha256:
             raise ValueError(f"{entry.key} does not read back as written (sha256 differs): run the task again")
         expected = part_expected_tokens(path)
-        shards = ShardWriter(location, storage, index.shard_size, config, entry.first_shard, expected)
-        stats = tokenize_part(part_rows(path), renderer, workers, shards, rejections)
+        with ShardWriter(location, storage, index.shard_size, config, entry.first_shard, expected, Path(tmp)) as shards:
+            stats = tokenize_part(part_rows(path), renderer, workers, shards, rejections)
         files = rejections.upload()
     record = {"part": part, "shards": [s.to_dict() for s in shards.shards], "stats": stats.to_dict(), "files": files}
     storage.put_bytes(record_key, json.dumps(record, indent=1).encode())

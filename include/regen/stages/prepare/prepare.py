@@ -4,14 +4,17 @@ Every row read is accounted for: it becomes prompts (one per regenerated turn) o
 `rejected/prepare.jsonl`, and `total == kept + dropped` counts prompts (in the default `turns: final` mode, one per
 row, so `total` is also the rows read; with `turns: on_policy`, one per conversation, whose turns generate counts).
 Memory stays flat whatever the dataset size: rows stream in, the seen sample ids live in an SQLite table on local
-disk, rejections stream to a file and prompts leave a shard at a time.
+disk, rejections stream to a file and prompts leave a shard at a time; dealt longest first, they wait for the last
+one in a local file, not in memory (regen.stages.prepare.spill).
 
 A dataset larger than one part (`part_prompts`, and no limit) is prepared in parts, so that several workers share
 its tokenizing: one task reads the source once, normalizes and deduplicates every row (dedupe stays exact across
 parts) and writes the prompts to tokenize in parts (`prompts/parts/`); each part is tokenized into shards by a task of
 its own (`prepare_part`), its shard numbers fixed in advance; `finish_parts` records the shards of every part in
 `prompts/prepare.json`. A dataset of one part is tokenized at once, by the task that read it. A run with a limit is
-prepared whole: the limit counts prompts that tokenize, which only one reader in order can count.
+prepared whole: the limit counts prompts that tokenize, which only one reader in order can count. Its memory is
+bounded all the same (a limit of 10^6 prompts dealt longest first is 13 bytes a row and a shard); only its
+tokenizing is not shared with other tasks.
 
 Idempotent: once `prompts/prepare.json` exists for a dataset version, it is the answer, so a cleared or retried task
 never reshards prompts that later stages already consumed; so is a part's record, and the parts' index.
@@ -121,8 +124,11 @@ def run_prepare(
     rejections = RejectionWriter(storage, location.prepare_rejections)
     on_policy = config.turns == "on_policy"
     workers = settings.workers or available_cores()
-    with tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp, rejections:
-        shards = ShardWriter(location, storage, settings.shard_size, config, expected_tokens=settings.expected_tokens)
+    with (
+        tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp,
+        rejections,
+        ShardWriter(location, storage, settings.shard_size, config, 0, settings.expected_tokens, Path(tmp)) as shards,
+    ):
         samples = len(samples_of("", config.temperatures, config.samples_per_prompt))
         per_part, shards_per_part = part_layout(settings.shard_size, samples, settings.part_prompts or 1)
         spool = PartSpool(Path(tmp), per_part, storage, location)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, Self
 
 import numpy as np
 import pyarrow as pa
@@ -14,8 +15,8 @@ import pyarrow as pa
 from regen.config.datasets import DatasetConfig
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest
-from regen.records import longest_first_order
 from regen.samples import samples_of
+from regen.stages.prepare.spill import LongestFirstSpill
 from regen.storage import Storage, write_table
 
 PROMPT_SCHEMA = pa.schema(
@@ -41,10 +42,13 @@ class ShardWriter:
     """Tokenized prompts -> shards of `shard_size` rows, numbered from `first_shard`, written as they fill.
 
     `expected_tokens`: each sample's answer length in the dataset's last version, by sample id. With them, the rows
-    are held to the end (`flush`) and dealt into shards longest first: the first shards hold the longest answers and
+    wait for the end (`flush`) and are dealt into shards longest first: the first shards hold the longest answers and
     the last ones the shortest, so the run's last minutes are short answers, not the few longest with most of the
-    fleet idle. Generate then sends each shard's longest first too. (A row held costs its prompt's ids at 4 bytes a
-    token: 50,000 prompts of 1,000 tokens, prepare_part_prompts' default, about 200 MB.)"""
+    fleet idle. Generate then sends each shard's longest first too. The waiting rows are spilled to a local file as
+    they come (regen.stages.prepare.spill), and memory keeps 13 bytes a row, so a task's memory is bounded by a
+    shard, not by its rows (held in memory, a row of a 1,000-token prompt cost about 8.7 KB: bench/bench_prepare.py
+    writer). The file is in `directory` (None: the system's temporary folder); `close`, or the writer used as a
+    context manager, removes it however the writer ends."""
 
     def __init__(
         self,
@@ -54,6 +58,7 @@ class ShardWriter:
         config: DatasetConfig,
         first_shard: int = 0,
         expected_tokens: Mapping[str, int] | None = None,
+        directory: Path | None = None,
     ) -> None:
         self.location, self.storage, self.shard_size, self.first_shard = location, storage, shard_size, first_shard
         self.temperatures, self.per_prompt = config.temperatures, config.samples_per_prompt
@@ -61,8 +66,20 @@ class ShardWriter:
         # An on-policy answer is a turn: its length is not its conversation's (and its id is not the sample's).
         self.expected_tokens = {} if self.on_policy else (expected_tokens or {})
         self.shards: list[ShardManifest] = []
-        self._rows: list[dict[str, Any]] = []
+        self._rows: list[dict[str, Any]] = []  # the shard being filled (never the rows waiting to be dealt)
         self._answers = 0  # on-policy: the turns of the shard's conversations
+        self._waiting = LongestFirstSpill(directory) if self.expected_tokens else None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """The rows waiting to be dealt and their file, dropped (after `flush`, there are none)."""
+        if self._waiting is not None:
+            self._waiting.close()
 
     def expected_of(self, prompt_id: str) -> dict[str, int]:
         """The answer lengths this writer knows of the prompt's samples, by sample id."""
@@ -75,23 +92,31 @@ class ShardWriter:
     def add(self, prompt: dict[str, Any], prompt_ids: list[int]) -> None:
         """One row per sample of the prompt (regen.samples); a prompt's samples may span two shards."""
         shared = {name: prompt[name] for name in ("source_index", "source", "messages", "tools", "meta", "later")}
-        ids: list[int] | np.ndarray = np.asarray(prompt_ids, dtype=np.int32) if self.expected_tokens else prompt_ids
+        waiting = self._waiting
+        ids: list[int] | np.ndarray = np.asarray(prompt_ids, dtype=np.int32) if waiting is not None else prompt_ids
         for sample in samples_of(prompt["sample_id"], self.temperatures, self.per_prompt):
-            row = {"id": sample.id, **shared, "prompt_ids": ids, "expected_tokens": self.expected_tokens.get(sample.id)}
-            self._rows.append({**row, "temperature": sample.temperature, "sampling_seed": sample.seed})
+            expected = self.expected_tokens.get(sample.id)
+            row = {"id": sample.id, **shared, "prompt_ids": ids, "expected_tokens": expected}
+            row |= {"temperature": sample.temperature, "sampling_seed": sample.seed}
             self._answers += prompt["answers"]
-            if len(self._rows) >= self.shard_size and not self.expected_tokens:
+            if waiting is not None:
+                waiting.add(row, expected)
+                continue
+            self._rows.append(row)
+            if len(self._rows) >= self.shard_size:
                 self._write(self._rows)
 
     def flush(self) -> None:
-        """The rows not written yet: the last shard, or with `expected_tokens` every shard, longest first."""
-        if not self.expected_tokens:
+        """The rows not written yet: the last shard, or with `expected_tokens` every shard, longest first (read
+        back from their file a shard at a time); their file removed, also when writing fails."""
+        if self._waiting is None:
             self._write(self._rows)
             return
-        rows = longest_first(self._rows)
-        for start in range(0, len(rows), self.shard_size):
-            self._write(rows[start : start + self.shard_size])
-        self._rows = []
+        try:
+            for rows in self._waiting.dealt(self.shard_size):
+                self._write(rows)
+        finally:
+            self._waiting.close()
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
         if not rows:
@@ -103,11 +128,6 @@ class ShardWriter:
         self.shards.append(ShardManifest(self.location, number, key, digest, len(rows), num_answers=answers))
         if rows is self._rows:
             self._rows, self._answers = [], 0
-
-
-def longest_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows by their expected answer length (`longest_first_order`): equal ones in the source's order."""
-    return [rows[i] for i in longest_first_order([row["expected_tokens"] for row in rows])]
 
 
 def record_prepared(storage: Storage, prepared: PreparedDataset, config: DatasetConfig, run_id: str | None) -> None:
