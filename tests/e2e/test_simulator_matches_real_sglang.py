@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from regen.simulator.server import SAMPLING_FIELDS
+from regen.simulator.request_checks import SAMPLING_FIELDS
 from tests.conftest import start_simulator
 from tools.real_sglang import CONTEXT, RealServer
 

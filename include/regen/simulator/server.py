@@ -1,9 +1,10 @@
 """An HTTP server that speaks SGLang's native protocol (shared SGLANG_API.md) over a simulated model.
 
 Faithful where the client depends on it: request shapes (single, batch, `n`), sampling-parameter validation with
-SGLang's 400 messages, the two error-body shapes, `output_ids` that include the matched EOS, `finish_reason` stop and
-length, `meta_info` counts, duplicate-rid rejection, and /health answering 503 until warm-up ends. A latency model
-(prefill + decode time per token, a cap on running requests, the rest queued) lets it stand in for a server under load.
+SGLang's 400 messages and its error-body shapes (regen.simulator.request_checks), `output_ids` that include the matched
+EOS, `finish_reason` stop and length, `meta_info` counts, duplicate-rid rejection, and /health answering 503 until
+warm-up ends. A latency model (prefill + decode time per token, a cap on running requests, the rest queued) lets it
+stand in for a server under load.
 """
 
 from __future__ import annotations
@@ -27,35 +28,19 @@ from regen.simulator.defects import BY_NAME, defect_sent, plant_in_response
 from regen.simulator.faults import FaultModel, abort_answer, server_error
 from regen.simulator.model import SimulatedModel
 from regen.simulator.prefix_cache import PrefixCache
+from regen.simulator.request_checks import (
+    EngineError,
+    UnknownField,
+    check_context,
+    engine_error,
+    schema_error,
+    split_batch,
+    verify_sampling,
+)
 
 log = logging.getLogger(__name__)
 
 Item = tuple[list[int], dict[str, Any], str, int]  # prompt_ids, sampling params, rid, index in the batch
-SAMPLING_DEFAULTS: dict[str, Any] = {
-    "max_new_tokens": 128,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "top_k": -1,
-    "min_p": 0.0,
-    "n": 1,
-    "stop_token_ids": None,
-    "ignore_eos": False,
-    "skip_special_tokens": True,
-    "spaces_between_special_tokens": True,
-    "no_stop_trim": False,
-    "sampling_seed": None,
-}
-
-
-# The sampling fields SGLang 0.5.23's /generate takes; any other is refused with a 400 whose `error` is a string
-# (its request parser's message), not the engine's {"message": ...} (tests/e2e/test_simulator_matches_real_sglang.py).
-SAMPLING_FIELDS = (
-    "max_new_tokens stop stop_token_ids stop_regex temperature top_p top_k min_p frequency_penalty presence_penalty "
-    "repetition_penalty min_new_tokens n json_schema regex ebnf structural_tag ignore_eos skip_special_tokens "
-    "spaces_between_special_tokens no_stop_trim stream_interval logit_bias sampling_seed custom_params beam_width "
-    "watermark choice"
-).split()
-
 
 # meta_info keys SGLang sends on a stream's last chunk only (the last five: with --enable-metrics)
 STREAM_FINAL_ONLY = (
@@ -69,14 +54,6 @@ STREAM_FINAL_ONLY = (
 )
 
 
-class EngineError(ValueError):
-    """What SGLang's engine raises as ValueError: 400 {"error": {"message": ...}}."""
-
-
-class UnknownField(ValueError):
-    """A sampling field SGLang does not know: 400 {"error": "unknown field ..."}."""
-
-
 @dataclass(frozen=True)
 class LatencyModel:
     prefill_s_per_token: float = 0.0
@@ -86,40 +63,6 @@ class LatencyModel:
 
     def seconds(self, prompt_tokens: int, output_tokens: int) -> float:
         return prompt_tokens * self.prefill_s_per_token + output_tokens * self.decode_s_per_token
-
-
-def _schema_error(message: str) -> web.Response:
-    body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
-    return web.json_response(body, status=400)
-
-
-def _engine_error(message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=400)
-
-
-def verify_sampling(params: dict[str, Any], vocab_size: int) -> dict[str, Any]:
-    """SGLang's SamplingParams.verify, the checks a client can trip."""
-    for name in params:
-        if name not in SAMPLING_FIELDS:
-            expected = ", ".join(f"`{field}`" for field in SAMPLING_FIELDS)
-            raise UnknownField(f"unknown field `{name}`, expected one of {expected}")
-    merged = {**SAMPLING_DEFAULTS, **params}
-    if merged["temperature"] < 0.0:
-        raise EngineError(f"temperature must be a non-negative finite number, got {merged['temperature']}.")
-    if not 0.0 < merged["top_p"] <= 1.0:
-        raise EngineError(f"top_p must be in (0, 1], got {merged['top_p']}.")
-    if merged["top_k"] < 1 and merged["top_k"] != -1:
-        raise EngineError(f"top_k must be -1 (disable), or at least 1, got {merged['top_k']}.")
-    if not 0.0 <= merged["min_p"] <= 1.0:
-        raise EngineError(f"min_p must be in [0, 1], got {merged['min_p']}.")
-    if merged["max_new_tokens"] is not None and merged["max_new_tokens"] < 0:
-        raise EngineError(f"max_new_tokens must be at least 0, got {merged['max_new_tokens']}.")
-    if merged["n"] < 1:
-        raise EngineError(f"n must be at least 1, got {merged['n']}.")
-    for token_id in merged["stop_token_ids"] or []:
-        if not 0 <= token_id < vocab_size:
-            raise EngineError(f"stop_token_ids contains {token_id}, outside the vocabulary of {vocab_size}.")
-    return merged
 
 
 @dataclass
@@ -216,51 +159,6 @@ class SimulatorState:
 
 
 STATE = web.AppKey("state", SimulatorState)
-
-
-def _split_batch(body: dict[str, Any]) -> tuple[list[list[int]], list[dict[str, Any]], list[str | None], bool]:
-    given = [key for key in ("text", "input_ids", "input_embeds") if body.get(key) is not None]
-    if len(given) != 1:
-        raise EngineError("Either text, input_ids or input_embeds should be provided.")
-    if given[0] != "input_ids":
-        raise EngineError(f"The simulator accepts input_ids only, got {given[0]}.")
-    input_ids = body["input_ids"]
-    if not isinstance(input_ids, list) or not input_ids:
-        raise EngineError("input_ids cannot be empty.")
-    is_batch = isinstance(input_ids[0], list)
-    prompts = input_ids if is_batch else [input_ids]
-    if any(not p or not all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompts):
-        raise EngineError("input_ids cannot be empty." if any(not p for p in prompts) else "input_ids must be ints.")
-    sampling = body.get("sampling_params") or {}
-    samplings = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
-    if len(samplings) != len(prompts):
-        raise EngineError("The number of sampling_params does not match the batch size.")
-    rid = body.get("rid")
-    if isinstance(rid, list):
-        rids = rid
-    elif is_batch and rid is not None:
-        rids = [f"{rid}_{i}" for i in range(len(prompts))]
-    else:
-        rids = [rid] * len(prompts)
-    if len(rids) != len(prompts):
-        raise EngineError("The number of rids does not match the batch size.")
-    return prompts, samplings, rids, is_batch
-
-
-def check_context(prompt_tokens: int, max_new_tokens: int | None, context_length: int) -> None:
-    """SGLang's two refusals of a request the context cannot hold: the prompt alone, or with its answer."""
-    if prompt_tokens >= context_length:
-        raise EngineError(
-            f"The input ({prompt_tokens} tokens) is longer than the model's context length ({context_length} tokens)."
-        )
-    total = prompt_tokens + (max_new_tokens or 0)
-    if total > context_length:
-        raise EngineError(
-            f"Requested token count exceeds the model's maximum context length of {context_length} tokens. You "
-            f"requested a total of {total} tokens: {prompt_tokens} tokens from the input messages and "
-            f"{max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input messages "
-            "or the completion to fit within the limit."
-        )
 
 
 def _finish(full: list[int], params: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
@@ -361,11 +259,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
     try:
         body = await request.json()
     except json.JSONDecodeError as e:
-        return _schema_error(f"Invalid JSON body: {e}")
+        return schema_error(f"Invalid JSON body: {e}")
     if not isinstance(body, dict):
-        return _schema_error("The request body must be a JSON object.")
+        return schema_error("The request body must be a JSON object.")
     try:
-        prompts, samplings, rids, is_batch = _split_batch(body)
+        prompts, samplings, rids, is_batch = split_batch(body)
         params = [verify_sampling(s, state.model.vocab_size) for s in samplings]
         for prompt_ids, p in zip(prompts, params, strict=True):
             check_context(len(prompt_ids), p["max_new_tokens"], state.context_length)
@@ -374,9 +272,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except UnknownField as e:
         return web.json_response({"error": str(e)}, status=400)
     except (EngineError, TypeError) as e:
-        return _engine_error(str(e))
+        return engine_error(str(e))
     except KeyError as e:
-        return _schema_error(f"Missing field: {e}")
+        return schema_error(f"Missing field: {e}")
     items: list[Item] = []
     for i, (prompt_ids, p, rid) in enumerate(zip(prompts, params, rids, strict=True)):
         base_rid = rid or uuid.uuid4().hex
@@ -384,7 +282,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
             items.append((prompt_ids, p, uuid.uuid4().hex if p["n"] > 1 else base_rid, i * p["n"] + k))
     item_rids = [item[2] for item in items]
     if state.active_rids.intersection(item_rids) or len(set(item_rids)) < len(item_rids):
-        return _engine_error("Duplicate request ID detected")
+        return engine_error("Duplicate request ID detected")
     state.active_rids.update(item_rids)
     try:
         if body.get("stream"):
