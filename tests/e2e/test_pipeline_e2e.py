@@ -323,10 +323,13 @@ def defect_run(
     stack: Stack, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[dict[str, Any]]:
     """A server that plants a defect in about a third of its answers, every kind the profile can carry: Kimi's, and
-    a DeepSeek-style profile declared only in the config."""
+    a DeepSeek-style profile declared only in the config. All but count mismatches: a server miscounting 2 of 48
+    answers on every attempt is a broken server by the fleet's backstop, which fails the shard (tested in
+    tests/unit/stages/generate/test_endpoint_faults.py); these are the answers' defects, that validation catches."""
     profile = str(request.param)
     folder = tmp_path_factory.mktemp("defects")
-    sim = start_simulator(folder, "--profile", profile, "--defect-rate", "0.35", "--tool-call-rate", "0.6")
+    defects = ("--defect-rate", "0.35", "--defect-count-mismatch-rate", "0")
+    sim = start_simulator(folder, "--profile", profile, *defects, "--tool-call-rate", "0.6")
     try:
         run_id = stack.trigger(
             {
@@ -370,7 +373,7 @@ def test_with_defects_planted_only_the_valid_answers_are_published(stack: Stack,
                 caught += 1
             else:
                 assert sample_id not in rejected, rejected.get(sample_id)
-        assert all(r["reason"] == "count_mismatch" for r in generate_rejected)
+        assert not generate_rejected  # every answer reached validation
         assert manifest["records"] == len(train) == manifest["splits"]["train"]
         assert manifest["stages"]["validate"]["dropped"] == len(rejected)
     assert planted == caught > 10
