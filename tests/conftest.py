@@ -76,7 +76,8 @@ def heaviest_first(item: pytest.Item, unit_sizes: Counter[str]) -> tuple[int, in
     work: the real server's modules, then the other end-to-end modules, then the parity tests, then the rest (each
     kind by its number of tests; a sort by test count alone put the e2e modules, few tests of minutes each, last)."""
     unit = work_unit(item.nodeid)
-    kind = 0 if unit == "real SGLang server" else 1 if "/e2e/" in unit else 2 if "/parity/" in unit else 3
+    long = "/e2e/" in unit or unit.endswith("test_crash_points.py")  # minutes each
+    kind = 0 if unit == "real SGLang server" else 1 if long else 2 if "/parity/" in unit else 3
     return kind, -unit_sizes[unit]
 
 

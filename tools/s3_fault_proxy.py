@@ -7,7 +7,8 @@ Each request is forwarded whole to the upstream (method, path, query, headers, b
 - a connection reset: the request is forwarded, then the connection is dropped without an answer, so the client
   cannot know whether its write landed (it must retry, and a retried PUT must be harmless).
 Faults at a chosen request too: `drop_replies` (tests set it) lists (method, path suffix) pairs; the next request
-matching one lands and loses its reply (a connection reset, counted as one), and the pair is used up. And a store
+matching one lands and loses its reply (a connection reset, counted as one), and the pair is used up; another
+process arms one with `POST /__drop_reply?method=PUT&path=<suffix>` (the crash-point harness's tasks). And a store
 that ignores some request headers: `strip_headers` (lower case) are never forwarded.
 Draws come from one seeded stream, so a run is repeatable. `GET /__faults` reports what was injected. An outage:
 `down` set (tests set the attribute) answers every request 503 until it is cleared; `POST /__outage?seconds=S` sets
@@ -74,6 +75,9 @@ class FaultProxy:
             self.down = True
             asyncio.get_running_loop().call_later(float(request.query["seconds"]), setattr, self, "down", False)
             return web.json_response({"down_for_s": float(request.query["seconds"])})
+        if request.path == "/__drop_reply" and request.method == "POST":
+            self.drop_replies.append((request.query["method"], request.query["path"]))
+            return web.json_response({"armed": len(self.drop_replies)})
         fault = "outage" if self.down else self.chosen(request) or self.draw()
         body = await request.read()
         if fault == "outage":
