@@ -31,9 +31,15 @@ class RejectionWriter:
         self.count += 1
 
     def upload(self) -> dict[str, str]:
-        """Key -> sha256 of what was written: empty when nothing was rejected."""
+        """Key -> sha256 of what was written: empty when nothing was rejected. The key is this try's: with nothing
+        rejected, what an earlier try of the stage left there (it died before finishing) is removed, as its samples
+        are answered or kept now."""
         self._file.close()
-        return {self.key: self.storage.put_file(self.key, self.path)} if self.count else {}
+        if self.count:
+            return {self.key: self.storage.put_file(self.key, self.path)}
+        if self.storage.exists(self.key):
+            self.storage.delete(self.key)
+        return {}
 
     def __enter__(self) -> Self:
         return self

@@ -24,7 +24,7 @@ import json
 import logging
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -163,19 +163,27 @@ def verify_version(
 
 
 def _unlisted(manifest: dict[str, Any], storage: Storage) -> list[str]:
-    """The files in the version's folder that the manifest does not list (its bookkeeping aside), as one problem."""
     location = DatasetLocation(manifest["root"], manifest["profile"]["name"], manifest["dataset"], manifest["version"])
-    folder = location.prefix + "/"
-    strays = [
-        f"{folder}{name}"
-        for name in storage.list_keys(folder)  # relative to the version's folder (a VersionFolder's listing)
-        if f"{folder}{name}" not in manifest["files"] and not BOOKKEEPING.fullmatch(name)
-    ]
+    return unlisted(location.prefix, manifest["files"], storage)
+
+
+def unlisted(
+    prefix: str, listed: Collection[str], storage: Storage, allowed: Callable[[str], bool] | None = None
+) -> list[str]:
+    """The files in a version's folder (`prefix`) that are not `listed` (its bookkeeping and `allowed` keys aside), as
+    one problem. The one check of strays, for `regen verify` and for the DAG's verify before publish alike."""
+    folder = prefix.rstrip("/") + "/"
+    strays = []
+    for name in storage.list_keys(folder):  # a VersionFolder lists relative to the version's folder, a root not
+        key = name if name.startswith(folder) else f"{folder}{name}"
+        relative = key[len(folder) :]
+        if key not in listed and not BOOKKEEPING.fullmatch(relative) and not (allowed and allowed(key)):
+            strays.append(key)
     if not strays:
         return []
     more = f" and {len(strays) - MAX_PROBLEMS_PER_FILE} more" if len(strays) > MAX_PROBLEMS_PER_FILE else ""
-    listed = ", ".join(strays[:MAX_PROBLEMS_PER_FILE])
-    return [f"{len(strays)} files in the version's folder are not listed in the manifest: {listed}{more}"]
+    named = ", ".join(strays[:MAX_PROBLEMS_PER_FILE])
+    return [f"{len(strays)} files in the version's folder are not listed in the manifest: {named}{more}"]
 
 
 def verify_manifest(

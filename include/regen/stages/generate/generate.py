@@ -300,6 +300,7 @@ def run_generate(
         raise ValueError(f"{shard.name} holds on-policy conversations: generating them needs the profile's renderer")
     ids = prompts.answer_ids(turn_count)
     if storage.exists(raw_key):  # an earlier attempt finished this shard
+        _remove_checkpoints(storage, shard)  # (it may have died removing them)
         return _summarize_existing(storage, shard, raw_key, ids)
     done = load_checkpoints(storage, shard)
     asked_again = done.ask_again()
@@ -337,10 +338,15 @@ def run_generate(
     if report is not None:  # beside the raw file, for a try that finds the shard already done
         storage.put_bytes(shard.keys.generation, msgspec.json.encode(dataclasses.asdict(report)))
     files = _write_raw(storage, shard, raw_key, ids, done)
-    for key in storage.list_keys(shard.keys.checkpoints):  # the raw file holds every part's answers now
-        storage.delete(key)
+    _remove_checkpoints(storage, shard)  # the raw file holds every part's answers now
     stats = _stats(ids, done.answers.keys(), {i: r["reason"] for i, r in done.rejected.items()})
     return shard.with_stage("generate", stats, files, raw_key=raw_key, generation=report)
+
+
+def _remove_checkpoints(storage: Storage, shard: ShardManifest) -> None:
+    """The shard's checkpoint parts and progress, once its raw file holds their answers: no version lists them."""
+    for key in storage.list_keys(shard.keys.checkpoints):
+        storage.delete(key)
 
 
 def _stats(ids: list[str], answered: Any, rejected: dict[str, str]) -> StageStats:

@@ -27,7 +27,7 @@ from regen.run_report import generation_cost
 from regen.sglang.served_model import fleet_seeds_honoured
 from regen.stages.publish.dataset_report import dataset_report, read_verdicts, write_dataset_report
 from regen.storage import KeyExists, Storage, get_json, is_not_found
-from regen.verify import verify_manifest
+from regen.verify import unlisted, verify_manifest
 from regen.version_inputs import record_published
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,9 @@ def _verify(
     # Stamped before and after they are read: publish then writes out exactly the bytes read, or refuses.
     stamps = stamps_of(storage, list(data_files))
     result = verify_manifest(draft_manifest(prepared, shards, data_files), storage)
+    # Strays too, as `regen verify` finds them after publish: a file a dying try left that no manifest would list
+    # (the report of a publish try that died before its manifest is removed by the publish that wins).
+    result.problems += unlisted(location.prefix, data_files, storage, allowed=is_report_file)
     result.check(f"{location.dataset} {location.version}", withheld="not published, ")
     if changed := sorted(k for k, v in stamps_of(storage, list(data_files)).items() if v != stamps[k]):
         raise ChangedSinceVerified(
