@@ -23,6 +23,7 @@ from regen.storage.base import (
     StoredObject,
     get_json,
     is_not_found,
+    is_transient,
     read_table,
     sha256_file,
     write_table,
@@ -50,6 +51,7 @@ __all__ = [
     "explain_s3_error",
     "get_json",
     "is_not_found",
+    "is_transient",
     "open_storage",
     "read_table",
     "s3_client_config",
@@ -119,6 +121,8 @@ def check_writable(storage: Storage, key: str) -> None:
         storage.put_bytes(key, b"write check\n")
         storage.delete(key)
     except (OSError, ValueError, BotoCoreError, ClientError) as e:
+        if is_transient(e):
+            raise  # a connection dropped, S3's 5xx: plan's retry tries again, and no setting is to blame
         raise PermissionError(explain_s3_error(storage.root_uri, e)) from e
     if lacking := _conditional_writes_lacking(storage, key):
         raise PermissionError(

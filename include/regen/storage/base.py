@@ -74,6 +74,20 @@ def is_not_found(error: Exception) -> bool:
     return response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
+def is_transient(error: Exception) -> bool:
+    """A fault of the moment, which the same request may not meet again: a connection dropped or timed out, S3's 5xx
+    and throttling. Not a user's error (a bucket that is not there, credentials refused, a folder not writable), so
+    a task meeting it fails to be retried, never with a message to fix its settings."""
+    from botocore.exceptions import ClientError, HTTPClientError
+
+    if isinstance(error, ConnectionError | TimeoutError | HTTPClientError):  # HTTPClientError: closed, read timeout
+        return True
+    if isinstance(error, ClientError):
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return status >= 500 or error.response.get("Error", {}).get("Code") in ("SlowDown", "RequestTimeout")
+    return False
+
+
 def segments_match(pattern: list[str], key: list[str]) -> bool:
     """Glob semantics on `/`-separated keys: `*` stays within a segment, `**` spans any number of them."""
     if not pattern:
