@@ -190,11 +190,13 @@ class PublishedManifest:
     version: str
     root: str
     published_at: str
-    run_id: str | None
     prepare: dict[str, Any]  # the prepare stage's counts, rows_read and duplicates
     stages: dict[str, dict[str, Any]]  # generate, validate, export: StageStats.to_dict() each
     records: int
-    splits: dict[str, int]
+    # Fields later versions added have defaults: a manifest written before them still reads (the nightly's answer
+    # lengths read the last version's).
+    run_id: str | None = None  # None: published before manifests named their run
+    splits: dict[str, int] = field(default_factory=dict)  # {}: published before the splits were counted apart
     report: dict[str, Any] = field(default_factory=dict)  # its writer, and the report's json and html
     retokenize_drift: dict[str, Any] | None = None
     cost: dict[str, Any] = field(default_factory=dict)

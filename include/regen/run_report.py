@@ -144,7 +144,7 @@ def write_run_report(
     generations = [GenerationReport.from_dict(g) for p in published for g in p.get("generation", [])]
     fleet_usage = fleet_utilization(generations, fleet)
     train_tokens = sum((p.get("cost") or {}).get("train_tokens", 0) for p in published if not p.get("unchanged"))
-    warnings = sglang_version_warnings(fleet)
+    warnings = sglang_version_warnings(fleet) + [w for p in published for w in p.get("warnings", [])]
     summary: dict[str, Any] = {
         "run": run,
         "warnings": warnings,

@@ -3,6 +3,7 @@ of its last published version is skipped. Runs the library's stages exactly as t
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import shutil
@@ -367,3 +368,46 @@ def test_a_resumed_run_keeps_the_earlier_runs_report_beside_its_own(deployment: 
     assert resumed["report"] == str(runs / "night-1--manual__resume.json")
     assert json.loads((runs / "night-1.json").read_text())["run"]["run_id"] == "night-1"
     assert json.loads((runs / "night-1--manual__resume.json").read_text())["run"]["run_id"] == "manual__resume"
+
+
+def _older_manifest(deployment: Path, version: str, drop: tuple[str, ...]) -> None:
+    """The version's manifest as an earlier release wrote it (without `drop`), latest.json pointing at it."""
+    folder = deployment / "storage" / "kimi-k2.5-mini" / DATASET
+    manifest = json.loads((folder / version / "manifest.json").read_text())
+    body = json.dumps({k: v for k, v in manifest.items() if k not in drop}, indent=1).encode()
+    (folder / version / "manifest.json").write_bytes(body)
+    latest = json.loads((folder / "latest.json").read_text())
+    latest["manifest_sha256"] = hashlib.sha256(body).hexdigest()
+    (folder / "latest.json").write_text(json.dumps(latest))
+
+
+def test_a_last_version_published_before_run_ids_and_splits_still_orders_the_next(
+    deployment: Path, simulator: Simulator
+) -> None:
+    """Longest first reads the last version's manifest: one an earlier release wrote (no `run_id`, no `splits`)
+    reads with their defaults, so the nightly after an upgrade is green and still sends the longest first."""
+    run_stages("night-1", simulator)
+    _older_manifest(deployment, "night-1", drop=("run_id", "splits"))
+    second = run_stages("night-2", simulator, skip_unchanged=False)
+    assert [d["version"] for d in second["datasets"]] == ["night-2"] and not second["warnings"]
+    prompts = deployment / "storage" / "kimi-k2.5-mini" / DATASET / "night-2" / "prompts"
+    rows = [r for p in sorted(prompts.glob("shard-*.parquet")) for r in pq.read_table(p).to_pylist()]
+    assert rows and all(r["expected_tokens"] is not None for r in rows)
+
+
+def test_last_lengths_that_cannot_be_read_leave_the_source_order_and_a_warning_never_a_red_run(
+    deployment: Path, simulator: Simulator
+) -> None:
+    """An ordering hint never fails a run: a verdict file of the last version gone, the next version is prepared in
+    the source order, green, and its run report says why."""
+    run_stages("night-1", simulator)
+    folder = deployment / "storage" / "kimi-k2.5-mini" / DATASET / "night-1" / "reports"
+    next(iter(sorted(folder.glob("*-verdicts.parquet")))).unlink()
+    second = run_stages("night-2", simulator, skip_unchanged=False)
+    assert [d["version"] for d in second["datasets"]] == ["night-2"]
+    [warning] = second["warnings"]
+    assert warning.startswith(f"{DATASET}: the answer lengths of version night-1 could not be read")
+    assert "keeps the source order" in warning
+    prompts = deployment / "storage" / "kimi-k2.5-mini" / DATASET / "night-2" / "prompts"
+    rows = [r for p in sorted(prompts.glob("shard-*.parquet")) for r in pq.read_table(p).to_pylist()]
+    assert rows and all(r["expected_tokens"] is None for r in rows)

@@ -38,7 +38,7 @@ def published(storage: LocalStorage, verdicts: dict[str, dict[str, int]]) -> dic
             files[key] = write_table(storage, key, table)
         else:
             files[key] = "0" * 64  # named, never written
-    manifest = PublishedManifest("B1_glaive", {}, {}, "v1", storage.root_uri, "2026-12-01", None, {}, {}, 0, {})
+    manifest = PublishedManifest("B1_glaive", {}, {}, "v1", storage.root_uri, "2026-12-01", {}, {}, 0)
     storage.put_bytes(location.manifest, PublishedManifest(**{**vars(manifest), "files": files}).to_json())
     return {"version": "v1"}
 

@@ -49,7 +49,7 @@ def publish_dataset(
             prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run.run_id, run.cost
         )
     at.release(prepared_dataset.location)  # a published version is never written again
-    return published
+    return {**published, "warnings": prepared["warnings"]} if prepared.get("warnings") else published
 
 
 def asset_event(published: dict[str, Any]) -> dict[str, Any]:

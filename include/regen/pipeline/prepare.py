@@ -47,10 +47,11 @@ def prepare_dataset(
         if run.skip_unchanged and unchanged_since(latest, dataset, inputs):
             return {"dataset": dataset, "unchanged_since": latest}
         inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
+    warnings: list[str] = []  # for the run report: an ordering hint that could not be read
     with contextlib.ExitStack() as held:
         storage = held.enter_context(at.writing(location))  # VersionBusy before anything is read for the order
         uses_lengths = run.longest_first and source.turns != "on_policy"  # an on-policy answer is a turn
-        expected = held.enter_context(_last_lengths(storage, latest, location)) if uses_lengths else {}
+        expected = held.enter_context(_last_lengths(storage, latest, location, warnings)) if uses_lengths else {}
         prepared = run_prepare(
             source,
             location,
@@ -69,31 +70,30 @@ def prepare_dataset(
                 expected_tokens=expected,
             ),
         )
+    noted = {"warnings": warnings} if warnings else {}
     if isinstance(prepared, PreparedParts):
-        return {"dataset": dataset, "parts": prepared.parts, "prompts": prepared.prompts}
-    return {"dataset": dataset, "shard_count": len(prepared.shards), "prompts": prepared.stats.kept}
+        return {"dataset": dataset, "parts": prepared.parts, "prompts": prepared.prompts, **noted}
+    return {"dataset": dataset, "shard_count": len(prepared.shards), "prompts": prepared.stats.kept, **noted}
 
 
 @contextlib.contextmanager
 def _last_lengths(
-    storage: Storage, latest: dict[str, Any] | None, location: DatasetLocation
+    storage: Storage, latest: dict[str, Any] | None, location: DatasetLocation, warnings: list[str]
 ) -> Iterator[Mapping[str, int]]:
     """The last version's answer lengths, to send the longest first; none when this version's prompts or parts are
-    written already (a retry reuses them), and none, with a warning, when they cannot be read: an order is a hint,
-    and never fails a run."""
+    written already (a retry reuses them), and none, with a warning (in `warnings`, for the run report), when they
+    cannot be read: an order is a hint, and never fails a run."""
     if latest is None or storage.exists(location.prepared) or storage.exists(location.prepare_index):
         yield {}
         return
     try:
         lengths = answer_lengths(storage, latest, location)
     except Exception as e:  # a manifest or verdicts an earlier version wrote differently, or lost: the source order
-        log.warning(
-            "%s: the answer lengths of version %s could not be read (%s: %s); this version keeps the source order",
-            location.dataset,
-            latest.get("version"),
-            type(e).__name__,
-            e,
+        warnings.append(
+            f"{location.dataset}: the answer lengths of version {latest.get('version')} could not be read "
+            f"({type(e).__name__}: {e}); this version keeps the source order (longest first is a hint)"
         )
+        log.warning("%s", warnings[-1])
         yield {}
         return
     with lengths:
@@ -157,10 +157,13 @@ def finish_prepared(
         except FinalError as e:
             log.error("%s", e)
             continue
-        finished.append(
-            {"dataset": summary["dataset"], "shard_count": len(dataset.shards), "prompts": dataset.stats.kept}
-        )
+        counts = {"shard_count": len(dataset.shards), "prompts": dataset.stats.kept}
+        finished.append({"dataset": summary["dataset"], **counts, **_noted(summary)})
     return finished
+
+
+def _noted(summary: dict[str, Any]) -> dict[str, Any]:
+    return {"warnings": summary["warnings"]} if summary.get("warnings") else {}
 
 
 def prepared_version(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> PreparedDataset:

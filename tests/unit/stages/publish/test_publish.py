@@ -124,7 +124,7 @@ def test_a_manifest_from_an_earlier_version_reads_with_defaults() -> None:
 
 
 def test_a_manifest_with_a_field_of_the_wrong_type_is_refused_naming_it() -> None:
-    written = json.loads(PublishedManifest("d", {}, {}, "v1", "/r", "2026-01-01", None, {}, {}, 3, {}).to_json())
+    written = json.loads(PublishedManifest("d", {}, {}, "v1", "/r", "2026-01-01", {}, {}, 3).to_json())
     with pytest.raises(ValueError, match=r"Expected `int`, got `str` - at `\$\.records`"):
         PublishedManifest.from_json(json.dumps({**written, "records": "3"}))
     with pytest.raises(ValueError, match=r"missing required field `version`"):
