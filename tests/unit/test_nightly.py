@@ -411,3 +411,53 @@ def test_last_lengths_that_cannot_be_read_leave_the_source_order_and_a_warning_n
     prompts = deployment / "storage" / "kimi-k2.5-mini" / DATASET / "night-2" / "prompts"
     rows = [r for p in sorted(prompts.glob("shard-*.parquet")) for r in pq.read_table(p).to_pylist()]
     assert rows and all(r["expected_tokens"] is None for r in rows)
+
+
+def test_a_dataset_in_parts_with_a_gap_in_its_shard_numbers_is_published_group_by_group(
+    tmp_path: Path, simulator: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part that loses prompts at tokenize (too long) writes fewer shards than its numbers were kept for, so the
+    dataset's shard numbers have a gap. Every stage names a group's shards the same way (their places in
+    prepare.json), so each group validates and exports its own shards and the dataset publishes."""
+    from tools.crash_points import write_deployment
+
+    monkeypatch.setenv("REGEN_CONFIG", str(write_deployment(tmp_path / "deployment", str(tmp_path / "root"))))
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "datasets": ["parts"]}, "gap"))
+    prepared = [pipeline.prepare_dataset(run, "parts")]
+    for part in pipeline.dataset_parts(run, prepared):
+        pipeline.prepare_dataset_part(run, part)
+    [prepared_parts] = pipeline.finish_prepared(run, prepared)
+    assert [s.shard for s in pipeline.prepared_version(run, "parts").shards] == [0, 2, 3]
+    groups = pipeline.shard_groups([prepared_parts], 2)
+    assert groups == [{"dataset": "parts", "first": 0, "count": 2}, {"dataset": "parts", "first": 2, "count": 1}]
+    for group in groups:
+        for stage in (pipeline.generate_group, pipeline.validate_group, pipeline.export_group):
+            assert stage(run, group) == group
+    published = pipeline.publish_dataset(run, prepared_parts, [], pipeline.verify_dataset(run, prepared_parts))
+    assert sum(published["splits"].values()) == 8  # the eight prompts that fit, each once
+    assert verify_published(published["manifest"])["records"] == published["records"]
+
+
+def test_the_last_lengths_are_read_only_where_used_and_after_the_claim(
+    deployment: Path, simulator: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Longest first reads the last version's verdicts only for a dataset whose writer uses them (not on-policy: an
+    answer there is a turn), and only once the version is this run's: a run refused for another run's claim reads
+    nothing first."""
+    from regen.claims import VersionBusy, claim
+
+    run_stages("night-1", simulator)
+    reads: list[str] = []
+    read_lengths = pipeline.prepare.answer_lengths
+    monkeypatch.setattr(pipeline.prepare, "answer_lengths", lambda *a: reads.append(a[2].dataset) or read_lengths(*a))
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "skip_unchanged": False}, "night-2"))
+    claim(pipeline.RunStorage.open(run, None).storage, run.location(DATASET), "another-run", "its-token")
+    with pytest.raises(VersionBusy):
+        pipeline.prepare_dataset(run, DATASET)
+    assert reads == []
+    config = yaml.safe_load((deployment / "regen.yaml").read_text())
+    config["datasets"][DATASET]["turns"] = "on_policy"
+    (deployment / "regen.yaml").write_text(yaml.safe_dump(config))
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "skip_unchanged": False}, "night-3"))
+    assert pipeline.prepare_dataset(run, DATASET)["prompts"] > 0
+    assert reads == []
