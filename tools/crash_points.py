@@ -36,8 +36,10 @@ import tempfile
 import threading
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +129,7 @@ def install() -> None:
     from regen.pipeline import run_storage
 
     opened = run_storage.open_storage
-    run_storage.open_storage = lambda *args, **kwargs: FaultyStorage(opened(*args, **kwargs))  # type: ignore[assignment]
+    run_storage.open_storage = lambda *args, **kwargs: FaultyStorage(opened(*args, **kwargs))
 
 
 @dataclass
@@ -180,9 +182,10 @@ class RunResult:
 class Trace:
     """The fault-free run, task by task: each one's value, how many answers it asked the simulator for, and, on a
     local root, the storage as it was just before it ran: a crash point's run starts at its own task (the tasks before
-    it are the fault-free run's), which makes the enumeration about three times cheaper. Saved and restored as hard
-    links: a local root's files are never written in place (each write renames a new file over the key), and a file's
-    stamp (its inode and time, which publish compares with what verify read) stays what the fault-free run saw."""
+    it are the fault-free run's), which makes the enumeration about three times cheaper. A local root is saved and
+    restored as hard links: its files are never written in place (each write renames a new file over the key), and a
+    file's stamp (its inode and time, which publish compares with what verify read) stays what the fault-free run saw;
+    an S3 prefix by server-side copies, which keep each object's ETag (its stamp) and metadata."""
 
     root: Path | None
     folder: Path
@@ -190,18 +193,29 @@ class Trace:
     values: dict[str, Any] = field(default_factory=dict)
     asked: dict[str, int] = field(default_factory=dict)
 
+    s3: tuple[Any, str, str] | None = None  # on S3: a client of the store itself, the bucket and the run's prefix
+
     def snapshot(self, name: str) -> None:
         self.order.append(name)
-        if self.root is not None and self.root.exists():
-            shutil.copytree(self.root, self.folder / str(len(self.order)), symlinks=True, copy_function=os.link)
+        saved = str(len(self.order))
+        if self.s3 is not None:
+            client, bucket, prefix = self.s3
+            _copy_objects(client, bucket, f"{prefix}/", f"snapshots/{saved}/")
+        elif self.root is not None and self.root.exists():
+            shutil.copytree(self.root, self.folder / saved, symlinks=True, copy_function=os.link)
 
     def restore(self, name: str) -> None:
+        saved = str(self.order.index(name) + 1)
+        if self.s3 is not None:  # a copy keeps an object's ETag (its stamp) and metadata
+            client, bucket, prefix = self.s3
+            _delete_objects(client, bucket, f"{prefix}/")
+            _copy_objects(client, bucket, f"snapshots/{saved}/", f"{prefix}/")
+            return
         if self.root is None:
             return
         shutil.rmtree(self.root, ignore_errors=True)
-        saved = self.folder / str(self.order.index(name) + 1)
-        if saved.exists():
-            shutil.copytree(saved, self.root, symlinks=True, copy_function=os.link)
+        if (self.folder / saved).exists():
+            shutil.copytree(self.folder / saved, self.root, symlinks=True, copy_function=os.link)
 
     def asked_from(self, name: str) -> int:
         return sum(self.asked[task] for task in self.order[self.order.index(name) :])
@@ -268,16 +282,13 @@ class Dag:
         prepared = []
         if fleet is not None:
             for name in run.datasets:
-                prepared.append(
-                    self.task(f"prepare_dataset[{name}]", lambda n=name: pipeline.prepare_dataset(run, n, s3))
-                )
+                prepared.append(self.task(f"prepare_dataset[{name}]", partial(pipeline.prepare_dataset, run, name, s3)))
         ready = [p for p in prepared if p]
         for part in pipeline.dataset_parts(run, ready):
             self.task(
-                f"prepare_part[{pipeline.part_name(run, part)}]",
-                lambda p=part: pipeline.prepare_dataset_part(run, p, s3),
+                f"prepare_part[{pipeline.part_name(run, part)}]", partial(pipeline.prepare_dataset_part, run, part, s3)
             )
-        groups = []
+        groups: list[dict[str, Any]] = []
         if fleet is not None:
             listed = self.task(
                 "list_shards",
@@ -287,16 +298,14 @@ class Dag:
         for group in groups:
             label = group_label(group)
             for stage in (pipeline.generate_group, pipeline.validate_group, pipeline.export_group):
-                if self.task(f"{stage.__name__}[{label}]", lambda f=stage, g=group: f(run, g, s3)) is None:
+                if self.task(f"{stage.__name__}[{label}]", partial(stage, run, group, s3)) is None:
                     break
         published = []
         for summary in ready:
             name = summary["dataset"]
-            verified = self.task(f"verify_dataset[{name}]", lambda p=summary: pipeline.verify_dataset(run, p, s3))
-            done = self.task(
-                f"publish_dataset[{name}]",
-                lambda p=summary, v=verified: pipeline.publish_dataset(run, p, fleet or [], v, s3),
-            )
+            verified = self.task(f"verify_dataset[{name}]", partial(pipeline.verify_dataset, run, summary, s3))
+            publish = partial(pipeline.publish_dataset, run, summary, fleet or [], verified, s3)
+            done = self.task(f"publish_dataset[{name}]", publish)
             if done is not None:
                 published.append(done)
         reported = self.task("report", lambda: pipeline.report(run, published, fleet or [], s3))
@@ -410,6 +419,7 @@ class Harness:
         self.stack = contextlib.ExitStack()
         self.simulator = self.stack.enter_context(start_simulator(folder, "--omit-think-end-rate", "0"))
         self.s3_client: Callable[[], Any] | None = None
+        self.store: tuple[Any, str, str] | None = None  # S3: the store without the proxy, where snapshots are kept
         if backend == "s3":
             from moto.server import ThreadedMotoServer
 
@@ -424,7 +434,13 @@ class Harness:
             self.stack.callback(stop)
             INJECTOR.proxy = f"http://127.0.0.1:{proxy_port}"
             self.s3_client = lambda: _client(INJECTOR.proxy or "")
-            _client(upstream).create_bucket(Bucket="crashpoints")
+            direct = _client(upstream)
+            direct.create_bucket(Bucket="crashpoints")
+            self.store = (direct, "crashpoints", "run")
+        self.trace: Trace | None = None
+        self._reference_ops: dict[str, list[str]] = {}
+        self._reference_asked = 0
+        self._reference_data: dict[str, Delivered] = {}
         install()
         os.environ["REGEN_CONFIG"] = str(write_deployment(folder / "deploy-0", str(folder / "root-0")))
         from regen import pipeline
@@ -453,13 +469,13 @@ class Harness:
         self.count += 1
         n, local = self.count, self.backend == "local"
         root = self.folder / "root" if local else None
-        uri = str(root) if root is not None else f"s3://crashpoints/run-{n}"
-        if point is None or not local:  # a crash point on the local root replays the traced run's root and config
+        uri = str(root) if root is not None else "s3://crashpoints/run"
+        if point is None:  # a crash point's run replays the traced run's root and config
             os.environ["REGEN_CONFIG"] = str(write_deployment(self.folder / f"deploy-{n}", uri))
         params = {"endpoints": [self.simulator.url]}
         asked_before = self._asked()
-        trace = Trace(root, self.folder / "trace") if point is None else None
-        replay = self.trace if point is not None and local else None
+        trace = Trace(root, self.folder / "trace", s3=self.store) if point is None else None
+        replay = self.trace if point is not None else None
         dag = Dag(point, self.s3_client, self._asked, recording=trace, replaying=replay)
         result = dag.run(params, f"cp-{n}")
         outcome = Outcome(point, result.green, False, result.fired, [], dict(result.errors))
@@ -480,7 +496,7 @@ class Harness:
             return outcome
         assert point is not None
         outcome.violations += self._compare(uri, result.version or resume.version)
-        expected = self.trace.asked_from(point.task) if replay is not None else self._reference_asked
+        expected = replay.asked_from(point.task) if replay is not None else self._reference_asked
         outcome.extra_generations = asked - expected
         bound = 2 * IN_FLIGHT + CHECKPOINT_EVERY if point.task.startswith("generate_group") else 0
         if outcome.extra_generations > bound:
@@ -512,6 +528,21 @@ class Harness:
             if got.rejected != want.rejected:
                 violations.append(f"{dataset}: rejections differ: {sorted(got.rejected ^ want.rejected)[:3]}")
         return violations
+
+
+def _keys(client: Any, bucket: str, prefix: str) -> list[str]:
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+
+def _copy_objects(client: Any, bucket: str, source: str, target: str) -> None:
+    for key in _keys(client, bucket, source):
+        client.copy_object(Bucket=bucket, Key=target + key[len(source) :], CopySource={"Bucket": bucket, "Key": key})
+
+
+def _delete_objects(client: Any, bucket: str, prefix: str) -> None:
+    for key in _keys(client, bucket, prefix):
+        client.delete_object(Bucket=bucket, Key=key)
 
 
 def _import_what_tasks_import() -> None:
