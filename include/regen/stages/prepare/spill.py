@@ -1,9 +1,11 @@
 """Prompt rows waiting to be dealt longest first, on local disk: the order needs every row's answer length, so
 ShardWriter cannot write a shard before the last row, and holding the rows in memory until then made a task's memory
-grow with its rows (about 8.7 KB a row at 1,000-token prompts: 8.7 GB at a limit of 10^6 prompts).
+grow with its rows (about 11.8 KB a row at 1,000-token prompts: 11.8 GB at a limit of 10^6 prompts).
 
-Each row goes to an append-only local file as it comes (msgpack, its prompt ids as raw int32); memory keeps, a row,
-where it starts in the file (8 bytes) and its expected answer length (4 bytes and a known flag). At the end the
+Each row goes to an append-only local file as it comes (msgpack, its prompt ids as raw int32, a zstd frame: a
+third of the bytes of real token ids on local disk for some 30 us a row); memory keeps, a row, where it starts in
+the file (8 bytes) and its expected answer length (4 bytes and a known flag): 28 bytes a row at most, with the sort
+(bench/bench_prepare.py writer). At the end the
 order is computed on those arrays and the rows are read back a shard at a time with plain reads. Not a memory map:
 read at random (the order scatters a shard's rows over the whole file), a mapping of it on a kernel that keeps
 large page-cache folios brought most of the file into the task's RSS for a single shard."""
@@ -19,6 +21,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 import numpy as np
+import zstandard
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(dict[str, Any])
@@ -37,13 +40,16 @@ class LongestFirstSpill:
         self._lengths = array("i")  # its expected answer tokens (0 where not known)
         self._known = bytearray()  # 1 where its length is known
         self._end = 0
+        self._compress = zstandard.ZstdCompressor(level=1).compress
+        self._decompress = zstandard.ZstdDecompressor().decompress
 
     def __len__(self) -> int:
         return len(self._starts)
 
     def add(self, row: dict[str, Any], expected_tokens: int | None) -> None:
         """A row of PROMPT_SCHEMA's columns (its `prompt_ids` a list or an int32 array), spilled to the file."""
-        blob = _encoder.encode({**row, "prompt_ids": np.asarray(row["prompt_ids"], dtype=np.int32).tobytes()})
+        ids = np.asarray(row["prompt_ids"], dtype=np.int32).tobytes()
+        blob = self._compress(_encoder.encode({**row, "prompt_ids": ids}))
         file = self._file if self._file is not None else self._open()
         file.write(blob)
         self._starts.append(self._end)
@@ -74,7 +80,7 @@ class LongestFirstSpill:
         self._starts, self._lengths, self._known, self._end = array("q"), array("i"), bytearray(), 0
 
     def _open(self) -> BinaryIO:
-        descriptor, name = tempfile.mkstemp(prefix="regen-longest-first-", suffix=".msgpack", dir=self.directory)
+        descriptor, name = tempfile.mkstemp(prefix="regen-longest-first-", suffix=".msgpack.zst", dir=self.directory)
         self.path = Path(name)
         self._file = os.fdopen(descriptor, "wb+", buffering=1 << 20)
         return self._file
@@ -92,7 +98,7 @@ class LongestFirstSpill:
             blob = os.pread(descriptor, stop - start, start)
             if len(blob) != stop - start:
                 raise OSError(f"{self.path}: row {position} read back {len(blob)} of its {stop - start} bytes")
-            row = _decoder.decode(blob)
+            row = _decoder.decode(self._decompress(blob))
             row["prompt_ids"] = np.frombuffer(row["prompt_ids"], dtype=np.int32)
             rows[at] = row
         return rows
