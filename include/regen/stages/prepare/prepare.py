@@ -13,7 +13,7 @@ parts) and writes the prompts to tokenize in parts (`prompts/parts/`); each part
 its own (`prepare_part`), its shard numbers fixed in advance; `finish_parts` records the shards of every part in
 `prompts/prepare.json`. A dataset of one part is tokenized at once, by the task that read it. A run with a limit is
 prepared whole: the limit counts prompts that tokenize, which only one reader in order can count. Its memory is
-bounded all the same (a limit of 10^6 prompts dealt longest first is 13 bytes a row and a shard); only its
+bounded all the same (a limit of 10^6 prompts dealt longest first is under 30 bytes a row and a shard); only its
 tokenizing is not shared with other tasks.
 
 Idempotent: once `prompts/prepare.json` exists for a dataset version, it is the answer, so a cleared or retried task

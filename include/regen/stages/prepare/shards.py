@@ -45,10 +45,11 @@ class ShardWriter:
     wait for the end (`flush`) and are dealt into shards longest first: the first shards hold the longest answers and
     the last ones the shortest, so the run's last minutes are short answers, not the few longest with most of the
     fleet idle. Generate then sends each shard's longest first too. The waiting rows are spilled to a local file as
-    they come (regen.stages.prepare.spill), and memory keeps 13 bytes a row, so a task's memory is bounded by a
-    shard, not by its rows (held in memory, a row of a 1,000-token prompt cost about 8.7 KB: bench/bench_prepare.py
-    writer). The file is in `directory` (None: the system's temporary folder); `close`, or the writer used as a
-    context manager, removes it however the writer ends."""
+    they come (regen.stages.prepare.spill), and memory keeps 13 bytes a row (28 while they are dealt), so a task's
+    memory is bounded by a shard, not by its rows (held in memory, a row of a 1,000-token prompt cost about 11.8 KB:
+    11.8 GB at a limit of 10^6 prompts; bench/bench_prepare.py writer). The file is in `directory` (None: the
+    system's temporary folder); `close`, or the writer used as a context manager, removes it however the writer
+    ends."""
 
     def __init__(
         self,
