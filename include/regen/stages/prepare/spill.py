@@ -5,10 +5,10 @@ grow with its rows (about 11.8 KB a row at 1,000-token prompts: 11.8 GB at a lim
 Each row goes to an append-only local file as it comes (msgpack, its prompt ids as raw int32, a zstd frame: a
 third of the bytes of real token ids on local disk for some 30 us a row); memory keeps, a row, where it starts in
 the file (8 bytes) and its expected answer length (4 bytes and a known flag): 28 bytes a row at most, with the sort
-(bench/bench_prepare.py writer). At the end the
-order is computed on those arrays and the rows are read back a shard at a time with plain reads. Not a memory map:
-read at random (the order scatters a shard's rows over the whole file), a mapping of it on a kernel that keeps
-large page-cache folios brought most of the file into the task's RSS for a single shard."""
+(bench/bench_prepare.py writer). At the end the order is computed on those arrays and the rows are read back a shard
+at a time with plain reads. Not a memory map: read at random (the order scatters a shard's rows over the whole
+file), a mapping of it on a kernel that keeps large page-cache folios brought most of the file into the task's RSS
+for a single shard."""
 
 from __future__ import annotations
 
