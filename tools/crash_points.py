@@ -19,7 +19,7 @@ once, none both published and rejected; latest.json names the run's version and 
 with errors, and the Resume green; and no answer was asked twice unless the fault hit a generate task (then at most
 its requests in flight and its unflushed answers).
 
-    python tools/crash_points.py --root local --sample 20 --seed 7      # a seeded sample; bench/bench_crashpoints.py
+    .venv/bin/python -m tools.crash_points --root local --sample 20 --seed 7    # a sample (bench_crashpoints: all)
 """
 
 from __future__ import annotations

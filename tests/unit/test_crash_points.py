@@ -32,10 +32,8 @@ def test_a_sample_of_crash_points_leaves_every_version_complete_and_right(runnin
     table = summary(outcomes)
     print(table)
     failed = [o for o in outcomes if o.violations]
-    assert not failed, "\n".join(
-        f"{o.point}: {o.violations}\n  again: python tools/crash_points.py --root {running.backend} --point '{o.point}'"
-        for o in failed
-    )
+    again = f".venv/bin/python -m tools.crash_points --root {running.backend} --point"
+    assert not failed, "\n".join(f"{o.point}: {o.violations}\n  again: {again} '{o.point}'" for o in failed)
     # The faults were injected: a task makes about the operations the fault-free run made (its checkpoints and
     # merges follow the clock, so a few may not be reached).
     assert sum(row["fired"] for row in table.values()) >= 0.9 * len(points)
