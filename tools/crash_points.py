@@ -129,7 +129,14 @@ def install() -> None:
     from regen.pipeline import run_storage
 
     opened = run_storage.open_storage
-    run_storage.open_storage = lambda *args, **kwargs: FaultyStorage(opened(*args, **kwargs))
+    if getattr(opened, "faulty", False):  # installed already (a second harness in this process)
+        return
+
+    def faulty(*args: Any, **kwargs: Any) -> Any:
+        return FaultyStorage(opened(*args, **kwargs))
+
+    faulty.faulty = True  # type: ignore[attr-defined]
+    run_storage.open_storage = faulty
 
 
 @dataclass
@@ -410,7 +417,7 @@ class Outcome:
 
 class Harness:
     """The simulator (answers a prompt the same way every time), and S3 (moto) behind the fault proxy when asked;
-    a run of the pipeline per crash point, each in a root of its own."""
+    the fault-free run, traced, then a run per crash point from its task on, in the same root restored."""
 
     def __init__(self, folder: Path, backend: str) -> None:
         from tools.devstack import free_port, start_simulator
@@ -452,6 +459,7 @@ class Harness:
             raise RuntimeError(f"the fault-free run is not green: {self.reference}")
 
     def close(self) -> None:
+        INJECTOR.proxy = None
         self.stack.close()
 
     def points(self) -> list[CrashPoint]:
