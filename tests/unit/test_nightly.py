@@ -461,3 +461,18 @@ def test_the_last_lengths_are_read_only_where_used_and_after_the_claim(
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "skip_unchanged": False}, "night-3"))
     assert pipeline.prepare_dataset(run, DATASET)["prompts"] > 0
     assert reads == []
+
+
+def test_the_dags_verify_names_a_file_no_manifest_would_list_as_regen_verify_does(
+    deployment: Path, simulator: Simulator
+) -> None:
+    """The DAG's verify step is regen verify's checks, strays included: a file a dying try left in the version's
+    folder fails it before any manifest is written (the run was green, and regen verify refused the version)."""
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url]}, "strays"))
+    [prepared] = [pipeline.prepare_dataset(run, DATASET)]
+    for shard in each_shard(run, [prepared]):
+        pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
+    stray = f"{run.location(DATASET).prefix}/raw/shard-00000/part-00003.jsonl"
+    pipeline.RunStorage.open(run, None).storage.put_bytes(stray, b"{}\n")
+    with pytest.raises(VerificationFailed, match=r"1 files in the version's folder are not listed .*part-00003"):
+        pipeline.verify_dataset(run, prepared)

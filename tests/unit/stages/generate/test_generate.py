@@ -141,3 +141,24 @@ def test_a_prompt_id_outside_the_vocabulary_is_rejected_and_never_sent(
     rejection = json.loads(line)
     assert rejection["id"] == corrupted_id and rejection["reason"] == "prompt_id_out_of_vocab"
     assert "prompt id 163840 is outside the vocabulary of 163840 ids" in rejection["detail"]
+
+
+def test_a_try_owns_its_files_a_dead_tries_rejections_and_checkpoints_are_not_published(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    """A try that uploaded rejections and died before the raw file: the next try answers those samples, and the
+    stale rejections must go, or a later try (the raw file there) lists them beside the answers. A try that died
+    removing its checkpoint parts leaves them to the next, which removes them: no version lists them."""
+    prepared, storage = prepare_sample(tmp_path, renderer, "B2_opencodeinstruct", 6)
+    shard = prepared.shards[0]
+    stale = b'{"id": "x", "stage": "generate", "reason": "server_aborted", "detail": "a dead try"}\n'
+    storage.put_bytes(shard.keys.rejected("generate"), stale)
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=2)
+    generated = run_generate(shard, storage, settings)
+    assert generated.stats["generate"].dropped == 0
+    assert not storage.exists(shard.keys.rejected("generate"))  # answered now: the dead try's file is gone
+    leftover = f"{shard.keys.checkpoints}part-00009.jsonl"
+    storage.put_bytes(leftover, b"")  # a try that died removing its parts
+    again = run_generate(shard, storage, settings)  # the raw file there: summarized, not generated
+    assert storage.list_keys(shard.keys.checkpoints) == []
+    assert again.files == generated.files and shard.keys.rejected("generate") not in again.files
