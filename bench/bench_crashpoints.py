@@ -35,6 +35,8 @@ def enumerate_root(root: str, count: int | None, seed: int) -> dict[str, object]
             outcomes.append(outcome := running.run(point))
             if outcome.violations:
                 print(f"  VIOLATION {point}: {outcome.violations}")
+            elif outcome.resumed:
+                print(f"  red, then resumed green: {point}: {outcome.errors}")
             if number % 50 == 0:
                 print(f"  {number}/{len(points)} in {time.monotonic() - began:.0f} s")
         elapsed = time.monotonic() - began

@@ -635,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
             outcomes.append(outcome := running.run(point))
             if outcome.violations:
                 print(f"VIOLATION {point}: {outcome.violations} (errors: {outcome.errors})")
+            elif outcome.resumed:
+                print(f"red, then resumed green: {point}: {outcome.errors}")
         print(json.dumps(summary(outcomes)))
     return 1 if any(o.violations for o in outcomes) else 0
 
