@@ -155,4 +155,6 @@ def _conditional_writes_lacking(storage: Storage, key: str) -> str | None:
         finally:
             storage.delete(key)
     except (OSError, BotoCoreError, ClientError) as e:  # a store that rejects the headers; no links or flock
+        if is_transient(e):
+            raise  # a connection dropped, S3's 5xx: not the store's lack, and plan's retry tries again
         return f"conditional writes fail ({e})"
