@@ -6,6 +6,7 @@ and the enumeration's time against the fault-free run's, measured in the same ru
 
     .venv/bin/python bench/bench_crashpoints.py                      # both roots, every point (about an hour here)
     .venv/bin/python bench/bench_crashpoints.py --root s3 --sample 50 --seed 3
+    .venv/bin/python bench/bench_crashpoints.py --root s3 --part 0/2 & ... --part 1/2    # two processes, two cores
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from bench.report_file import save
 from tools.crash_points import harness, sample, summary
 
 
-def enumerate_root(root: str, count: int | None, seed: int) -> dict[str, object]:
+def enumerate_root(root: str, count: int | None, seed: int, part: tuple[int, int]) -> dict[str, object]:
     started = time.monotonic()
     with harness(root) as running:
         baseline_s = time.monotonic() - started  # starting the stack and the traced fault-free run
-        points = sample(running.points(), count, seed)
+        index, parts = part
+        points = sample(running.points(), count, seed)[index::parts]
         print(
             f"{root}: {len(running.points())} crash points ({len(running._reference_ops)} tasks); running {len(points)}"
         )
@@ -63,10 +65,14 @@ def main() -> int:
     parser.add_argument("--root", choices=("local", "s3"), action="append", help="default: both")
     parser.add_argument("--sample", type=int, default=None, help="this many points a root, drawn by --seed")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--part", default="0/1", help="i/n: every n-th point from the i-th, to run n processes at once")
     parser.add_argument("--report", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
-    figures = {root: enumerate_root(root, args.sample, args.seed) for root in args.root or ["local", "s3"]}
+    index, parts = (int(n) for n in args.part.split("/"))
+    figures = {
+        root: enumerate_root(root, args.sample, args.seed, (index, parts)) for root in args.root or ["local", "s3"]
+    }
     if args.report:
         save(args.report, figures)
     return 1 if any(f["violations"] for f in figures.values()) else 0

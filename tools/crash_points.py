@@ -549,8 +549,10 @@ def _copy_objects(client: Any, bucket: str, source: str, target: str) -> None:
 
 
 def _delete_objects(client: Any, bucket: str, prefix: str) -> None:
-    for key in _keys(client, bucket, prefix):
-        client.delete_object(Bucket=bucket, Key=key)
+    keys = _keys(client, bucket, prefix)
+    for start in range(0, len(keys), 1000):  # one request a thousand keys
+        batch = [{"Key": key} for key in keys[start : start + 1000]]
+        client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
 
 
 def _import_what_tasks_import() -> None:
