@@ -215,8 +215,7 @@ class Trace:
         saved = str(self.order.index(name) + 1)
         if self.s3 is not None:  # a copy keeps an object's ETag (its stamp) and metadata
             client, bucket, prefix = self.s3
-            _delete_objects(client, bucket, f"{prefix}/")
-            _copy_objects(client, bucket, f"snapshots/{saved}/", f"{prefix}/")
+            _restore_objects(client, bucket, f"snapshots/{saved}/", f"{prefix}/")
             return
         if self.root is None:
             return
@@ -538,21 +537,26 @@ class Harness:
         return violations
 
 
-def _keys(client: Any, bucket: str, prefix: str) -> list[str]:
+def _etags(client: Any, bucket: str, prefix: str) -> dict[str, str]:
+    """Every object under `prefix`, by its key below it, with its ETag."""
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-    return [item["Key"] for page in pages for item in page.get("Contents", [])]
+    return {item["Key"][len(prefix) :]: item["ETag"] for page in pages for item in page.get("Contents", [])}
 
 
-def _copy_objects(client: Any, bucket: str, source: str, target: str) -> None:
-    for key in _keys(client, bucket, source):
-        client.copy_object(Bucket=bucket, Key=target + key[len(source) :], CopySource={"Bucket": bucket, "Key": key})
+def _copy_objects(client: Any, bucket: str, source: str, target: str, only: set[str] | None = None) -> None:
+    for key in _etags(client, bucket, source) if only is None else only:
+        client.copy_object(Bucket=bucket, Key=target + key, CopySource={"Bucket": bucket, "Key": source + key})
 
 
-def _delete_objects(client: Any, bucket: str, prefix: str) -> None:
-    keys = _keys(client, bucket, prefix)
-    for start in range(0, len(keys), 1000):  # one request a thousand keys
-        batch = [{"Key": key} for key in keys[start : start + 1000]]
+def _restore_objects(client: Any, bucket: str, saved: str, prefix: str) -> None:
+    """`prefix` made what `saved` holds: objects it lacks or holds otherwise copied back, others deleted (the points
+    of one task follow each other, so little differs)."""
+    want, have = _etags(client, bucket, saved), _etags(client, bucket, prefix)
+    stale = [key for key, etag in have.items() if want.get(key) != etag]
+    for start in range(0, len(stale), 1000):  # one request a thousand keys
+        batch = [{"Key": prefix + key} for key in stale[start : start + 1000]]
         client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+    _copy_objects(client, bucket, saved, prefix, {key for key, etag in want.items() if have.get(key) != etag})
 
 
 def _import_what_tasks_import() -> None:
