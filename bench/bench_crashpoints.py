@@ -12,6 +12,7 @@ and the enumeration's time against the fault-free run's, measured in the same ru
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -23,7 +24,9 @@ from bench.report_file import save
 from tools.crash_points import harness, sample, summary
 
 
-def enumerate_root(root: str, count: int | None, seed: int, part: tuple[int, int]) -> dict[str, object]:
+def enumerate_root(
+    root: str, count: int | None, seed: int, part: tuple[int, int], log: Path | None = None
+) -> dict[str, object]:
     started = time.monotonic()
     with harness(root) as running:
         baseline_s = time.monotonic() - started  # starting the stack and the traced fault-free run
@@ -35,6 +38,10 @@ def enumerate_root(root: str, count: int | None, seed: int, part: tuple[int, int
         outcomes, began = [], time.monotonic()
         for number, point in enumerate(points, 1):
             outcomes.append(outcome := running.run(point))
+            if log is not None:  # a line a point as it is run: an enumeration cut short still counts what it ran
+                with log.open("a") as lines:
+                    line = {"point": str(point), "fired": outcome.fired is not None, "resumed": outcome.resumed}
+                    print(json.dumps({**line, "violations": outcome.violations}), file=lines)
             if outcome.violations:
                 print(f"  VIOLATION {point}: {outcome.violations}")
             elif outcome.resumed:
@@ -67,12 +74,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--part", default="0/1", help="i/n: every n-th point from the i-th, to run n processes at once")
     parser.add_argument("--report", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--log", type=Path, help="append each point's outcome here as a JSON line, as it is run")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     index, parts = (int(n) for n in args.part.split("/"))
-    figures = {
-        root: enumerate_root(root, args.sample, args.seed, (index, parts)) for root in args.root or ["local", "s3"]
-    }
+    roots = args.root or ["local", "s3"]
+    figures = {root: enumerate_root(root, args.sample, args.seed, (index, parts), args.log) for root in roots}
     if args.report:
         save(args.report, figures)
     return 1 if any(f["violations"] for f in figures.values()) else 0
