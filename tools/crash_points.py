@@ -124,19 +124,18 @@ class FaultyStorage:
         return ConnectionResetError(errno.ECONNRESET, f"crash point: {key}")
 
 
-def install() -> None:
-    """Every task's storage opened through FaultyStorage (the seam: regen.pipeline.run_storage.open_storage)."""
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """Every task's storage opened through FaultyStorage (the seam: regen.pipeline.run_storage.open_storage), until
+    the harness closes: the process it ran in (a test worker) opens plain storage again."""
     from regen.pipeline import run_storage
 
     opened = run_storage.open_storage
-    if getattr(opened, "faulty", False):  # installed already (a second harness in this process)
-        return
-
-    def faulty(*args: Any, **kwargs: Any) -> Any:
-        return FaultyStorage(opened(*args, **kwargs))
-
-    faulty.faulty = True  # type: ignore[attr-defined]
-    run_storage.open_storage = faulty
+    run_storage.open_storage = lambda *args, **kwargs: FaultyStorage(opened(*args, **kwargs))
+    try:
+        yield
+    finally:
+        run_storage.open_storage = opened
 
 
 @dataclass
@@ -419,10 +418,18 @@ class Harness:
     the fault-free run, traced, then a run per crash point from its task on, in the same root restored."""
 
     def __init__(self, folder: Path, backend: str) -> None:
-        from tools.devstack import free_port, start_simulator
-
         self.folder, self.backend, self.count = folder, backend, 0
         self.stack = contextlib.ExitStack()
+        try:
+            self._start()
+        except BaseException:
+            self.stack.close()  # the simulator, S3, the environment: as they were
+            raise
+
+    def _start(self) -> None:
+        from tools.devstack import free_port, start_simulator
+
+        folder, backend = self.folder, self.backend
         self.simulator = self.stack.enter_context(start_simulator(folder, "--omit-think-end-rate", "0"))
         self.s3_client: Callable[[], Any] | None = None
         self.store: tuple[Any, str, str] | None = None  # S3: the store without the proxy, where snapshots are kept
@@ -447,7 +454,8 @@ class Harness:
         self._reference_ops: dict[str, list[str]] = {}
         self._reference_asked = 0
         self._reference_data: dict[str, Delivered] = {}
-        install()
+        self.stack.enter_context(installed())
+        self.stack.callback(_restore_environment, os.environ.get("REGEN_CONFIG"))  # each run points it at its own
         os.environ["REGEN_CONFIG"] = str(write_deployment(folder / "deploy-0", str(folder / "root-0")))
         from regen import pipeline
 
@@ -557,6 +565,13 @@ def _restore_objects(client: Any, bucket: str, saved: str, prefix: str) -> None:
         batch = [{"Key": prefix + key} for key in stale[start : start + 1000]]
         client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
     _copy_objects(client, bucket, saved, prefix, {key for key, etag in want.items() if have.get(key) != etag})
+
+
+def _restore_environment(config: str | None) -> None:
+    if config is None:
+        os.environ.pop("REGEN_CONFIG", None)
+    else:
+        os.environ["REGEN_CONFIG"] = config
 
 
 def _import_what_tasks_import() -> None:

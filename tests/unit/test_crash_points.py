@@ -40,6 +40,16 @@ def test_a_sample_of_crash_points_leaves_every_version_complete_and_right(runnin
     assert sum(row["resumed"] for row in table.values()) < len(points)  # most faults are absorbed by a retry
 
 
+def test_the_harness_leaves_its_process_as_it_found_it() -> None:
+    """Other tests run after it in the same worker: the deployment's config and plain storage are theirs again."""
+    from regen.pipeline import run_storage
+
+    before, opened = os.environ.get("REGEN_CONFIG"), run_storage.open_storage
+    with harness("local"):
+        assert os.environ.get("REGEN_CONFIG") != before and run_storage.open_storage is not opened
+    assert os.environ.get("REGEN_CONFIG") == before and run_storage.open_storage is opened
+
+
 def test_the_fault_free_run_publishes_every_dataset_and_a_gap_in_shard_numbers(running: Harness) -> None:
     reference = running._reference_data
     assert sorted(reference) == ["chats", "parts", "tools"]
