@@ -157,13 +157,10 @@ def finish_prepared(
         except FinalError as e:
             log.error("%s", e)
             continue
-        counts = {"shard_count": len(dataset.shards), "prompts": dataset.stats.kept}
-        finished.append({"dataset": summary["dataset"], **counts, **_noted(summary)})
+        finished.append(
+            {"dataset": summary["dataset"], "shard_count": len(dataset.shards), "prompts": dataset.stats.kept}
+        )
     return finished
-
-
-def _noted(summary: dict[str, Any]) -> dict[str, Any]:
-    return {"warnings": summary["warnings"]} if summary.get("warnings") else {}
 
 
 def prepared_version(run: RunSpec, dataset: str, s3_client: S3ClientFactory | None = None) -> PreparedDataset:
