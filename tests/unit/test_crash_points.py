@@ -16,7 +16,9 @@ from tools.crash_points import Harness, harness, sample, summary
 pytestmark = pytest.mark.crashpoints
 
 SEED = int(os.environ.get("CRASHPOINTS_SEED", "49"))
-SAMPLED = {"local": 90, "s3": 15}  # of about 480 each; the S3 runs are whole runs, the local ones start at their task
+# Of about 490 each (the S3 runs are whole runs, the local ones start at their task): enough to reach most tasks with
+# any seed, few enough to keep the suite under 30 minutes on CI (90 + 15 took 8.7 of its 28 minutes).
+SAMPLED = {"local": 40, "s3": 10}
 
 
 @pytest.fixture(scope="module", params=list(SAMPLED))
