@@ -10,14 +10,17 @@
       raw/shard-00042/progress.json            the generating task's numbers at its last checkpoint
       raw/shard-00042.jsonl.zst                every answer of the shard, exactly as the server sent it
       raw/shard-00042.generation.json          how generating went (requests, retries, server seconds)
-      train/shard-00042.parquet                training records (and .jsonl when configured); truncated/ alike
+      train/shard-00042.parquet                training records (and .jsonl when configured); validation/ and
+                                               truncated/ alike
       rejected/prepare.jsonl                   rejected rows, each with its reason; rejected/shard-00042-{stage}.jsonl
       rejected/prepare-part-00003.jsonl        the prompts a prepare part's tokenizing rejected
       reports/shard-00042-verdicts.parquet     validate's verdict on every answer
+      reports/shard-00042-token-freq.parquet   the ids under the train split's loss mask, counted at export
       reports/shard-00042.json                 the shard's final manifest (its presence: the shard is finished)
       reports/shard-00042.generate.json        its manifest after generate (and .validate.json): the next stage's input
       report/{writer}/report.json, .html, *.png the dataset report, in its publisher's own folder (the manifest
                                                names the writer: of two publishers, the loser's is never named)
+      vocab/token_freq.parquet, d2t.npy, t2d.npy  the shards' counts summed, and the draft vocabulary (regen.vocab)
       manifest.json                            written last: its presence means the version is complete
       writer.json                              the run writing the version, renewed while it writes (regen.claims)
     {profile}/runs/{version}.json              the run's report (a later run of the version: {version}--{run}.json)
@@ -37,12 +40,14 @@ from typing import Any
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # starts with a letter or digit: never `.` or `..`
 VERSION_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 MANIFEST = "manifest.json"
-SPLITS = ("train", "truncated")
+SPLITS = ("train", "validation", "truncated")
+VOCAB_FILES = ("token_freq.parquet", "d2t.npy", "t2d.npy")  # a version's vocab/ folder (regen.vocab)
 STAGES_PASSED_ON = ("generate", "validate")  # a shard's stages whose manifest the next stage's task reads
 REPORT_FILES = ("report.json", "report.html")
 REPORT_PLOTS = (
     "lengths.png",
     "verdicts.png",
+    "vocab.png",
 )  # the plots report.html shows (regen.stages.publish.dataset_report draws them)
 # Files of a version's folder (keys relative to it) besides those its manifest lists: the bookkeeping that makes each
 # stage idempotent, and the claim. Anything else there that the manifest does not list is a stray the verifier names.
@@ -96,6 +101,7 @@ def write_check_key(profile: str, token: str) -> str:
 
 
 VERDICTS_SUFFIX = "-verdicts.parquet"  # a shard's verdicts, in the version's reports/ folder
+TOKEN_COUNTS_SUFFIX = "-token-freq.parquet"  # and its train split's token counts
 
 
 def report_writer(manifest: Mapping[str, Any]) -> str | None:
@@ -108,6 +114,13 @@ def is_report_file(key: str) -> bool:
     """The dataset report's files beside the manifest: drawn again on every publish (plots are not byte-stable)."""
     name = key.rsplit("/", 1)[-1]
     return name in REPORT_FILES or name.endswith(".png")
+
+
+def is_derived_file(key: str) -> bool:
+    """Files publish makes from the version's data before its manifest: the report, and vocab/ (the same bytes on
+    every try, so a retried publish overwrites what a dying one left)."""
+    folder, _, name = key.rpartition("/")
+    return is_report_file(key) or (folder.endswith("/vocab") and name in VOCAB_FILES)
 
 
 @dataclass(frozen=True)
@@ -190,6 +203,12 @@ class DatasetLocation:
             raise ValueError(f"{name!r} is not one of a version's viewable files ({', '.join(VIEWABLE_FILES)})")
         return self._key(name) if name == MANIFEST else self.report_file(name, writer)
 
+    def vocab_file(self, name: str) -> str:
+        """token_freq.parquet, d2t.npy or t2d.npy: the version's draft vocabulary, written at publish."""
+        if name not in VOCAB_FILES:
+            raise ValueError(f"{name!r} is not one of a version's vocab files ({', '.join(VOCAB_FILES)})")
+        return self._key("vocab", name)
+
     def shard(self, number: int) -> ShardKeys:
         return ShardKeys(self, number)
 
@@ -236,6 +255,10 @@ class ShardKeys:
     @property
     def verdicts(self) -> str:
         return self._key("reports", VERDICTS_SUFFIX)
+
+    @property
+    def token_counts(self) -> str:
+        return self._key("reports", TOKEN_COUNTS_SUFFIX)
 
     @property
     def report(self) -> str:

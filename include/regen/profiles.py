@@ -102,6 +102,16 @@ class Profile(BaseModel):
         131_072, ge=1, description="longer prompts are rejected at prepare (prompt_too_long)"
     )
     served_model_names: tuple[str, ...] = Field((), description="what the fleet's /model_info may report")
+    vocab_size: int | None = Field(
+        None,
+        ge=1,
+        description="the model's vocabulary (its config.json vocab_size; check_server holds the fleet to it): the "
+        "target vocabulary of the draft mapping (t2d). null: the served model's where the fleet says, else the "
+        "tokenizer's ids",
+    )
+    draft_vocab_size: int = Field(
+        32_000, ge=1, description="the drafter's vocabulary: the most frequent answer ids, mapped by vocab/d2t.npy"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
@@ -111,6 +121,8 @@ class Profile(BaseModel):
             raise ValueError("give both reasoning_start and reasoning_end, or neither")
         if self.trust_remote_code and self.tokenizer.startswith("builtin:"):
             raise ValueError("a builtin tokenizer never needs trust_remote_code")
+        if self.vocab_size is not None and self.draft_vocab_size > self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} is over the vocab_size {self.vocab_size}")
         self._check_tool_call_parser()
         return self
 

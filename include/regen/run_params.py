@@ -130,6 +130,14 @@ class RunParams(BaseModel):
         "capacity (servers x running slots).",
         ge=1,
     )
+    validation_share: float | None = _in(
+        "What to run",
+        "Validation share",
+        "Share of source prompts held out in validation/ (the same prompts in every version: a prompt validated on "
+        "is never trained on). 0 = no validation split. A new version only.",
+        ge=0,
+        le=0.5,
+    )
     export: ExportConfig | None = _in(
         "Advanced",
         "Export",
@@ -199,6 +207,7 @@ def _form_defaults(config: RegenConfig) -> dict[str, Any]:
         **d.sampling.model_dump(),
         "shard_size": d.shard_size,
         "in_flight": d.in_flight,
+        "validation_share": d.validation_share,
         "export": d.export.model_dump(),
     }
 
@@ -260,6 +269,7 @@ class RunSpec(BaseModel):
     checkpoint_s: float
     export: dict[str, bool]
     validation: dict[str, Any]
+    validation_share: float = 0.0  # (a spec planned before held-out splits: none)
     skip_unchanged: bool = True
     overwrite_version: bool = False  # publish over a version that exists with other data (never by default)
     run_id: str = ""  # the Airflow run: recorded beside what it writes, so people find the run from the data
@@ -346,6 +356,7 @@ class RunSpec(BaseModel):
                 "shard_size": given.shard_size or d.shard_size,
                 "concurrency": -(-in_flight // d.shard_tasks),
                 "export": (given.export or d.export).model_dump(),
+                "validation_share": d.validation_share if given.validation_share is None else given.validation_share,
                 "skip_unchanged": True if given.skip_unchanged is None else given.skip_unchanged,
                 "overwrite_version": bool(given.overwrite_version),
                 "run_id": run_id,

@@ -1,13 +1,15 @@
 """Does a published dataset version hold what its manifest says, and is every record what the pipeline promises?
 
 `verify_version` streams every file the manifest names and checks its sha256 and size. Then it reads every record of
-the train and truncated splits and checks the invariants a trainer relies on:
+the train, validation and truncated splits and checks the invariants a trainer relies on:
 - `input_ids` is the prompt that was sent followed by the server's `output_ids` (from the version's prompts/ and
   raw/);
 - the loss mask is 0 over the prompt and 1 over the output;
 - every id is inside the vocabulary;
 - a kept (`ok`) record ends with an EOS id;
-- each split holds the records the manifest counts (every shard's train/ file, and train/ and truncated/ in all);
+- each split holds the records the manifest counts (every shard's train/ file, and each split in all);
+- each record is on its source prompt's side (regen.holdout), and each shard's token counts and the version's
+  vocab/ files are those of a count of its train records (regen.verify_vocab);
 and it names every file in the version's folder that the manifest does not list (bookkeeping aside).
 
 `verify_manifest` does the same for a manifest not written yet: the DAG's verify_dataset task reads a finished
@@ -35,6 +37,8 @@ from regen.errors import FinalError
 from regen.layout import BOOKKEEPING, MANIFEST, SPLITS, DatasetLocation, latest_key
 from regen.reasons import OK
 from regen.storage import Storage, get_json, is_not_found, open_storage
+from regen.verify_vocab import count_train_file, has_vocab, vocab_problems, wrong_sides
+from regen.vocab import add_counts
 
 log = logging.getLogger(__name__)
 MAX_PROBLEMS_PER_FILE = 5  # beyond these, a file's problems are counted, not listed
@@ -53,6 +57,7 @@ class Verification:
     records_checked: int = 0
     bad_files: set[str] = field(default_factory=set)  # missing or not as listed: nothing is compared with them
     split_records: Counter[str] = field(default_factory=Counter)  # records read, per split
+    counted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # ids under train's loss mask
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -200,6 +205,7 @@ def verify_manifest(
     counted = {shard["train"]: shard["records"] for shard in shards}
     if (held := sum(counted.values())) != manifest["records"]:
         result.problems.append(f"shards hold {held} records, manifest says {manifest['records']}")
+    counted |= {shard["validation"]: shard["validation_records"] for shard in shards if shard.get("validation")}
     with tempfile.TemporaryDirectory(prefix="regen-verify-") as tmp:
         for key in sorted(files):
             keep = Path(tmp) / Path(key).name if records and _is_split(key) else None
@@ -211,6 +217,8 @@ def verify_manifest(
         whole = not any(f"/{split}/" in key for key in result.bad_files)  # a bad file is named already
         if split in SPLITS and whole and (held := result.split_records[split]) != expected:
             result.problems.append(f"{split}/ holds {held} records, manifest says {expected}")
+    if records and has_vocab(manifest, result.bad_files):
+        result.problems += vocab_problems(manifest, storage, result.counted)
     return result
 
 
@@ -246,7 +254,7 @@ def read_training_data(
 
 
 def _is_split(key: str) -> bool:
-    return key.endswith(".parquet") and ("/train/" in key or "/truncated/" in key)
+    return key.endswith(".parquet") and any(f"/{split}/" in key for split in SPLITS)
 
 
 def _check_file(
@@ -284,7 +292,9 @@ def _check_records(
     """The records of one split file against the invariants, vectorized over the whole file."""
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=["id", "input_ids", "loss_mask", "prompt_len", "verdict"])
+    split = next(s for s in SPLITS if f"/{s}/" in key)
+    columns = ["id", "input_ids", "loss_mask", "prompt_len", "verdict"]
+    table = pq.read_table(path, columns=columns + (["side"] if "side" in pq.read_schema(path).names else []))
     problems: list[str] = []
     if expected is not None and table.num_rows != expected:
         problems.append(f"{table.num_rows} records, manifest says {expected}")
@@ -317,9 +327,15 @@ def _check_records(
         ok = np.asarray(table.column("verdict").to_pylist()) == OK
         bad(np.flatnonzero(ok & ~np.isin(last, roles["eos_ids"])), "kept as ok that do not end with an EOS id")
         rows = (sample_ids, values, starts, lengths, prompt_len)
-        problems += _against_sources(storage, manifest, key, rows, result.bad_files)
+        sides = table.column("side").to_pylist() if "side" in table.column_names else None
+        problems += _against_sources(storage, manifest, key, rows, result.bad_files, sides)
+    if split == "train" and not problems:
+        counts, mismatch = count_train_file(storage, manifest, key, table, result.bad_files)
+        result.counted, problems = add_counts(result.counted, counts), problems + mismatch
+    elif split == "train":  # a file that breaks the structure is not counted, nor the version's counts compared
+        result.bad_files.add(key)
     result.records_checked += table.num_rows
-    result.split_records[next(s for s in SPLITS if f"/{s}/" in key)] += table.num_rows
+    result.split_records[split] += table.num_rows
     result.problems += [f"{key}: {problem}" for problem in problems]
 
 
@@ -329,10 +345,11 @@ def _against_sources(
     key: str,
     rows: tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     bad_files: set[str],
+    sides: list[str] | None = None,
 ) -> list[str]:
     """input_ids == the prompt sent (prompts/, or raw/ for an on-policy turn) + the server's output ids (raw/), record
-    by record. `rows`: the records' ids, all their input ids end to end, where each starts, its length and its
-    prompt's length."""
+    by record, and each record on its source prompt's side. `rows`: the records' ids, all their input ids end to
+    end, where each starts, its length and its prompt's length; `sides`: a truncated/ file's side column."""
     from regen.records import ShardPrompts, read_raw
     from regen.storage import read_table
 
@@ -343,7 +360,9 @@ def _against_sources(
         return [f"no prompts/ and raw/ listed for {shard_name}: records not compared with what was sent"]
     if bad_files & {shard["prompts"], shard["raw"]}:
         return []  # already named as missing or altered: there is nothing sound to compare with
-    prompts = ShardPrompts(read_table(storage, shard["prompts"], ["id", "prompt_ids"]))
+    share = manifest.get("validation_share")  # None: published before validation/, nothing held out
+    held = ["messages", "tools"] if share else []
+    prompts = ShardPrompts(read_table(storage, shard["prompts"], ["id", "prompt_ids", *held]))
     wanted = set(sample_ids)
     sent: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # answer id -> (prompt ids, output ids)
     with tempfile.TemporaryDirectory(prefix="regen-verify-raw-") as tmp:
@@ -352,6 +371,9 @@ def _against_sources(
                 # Arrays at once, the ints let go answer by answer: a shard's outputs held as Python ints are some
                 # 70 MB at once (a 20k version's peak in one process: 404 MB that way, 378 MB this way).
                 sent[answer.id] = (prompts.prompt_of(answer), np.asarray(answer.output_ids, dtype=np.int64))
+    split = next(s for s in SPLITS if f"/{s}/" in key)
+    wrong = wrong_sides(prompts, share, split, sample_ids, sides) if share else []
+    problems = [f"{len(wrong)} records not on their source prompt's side ({', '.join(wrong[:5])})"] if wrong else []
     differ = []
     for row, sample_id in enumerate(sample_ids):
         start, cut, end = starts[row], starts[row] + prompt_len[row], starts[row] + lengths[row]
@@ -363,6 +385,7 @@ def _against_sources(
         ):
             differ.append(sample_id)
     if not differ:
-        return []
+        return problems
     listed = ", ".join(differ[:MAX_PROBLEMS_PER_FILE])
-    return [f"{len(differ)} records whose input_ids are not the prompt sent + the server's output ({listed})"]
+    problems.append(f"{len(differ)} records whose input_ids are not the prompt sent + the server's output ({listed})")
+    return problems

@@ -42,14 +42,16 @@ def dataset_inputs(
     limit: int | None,
     sources: dict[str, str] | None,
     decontamination: dict[str, Any] | None = None,
+    validation_share: float = 0.0,
 ) -> dict[str, Any]:
     """Everything that decides what a version holds, and its digest (None when a source cannot be pinned).
     `profile`: the profile's record with its template and tokenizer-file hashes (ChatRenderer.fingerprint);
     `sources`: each source's content identity (regen.stages.prepare.sources.source_digests); `decontamination`: the eval
-    suites' record (regen.stages.prepare.eval_suites), an input only when there are suites (earlier digests stand)."""
+    suites' record (regen.stages.prepare.eval_suites), an input only when there are suites (earlier digests stand);
+    `validation_share`: the source prompts held out (regen.holdout), an input only when some are."""
     # Library versions are recorded in manifests but are not inputs: an upgrade that renders the same ids is no change.
     pinned_profile = {k: v for k, v in profile.items() if not k.endswith("_version")}
-    inputs = {
+    inputs: dict[str, Any] = {
         "sources": sources,
         "dataset": _dataset_inputs(config),
         "profile": pinned_profile,
@@ -58,6 +60,8 @@ def dataset_inputs(
     }
     if decontamination:
         inputs["decontamination"] = {k: v for k, v in decontamination.items() if k != "rejected_by_suite"}
+    if validation_share:
+        inputs["validation_share"] = validation_share
     return {**inputs, "digest": canonical_digest(inputs) if sources is not None else None}
 
 

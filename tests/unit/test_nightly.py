@@ -149,8 +149,9 @@ def test_a_later_version_deals_the_longest_answers_of_the_last_into_the_first_sh
     if not in_parts:  # dealt across every shard: the whole version's longest first
         assert sent == sorted(sent, reverse=True)
 
-    def records(version: str) -> list[str]:
-        batches = read_training_data(str(folder / version / "manifest.json"))
+    def records(version: str) -> list[str]:  # kept ones, trained on or held out
+        manifest = str(folder / version / "manifest.json")
+        batches = [b for split in ("train", "validation") for b in read_training_data(manifest, split=split)]
         return sorted(json.dumps(row, sort_keys=True) for batch in batches for row in batch.to_pylist())
 
     first = records("night-1")
@@ -295,7 +296,8 @@ def test_a_group_of_hundreds_of_shards_passes_the_same_few_bytes_between_its_tas
         sizes[stage.__name__] = len(json.dumps(value).encode())
     assert max(sizes.values()) < 100, sizes
     published = pipeline.publish_dataset(run, prepared, [], pipeline.verify_dataset(run, prepared))
-    assert published["records"] == SHARDS  # every shard went through all three stages, handed on in storage
+    kept = published["splits"]["train"] + published["splits"]["validation"]
+    assert kept == SHARDS  # every shard went through all three stages, handed on in storage
 
 
 def test_a_stage_run_again_alone_without_its_input_says_which_stage_to_run(
@@ -332,7 +334,7 @@ def test_a_dataset_in_parts_waits_for_every_part_and_then_publishes(deployment: 
     for shard in each_shard(run, [prepared]):
         pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
     published = pipeline.publish_dataset(run, prepared, [], pipeline.verify_dataset(run, prepared))
-    assert published["records"] == 36
+    assert published["splits"]["train"] + published["splits"]["validation"] == 36
     assert pipeline.prepare_dataset(run, DATASET) == prepared  # a retried reader finds the dataset prepared
 
 

@@ -256,9 +256,3 @@ def test_servers_already_listening_call_nothing(machine: Machine) -> None:
     assert done.returncode == 0, done.stderr
     assert machine.calls() == []
     assert done.stdout == ""
-
-
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
-def test_shellcheck_is_clean() -> None:
-    done = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout

@@ -179,6 +179,15 @@ class Defaults(BaseModel):
     )
     sampling: Sampling = Field(Sampling(), description="the run's sampling, every value sent explicitly")
     export: ExportConfig = Field(ExportConfig(), description="extra output formats (trigger param `export`)")
+    # 2%: enough held-out prompts to measure a drafter's acceptance steadily on a dataset of a few thousand prompts
+    # and up (100k prompts: 2,000 held out, a million and more scored positions), for 2% of the GPU time (docs/data.md).
+    validation_share: float = Field(
+        0.02,
+        ge=0,
+        le=0.5,
+        description="share of source prompts held out in validation/, the same ones in every version (regen.holdout); "
+        "0: no validation split",
+    )
     validation: ValidationConfig = Field(ValidationConfig(), description="the sampled checks at validate")
     s3: S3Config = Field(
         S3Config(),

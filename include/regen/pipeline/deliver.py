@@ -9,6 +9,7 @@ from regen.errors import FinalError
 from regen.pipeline.run_storage import RunStorage
 from regen.run_params import RunSpec
 from regen.stages.publish.publish import run_publish, verify_contents
+from regen.stages.publish.vocab_files import VocabSizes
 from regen.storage import S3ClientFactory
 
 
@@ -46,10 +47,26 @@ def publish_dataset(
     prepared_dataset = at.prepared(dataset)
     with at.writing(prepared_dataset.location) as storage:  # the manifest is written by the version's writer
         published = run_publish(
-            prepared_dataset, storage, fleet, run.sampling, run.overwrite_version, verified, run.run_id, run.cost
+            prepared_dataset,
+            storage,
+            fleet,
+            run.sampling,
+            run.overwrite_version,
+            verified,
+            run.run_id,
+            run.cost,
+            vocab_sizes(run, fleet, prepared_dataset.token_roles["vocab_size"]),
         )
     at.release(prepared_dataset.location)  # a published version is never written again
     return {**published, "warnings": prepared["warnings"]} if prepared.get("warnings") else published
+
+
+def vocab_sizes(run: RunSpec, fleet: list[dict[str, Any]], tokenizer_ids: int) -> VocabSizes:
+    """The draft vocabulary's size (the profile's), and the target's: the profile's, else what the fleet's servers
+    said at check_server, else the tokenizer's ids."""
+    profile = run.declared_profile
+    served = [endpoint.get("vocab_size") for endpoint in fleet]
+    return VocabSizes.of(profile.draft_vocab_size, profile.vocab_size, served, tokenizer_ids)
 
 
 def asset_event(published: dict[str, Any]) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def prepare_dataset(
     if not at.storage.exists(location.prepared):  # a new version, not a resumed one
         sources = source_digests(source, run.resolve, s3_client)
         suites = cleaning.record if cleaning else None
-        inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, sources, suites)
+        inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, sources, suites, run.validation_share)
         wanted = run.skip_unchanged or run.longest_first
         latest = latest_published(at.storage, location.profile, dataset) if wanted else None
         if run.skip_unchanged and unchanged_since(latest, dataset, inputs):

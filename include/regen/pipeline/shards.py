@@ -138,7 +138,7 @@ def _validate(at: RunStorage, shard: dict[str, Any]) -> dict[str, Any]:
 
 
 def _export(at: RunStorage, shard: dict[str, Any]) -> dict[str, Any]:
-    settings = ExportSettings(**at.run.export)
+    settings = ExportSettings(**at.run.export, validation_share=at.run.validation_share)
     decode = renderer_for(at.run).decode if settings.review_text else None
     manifest = ShardManifest.from_dict(shard)
     with at.writing(manifest.location) as storage:

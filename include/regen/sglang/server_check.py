@@ -161,9 +161,8 @@ def _check_model(url: str, name: str, renderer: ChatRenderer) -> None:
 
 
 def check_vocab(url: str, vocab: int | None, renderer: ChatRenderer) -> None:
-    """The profile's tokenizer must fit the served model's vocabulary: one prompt id at or past it kills an SGLang
-    0.5.23 server (no range check), so a larger tokenizer would take the fleet down one server at a time. Checked
-    before any prompt is sent; an unknown vocabulary is a warning."""
+    """The profile's tokenizer must fit the served model's vocabulary (one id past it kills an SGLang 0.5.23 server:
+    no range check), and a vocab_size the profile declares must be it. Checked before any prompt; unknown: a warning."""
     size = renderer.roles.vocab_size
     if vocab is None:
         log.warning(
@@ -178,6 +177,11 @@ def check_vocab(url: str, vocab: int | None, renderer: ChatRenderer) -> None:
             f"{renderer.profile.name!r}'s tokenizer ({renderer.profile.tokenizer}) has {size}: an id of {vocab} or "
             "more would kill the server (SGLang does not range-check input ids). Serve the profile's model, or pick "
             "the profile of the model served"
+        )
+    elif renderer.profile.vocab_size not in (None, vocab):  # the draft mapping's target vocabulary
+        raise ServerMismatch(
+            f"{redact_url(url)} serves a model with a vocabulary of {vocab} ids, but profile {renderer.profile.name!r} "
+            f"declares vocab_size {renderer.profile.vocab_size}: serve its model, or declare the served one's"
         )
 
 

@@ -1,8 +1,13 @@
-"""The export stage: validated raw answers -> training records, for the train/ split and the flagged truncated/ split.
+"""The export stage: validated raw answers -> training records, in the train/ and validation/ splits and the flagged
+truncated/ split, and the train split's token counts.
 
 Only records that passed validation are read here (validate wrote the rest to rejected/). A training record is the
 prompt ids then the output ids, untouched, with a loss mask that is the generation boundary. Records are built as
 whole columns (numpy buffers handed to Arrow), not as Python lists of ints: export runs at the speed of the file I/O.
+A kept record goes to validation/ when its source prompt is held out (regen.holdout: the same prompts in every
+version); a truncated one stays in truncated/ either way, its `side` column saying which. The ids under the train
+split's loss mask (its answers) are counted as its columns are built (regen.vocab), one small file per shard that
+publish sums.
 
 Formats: Parquet (the default) and JSON Lines with `input_ids` and `loss_mask`, the shape the EAGLE-3 trainers'
 data loaders read (docs/data.md says which loaders and why); an optional decoded `text` column for review.
@@ -23,15 +28,18 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
+from regen.holdout import side_of
 from regen.manifest import ShardManifest, StageStats
 from regen.reasons import OK, split_of
-from regen.records import read_prompts, read_raw
+from regen.records import ShardPrompts, read_prompts, read_raw
+from regen.samples import sample_of
 from regen.storage import Storage, read_table, write_table
+from regen.vocab import counts_table, dense_counts
 
 log = logging.getLogger(__name__)
 
 ExportFormat = Literal["parquet", "jsonl"]
-SPLITS = ("train", "truncated")
+SPLITS = ("train", "validation", "truncated")
 TRAIN_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -50,12 +58,14 @@ TRAIN_SCHEMA = pa.schema(
     ]
 )
 REVIEW_FIELD = pa.field("text", pa.string())  # decode(output_ids): for people reading samples, never for training
+SIDE_FIELD = pa.field("side", pa.string())  # truncated/ only: `train` or `validation`, its source prompt's side
 
 
 @dataclass(frozen=True)
 class ExportSettings:
     jsonl: bool = False  # also write each split as JSON Lines, beside the Parquet file
     review_text: bool = False
+    validation_share: float = 0.0  # of source prompts held out (regen.holdout); 0: no validation/ split
 
     @property
     def formats(self) -> tuple[ExportFormat, ...]:
@@ -117,12 +127,18 @@ class _Split:
     outputs: list[np.ndarray] = field(default_factory=list)
     rows: dict[str, list[Any]] = field(
         default_factory=lambda: {
-            k: [] for k in ("id", "verdict", "flags", "finish_reason", "text", "temperature", "sampling_seed")
+            k: [] for k in ("id", "verdict", "flags", "finish_reason", "text", "temperature", "sampling_seed", "side")
         }
     )
 
     def add(
-        self, prompt: np.ndarray, output: list[int], verdict: dict[str, Any], text: str | None, sampling: dict[str, Any]
+        self,
+        prompt: np.ndarray,
+        output: list[int],
+        verdict: dict[str, Any],
+        text: str | None,
+        sampling: dict[str, Any],
+        side: str,
     ) -> None:
         self.prompts.append(prompt)
         self.outputs.append(np.asarray(output, dtype=np.int32))
@@ -131,8 +147,9 @@ class _Split:
         self.rows["text"].append(text)
         self.rows["temperature"].append(sampling.get("temperature"))
         self.rows["sampling_seed"].append(sampling.get("sampling_seed"))
+        self.rows["side"].append(side)
 
-    def table(self, dataset: str, profile: str, review_text: bool) -> pa.Table:
+    def table(self, dataset: str, profile: str, review_text: bool, sides: bool = False) -> pa.Table:
         input_ids, loss_mask = build_training_columns(self.prompts, self.outputs)
         n = len(self.prompts)
         columns = {
@@ -152,6 +169,9 @@ class _Split:
         if review_text:
             columns["text"] = pa.array(self.rows["text"], pa.string())
             schema = schema.append(REVIEW_FIELD)
+        if sides:
+            columns["side"] = pa.array(self.rows["side"], pa.string())
+            schema = schema.append(SIDE_FIELD)
         return pa.table(columns, schema=schema)
 
 
@@ -181,6 +201,23 @@ def _upload(storage: Storage, shard: ShardManifest, split: str, table: pa.Table,
         return {key: storage.put_file(key, path)}
 
 
+class _Sides:
+    """Each answer's side, train or validation, from its sample's source prompt (computed once per sample)."""
+
+    def __init__(self, prompts: ShardPrompts, share: float) -> None:
+        self.prompts, self.share, self.known = prompts, share, dict[str, str]()
+
+    def __call__(self, answer_id: str) -> str:
+        if not self.share:
+            return "train"
+        sample = sample_of(answer_id)
+        if sample not in self.known:
+            self.known[sample] = side_of(
+                self.prompts.messages_json(sample), self.prompts.tools_json(sample), self.share
+            )
+        return self.known[sample]
+
+
 def run_export(
     shard: ShardManifest,
     storage: Storage,
@@ -195,15 +232,18 @@ def run_export(
     columns = ["id", "verdict", "flags", "finish_reason"]
     verdicts = read_table(storage, shard.keys.verdicts, columns).to_pylist()
     kept = {v["id"]: v for v in verdicts if split_of(v["verdict"]) is not None}
-    prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids"])
+    share = settings.validation_share
+    prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids", *(["messages", "tools"] if share else [])])
+    side = _Sides(prompts, share)
     splits = {name: _Split() for name in SPLITS}
     with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
         for answer in read_raw(storage, shard.raw_key, Path(tmp)):
             verdict = kept.get(answer.id)
             if verdict is not None:
                 text = decode(answer.output_ids) if settings.review_text and decode else None
-                splits[str(split_of(verdict["verdict"]))].add(
-                    prompts.prompt_of(answer), answer.output_ids, verdict, text, prompts.sampling(answer.id)
+                split, held = str(split_of(verdict["verdict"])), side(answer.id)
+                splits["validation" if split == "train" and held == "validation" else split].add(
+                    prompts.prompt_of(answer), answer.output_ids, verdict, text, prompts.sampling(answer.id), held
                 )
     stats = StageStats()
     for record in kept.values():
@@ -211,11 +251,17 @@ def run_export(
     files: dict[str, str] = {}
     dataset, profile = shard.location.dataset, shard.location.profile
     for split_name, records in splits.items():
-        if split_name == "train" or records.prompts:  # train/ always exists, so a reader finds every shard
-            table = records.table(dataset, profile, settings.review_text)
+        # train/ always exists, and validation/ when prompts are held out, so a reader finds every shard
+        if split_name == "train" or (split_name == "validation" and share) or records.prompts:
+            table = records.table(dataset, profile, settings.review_text, sides=split_name == "truncated")
             for fmt in settings.formats:
                 files |= _upload(storage, shard, split_name, table, fmt)
-    exported = shard.with_stage("export", stats, files, train_key=shard.keys.split("train"))
+    counts = counts_table(dense_counts(splits["train"].outputs))  # the train split's loss_mask == 1 ids
+    files[shard.keys.token_counts] = write_table(storage, shard.keys.token_counts, counts)
+    split_records = {name: len(records.prompts) for name, records in splits.items()}
+    exported = shard.with_stage(
+        "export", stats, files, train_key=shard.keys.split("train"), split_records=split_records
+    )
     storage.put_bytes(shard.keys.report, json.dumps(exported.to_dict(), indent=1).encode())
     log.info("%s %s exported: %s", dataset, shard.name, dict(Counter(v["verdict"] for v in kept.values())))
     return exported

@@ -134,6 +134,18 @@ def _plots(verdicts: pa.Table, report: dict[str, Any]) -> dict[str, bytes]:
     ax.set_xlabel("records")
     ax.set_title("verdicts")
     pngs["verdicts.png"] = _png(fig)
+    curve = (report.get("vocab") or {}).get("coverage_curve")
+    if curve:
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        sizes = [int(n) for n in curve]
+        ax.plot(sizes, [100 * curve[str(n)] for n in sizes], marker="o", color="#4472c4")
+        ax.axvline(report["vocab"]["draft_vocab_size"], color="#c62828", linestyle="--", label="draft vocabulary")
+        ax.set_xscale("log")
+        ax.set_xlabel("draft vocabulary size (most frequent ids)")
+        ax.set_ylabel("% of train answer tokens")
+        ax.set_title("draft vocabulary coverage")
+        ax.legend()
+        pngs["vocab.png"] = _png(fig)
     plt.close("all")
     return pngs
 
@@ -148,6 +160,30 @@ def _png(fig: Any) -> bytes:
 def _figure(value: Any) -> str:
     """A figure for people: one decimal (report.json keeps it exact)."""
     return f"{value:,.1f}" if isinstance(value, float) else html.escape(str(value))
+
+
+def _vocab(report: dict[str, Any]) -> str:
+    vocab = report.get("vocab")
+    if not vocab:
+        return ""
+    return f"""<h2>Draft vocabulary</h2><p>The {vocab["draft_vocab_size"]:,} most frequent ids (of the target's
+{vocab["target_vocab_size"]:,}) cover {100 * vocab["coverage"]:.2f}% of the {vocab["tokens"]:,} answer tokens of the
+train split ({vocab["distinct_ids"]:,} distinct ids): <code>vocab/d2t.npy</code>, <code>vocab/t2d.npy</code>,
+counted in <code>vocab/token_freq.parquet</code>.</p>"""
+
+
+def _rejections(report: dict[str, Any]) -> str:
+    """Each reason a stage rejected for, with its count and one example."""
+    rows = "".join(
+        f"<tr><td>{html.escape(r['stage'])}</td><td>{html.escape(r['reason'])}</td><td>{r['count']}</td>"
+        f"<td><code>{html.escape(str(r.get('example') or ''))}</code></td>"
+        f"<td class=detail>{html.escape(str(r.get('detail') or ''))}</td></tr>"
+        for r in report.get("rejections", [])
+    )
+    if not rows:
+        return "<h2>Rejections</h2><p>None.</p>"
+    return f"""<h2>Rejections</h2><p>Each rejected row is in <code>rejected/</code> with its reason.</p>
+<table><tr><th>stage</th><th>reason</th><th>rows</th><th>example</th><th>detail</th></tr>{rows}</table>"""
 
 
 def _rejected(report: dict[str, Any]) -> str:
@@ -186,10 +222,11 @@ def _html(title: str, report: dict[str, Any], pngs: list[str]) -> str:
     images = "".join(f'<img src="{html.escape(name)}" alt="{html.escape(name)}">' for name in pngs)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}}td,th{{padding:2px 10px;text-align:right}}
-img{{max-width:100%;display:block;margin:1em 0}}</style></head><body>
+img{{max-width:100%;display:block;margin:1em 0}}td.detail{{text-align:left;max-width:40em}}</style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>{report.get("answered", 0)} answers: {report.get("train_records", 0)} training records,
-{report.get("truncated_records", 0)} truncated (flagged split), {_rejected(report)}.
+{report.get("validation_records", 0)} held out for validation, {report.get("truncated_records", 0)} truncated
+(flagged split), {_rejected(report)}.
 Tool-call rate {report.get("tool_call_rate", 0)}. Truncated in the reasoning
 {report.get("truncation_rate", {}).get("in_reasoning", 0)}, in the answer
 {report.get("truncation_rate", {}).get("in_answer", 0)}.
@@ -200,9 +237,11 @@ Re-tokenization drift: {drift.get("drifted", 0)} of {drift.get("sampled", 0)} sa
 <h2>Verdicts</h2><table><tr><th>verdict</th><th>records</th></tr>{rows}</table>
 <h2>Token lengths (kept records)</h2>
 <table><tr><th></th><th>mean</th><th>p50</th><th>p90</th><th>p99</th></tr>{lengths}</table>
+{_rejections(report)}
+{_vocab(report)}
 {_decontamination(report)}
 {images}
-<h2>report.json</h2><pre>{html.escape(json.dumps(report, indent=1))}</pre>
+<p>Every figure, exactly: <a href="report.json">report.json</a>.</p>
 </body></html>"""
 
 

@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from regen.errors import FinalError
-from regen.layout import DatasetLocation, dataset_prefix, is_report_file
+from regen.layout import DatasetLocation, dataset_prefix, is_derived_file, is_report_file
 from regen.manifest import GenerationReport, PreparedDataset, PublishedManifest, ShardManifest, StageStats
 from regen.reasons import OK
 from regen.run_report import generation_cost
 from regen.sglang.served_model import fleet_seeds_honoured
 from regen.stages.publish.dataset_report import dataset_report, read_verdicts, write_dataset_report
+from regen.stages.publish.entries import draft_manifest, shard_entries, split_records, version_share
+from regen.stages.publish.rejection_examples import rejection_examples
+from regen.stages.publish.vocab_files import VocabSizes, digests, version_vocab
 from regen.storage import KeyExists, Storage, get_json, is_not_found
 from regen.verify import unlisted, verify_manifest
 from regen.version_inputs import record_published
@@ -33,6 +36,7 @@ from regen.version_inputs import record_published
 log = logging.getLogger(__name__)
 
 STAGES = ("generate", "validate", "export")
+DRAFT_VOCAB_SIZE = 32_000  # regen.profiles.Profile's default
 
 
 class IncompleteDataset(FinalError):
@@ -92,36 +96,6 @@ def stamps_of(storage: Storage, keys: list[str]) -> dict[str, tuple[int, str] | 
         return dict(zip(keys, pool.map(stamp, keys), strict=True))
 
 
-def shard_entries(shards: list[ShardManifest]) -> list[dict[str, Any]]:
-    """The manifest's `shards`: each shard's files and counts, as the verifier reads them."""
-    return [
-        {
-            "shard": s.name,
-            "prompts": s.prompts_key,
-            "num_prompts": s.num_prompts,
-            "train": s.train_key,
-            "raw": s.raw_key,
-            "records": s.stats["export"].kept,
-        }
-        for s in shards
-    ]
-
-
-def draft_manifest(
-    prepared: PreparedDataset, shards: list[ShardManifest], data_files: dict[str, str]
-) -> dict[str, Any]:
-    """What the verifier needs of a manifest that is not written yet: the files, the shards, the token roles."""
-    location = prepared.location
-    return {
-        "dataset": location.dataset,
-        "version": location.version,
-        "token_roles": prepared.token_roles,
-        "records": sum(s.stats["export"].kept for s in shards),
-        "shards": shard_entries(shards),
-        "files": data_files,
-    }
-
-
 def verify_contents(prepared: PreparedDataset, storage: Storage) -> dict[str, Any]:
     """Reads every data file of a finished version back (sha256) and checks every record's invariants, before any
     manifest names them. Raises VerificationFailed naming every problem; returns what was read and the contents'
@@ -137,8 +111,9 @@ def _verify(
     stamps = stamps_of(storage, list(data_files))
     result = verify_manifest(draft_manifest(prepared, shards, data_files), storage)
     # Strays too, as `regen verify` finds them after publish: a file a dying try left that no manifest would list
-    # (the report of a publish try that died before its manifest is removed by the publish that wins).
-    result.problems += unlisted(location.prefix, data_files, storage, allowed=is_report_file)
+    # (the report of a publish try that died before its manifest is removed by the publish that wins; its vocab/
+    # files are made again, the same).
+    result.problems += unlisted(location.prefix, data_files, storage, allowed=is_derived_file)
     result.check(f"{location.dataset} {location.version}", withheld="not published, ")
     if changed := sorted(k for k, v in stamps_of(storage, list(data_files)).items() if v != stamps[k]):
         raise ChangedSinceVerified(
@@ -196,6 +171,7 @@ def _write_manifest(
     sampling_params: dict[str, Any] | None,
     run_id: str | None,
     cost: dict[str, Any],
+    vocab: dict[str, Any],
     overwrite: bool = False,
 ) -> tuple[bytes, PublishedManifest, dict[str, Any]]:
     """The dataset's report, then the manifest naming every file with its sha256 and size (`sizes`: the data files'
@@ -207,7 +183,14 @@ def _write_manifest(
     report = dataset_report(verdicts, generations)
     report["rejected_by_stage"] = {"prepare": prepared.stats.dropped, **{s: stages[s]["dropped"] for s in STAGES}}
     report["decontamination"] = prepared.decontamination  # the suites, and each one's rejections at prepare
+    rejected = {("prepare", reason): n for reason, n in prepared.stats.dropped_by_reason.items()}
+    for stage in ("generate", "validate"):
+        rejected |= {(stage, reason): n for reason, n in stages[stage]["dropped_by_reason"].items()}
+    report["rejections"] = rejection_examples(storage, [k for k in data_files if "/rejected/" in k], rejected)
     report["cost"] = generation_cost(generations, fleet, report.get("train_tokens", 0), cost)
+    splits = split_records(shards)
+    report |= {f"{split}_records": count for split, count in splits.items()}
+    report["vocab"] = vocab
     title = f"{location.dataset} {location.version} ({location.profile})"
     writer = uuid.uuid4().hex[:16]  # this publisher's own report keys: a concurrent one never writes them
     report_files = write_dataset_report(storage, location, title, verdicts, report, writer)
@@ -221,8 +204,10 @@ def _write_manifest(
         run_id=run_id,
         prepare={**prepared.stats.to_dict(), "rows_read": prepared.rows_read, "duplicates": prepared.duplicates},
         stages=stages,
-        records=report.get("train_records", 0),
-        splits={"train": report.get("train_records", 0), "truncated": report.get("truncated_records", 0)},
+        records=splits["train"],
+        splits=splits,
+        validation_share=version_share(prepared),
+        vocab=vocab,
         report={
             "writer": writer,
             "json": storage.uri(location.report_file("report.json", writer)),
@@ -306,10 +291,12 @@ def run_publish(
     verified: dict[str, Any] | None = None,
     run_id: str | None = None,
     cost: dict[str, Any] | None = None,
+    vocab_sizes: VocabSizes | None = None,
 ) -> dict[str, Any]:
     """`sampling_params`: exactly what every /generate request of this version sent, recorded in the manifest.
     `verified`: what `verify_contents` returned for this version (the DAG verifies in a task of its own); without it,
-    the version is verified here. Either way no manifest names data the verifier has not read back.
+    the version is verified here. Either way no manifest names data the verifier has not read back. `vocab_sizes`: the
+    draft and target vocabularies of vocab/ (None: the profile's default draft size over the tokenizer's ids).
 
     A version is immutable: publishing into one that has a manifest already is a no-op when its data files are the
     same (a retried publish), and refused when they differ, unless `overwrite`."""
@@ -324,11 +311,17 @@ def run_publish(
             "verify_dataset to verify them again"
         )
     generations = [s.generation for s in shards if s.generation]  # None: generated by an earlier run's try
-    published = _published_before(storage, location.manifest, data_files, overwrite)
+    vocab_sizes = vocab_sizes or VocabSizes.of(DRAFT_VOCAB_SIZE, None, [], prepared.token_roles["vocab_size"])
+    vocab_files, vocab = version_vocab(storage, location, shards, vocab_sizes)
+    version_files = data_files | digests(vocab_files)
+    published = _published_before(storage, location.manifest, version_files, overwrite)
     if published is None:
+        for key, body in vocab_files.items():  # made from the verified counts: the same bytes on every try
+            storage.put_bytes(key, body)
         sizes = {k: v[0] for k, v in stamps.items() if v is not None}  # what the verifier read: all of them
-        args = (verified, sizes, fleet, sampling_params, run_id, cost or {}, overwrite)
-        body, manifest, report = _write_manifest(prepared, shards, generations, storage, data_files, *args)
+        sizes |= {key: len(body) for key, body in vocab_files.items()}
+        args = (verified, sizes, fleet, sampling_params, run_id, cost or {}, vocab, overwrite)
+        body, manifest, report = _write_manifest(prepared, shards, generations, storage, version_files, *args)
     else:  # a retried publish: the version stands as it is, report included
         log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)
         body, manifest = published

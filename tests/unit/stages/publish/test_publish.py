@@ -76,7 +76,7 @@ def test_the_dataset_report_counts_every_stages_rejections_and_rounds_for_people
     }
     assert report["rejected_by_stage"] == by_stage and by_stage["prepare"] == 4
     assert f"{sum(by_stage.values())} rejected (prepare 4" in page
-    cells = re.findall(r"<td>([0-9.,]+)</td>", page.split("Token lengths")[1])
+    cells = re.findall(r"<td>([0-9.,]+)</td>", page.split("Token lengths")[1].split("</table>")[0])
     assert cells and all(re.fullmatch(r"[0-9,]+\.[0-9]", c) for c in cells), cells  # one decimal, for people
 
 

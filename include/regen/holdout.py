@@ -1,0 +1,49 @@
+"""Which prompts are held out for validation: a pure function of the source prompt, never of the run.
+
+A prompt's side is decided by a digest of its opening, the messages before its first assistant turn and its tools:
+what every row cut from one source conversation shares (each of its `every_assistant_turn` prompts, each turn of an
+on-policy conversation) and every sample of one prompt at every temperature. No run, version, shard or sample
+enters it, so the same prompts are held out in every version and every nightly, and a prompt validated on is never
+trained on later. The digest is read as a number in [0, 1): a prompt is held out when it falls below the share, so
+raising the share only moves prompts from train to validation, never back.
+
+Two conversations that open alike fall on one side together (a stricter split than by row, never a leak).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from regen.chat import canonical_json
+
+SIDES = ("train", "validation")
+
+
+def opening(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages before the first assistant turn: what every prompt cut from one conversation starts with."""
+    for position, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            return messages[:position]
+    return messages
+
+
+def source_key(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    """The source prompt's digest (hex): its opening and its tools, canonically spelt."""
+    content = {"opening": opening(messages), "tools": tools or []}
+    return hashlib.sha256(canonical_json(content).encode("utf-8")).hexdigest()
+
+
+def held_out(key: str, share: float) -> bool:
+    """Whether a source prompt goes to validation at `share`: its digest's first 64 bits, read as a fraction of
+    2^64, below the share."""
+    return int(key[:16], 16) < share * 2**64
+
+
+def side_of(messages_json: str, tools_json: str | None, share: float) -> str:
+    """`train` or `validation` for a prompts/ row (its messages and tools as stored: canonical JSON)."""
+    if share <= 0:
+        return "train"
+    tools = json.loads(tools_json) if tools_json else None
+    return SIDES[held_out(source_key(json.loads(messages_json), tools), share)]

@@ -1,0 +1,281 @@
+"""A published version is ready to train on: a held-out validation split decided by the source prompt alone (the
+same prompts in every version, every row of a prompt on one side), the train split's token frequencies and the draft
+vocabulary, all listed in the manifest and checked by `regen verify` against a count of the records themselves.
+Runs the library's stages as the DAG's tasks call them (tests/unit/test_nightly.py's way)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import json
+import shutil
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from regen import pipeline
+from regen.holdout import held_out, opening, side_of, source_key
+from regen.samples import sample_of
+from regen.verify import verify_version
+from regen.vocab import coverage, dense_counts, vocab_mapping
+from tests.conftest import ROOT, Simulator, each_shard
+
+SHARE = 0.5  # half the prompts: both sides hold many rows of a small dataset
+
+
+def test_a_prompts_side_depends_on_its_opening_and_tools_only() -> None:
+    system = {"role": "system", "content": "Be brief."}
+    ask = {"role": "user", "content": "What is 2 + 2?"}
+    one = [system, ask, {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3 + 3?"}]
+    assert opening(one) == [system, ask]
+    assert source_key(one, []) == source_key(one[:2], []) == source_key([*one[:2], {"role": "assistant"}], None)
+    assert source_key(one, []) != source_key(one, [{"type": "function", "function": {"name": "add"}}])
+    assert source_key(one, []) != source_key([system, {"role": "user", "content": "What is 2 + 3?"}], [])
+
+
+def test_raising_the_share_only_moves_prompts_to_validation() -> None:
+    keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(2000)]
+    shares = (0.0, 0.01, 0.02, 0.1, 0.5, 1.0)
+    held = {share: {k for k in keys if held_out(k, share)} for share in shares}
+    for smaller, larger in itertools.pairwise(shares):
+        assert held[smaller] <= held[larger]
+    assert held[0.0] == set() and held[1.0] == set(keys)
+    assert 0.08 < len(held[0.1]) / len(keys) < 0.12  # a digest is uniform
+    assert side_of(json.dumps([{"role": "user", "content": "x"}]), "[]", 0.0) == "train"
+
+
+def test_the_draft_vocabulary_is_the_most_frequent_ids_ties_by_the_lower_id() -> None:
+    counts = dense_counts([np.array([7, 7, 3, 5, 5, 9, 2])], size=12)
+    d2t, t2d = vocab_mapping(counts, 3, 12)
+    assert np.flatnonzero(t2d).tolist() == [2, 5, 7]  # 7 and 5 twice; of 2, 3 and 9 once, the lowest
+    assert d2t.tolist() == [2, 4, 5] and d2t.dtype == np.int64 and t2d.dtype == np.bool_ and len(t2d) == 12
+    d2t, t2d = vocab_mapping(counts, 8, 12)  # five ids seen: padded with the lowest never seen
+    assert np.flatnonzero(t2d).tolist() == [0, 1, 2, 3, 4, 5, 7, 9]
+    assert (np.flatnonzero(t2d) - np.arange(8)).tolist() == d2t.tolist()
+    assert coverage(counts, [1, 2, 3, 100]) == {1: round(2 / 7, 6), 2: round(4 / 7, 6), 3: round(5 / 7, 6), 100: 1.0}
+    with pytest.raises(ValueError, match="outside the target vocabulary of 9"):
+        vocab_mapping(counts, 3, 9)
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Three datasets: B1 answered at two temperatures, B1 cut at every assistant turn, and C1 on-policy."""
+    source = tmp_path / "B1.jsonl"
+    shutil.copy(ROOT / "data" / "samples" / "B1_glaive.jsonl", source)
+    b1 = {"format": "openai_messages", "paths": [str(source)]}
+    config = {
+        "defaults": {
+            "storage_root": str(tmp_path / "storage"),
+            "shard_size": 7,
+            "tokenize_workers": 1,
+            "validation_share": SHARE,
+        },
+        "governance": {"allowed_endpoints": ["127.0.0.1"]},
+        "datasets": {
+            "temperatures": {**b1, "temperatures": [0.3, 1.0]},
+            "every_turn": {**b1, "turns": "every_assistant_turn"},
+            "on_policy": {
+                "format": "auto",
+                "turns": "on_policy",
+                "paths": [str(ROOT / "data" / "samples" / "C1_multiturn.jsonl")],
+            },
+        },
+    }
+    (tmp_path / "regen.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("REGEN_CONFIG", str(tmp_path / "regen.yaml"))
+    return tmp_path
+
+
+def run_stages(run_id: str, simulator: Simulator, **params: Any) -> dict[str, dict[str, Any]]:
+    """plan -> prepare -> shards -> verify -> publish, as the DAG does; each dataset's published summary."""
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "skip_unchanged": False, **params}, run_id))
+    prepared = pipeline.finish_prepared(run, [pipeline.prepare_dataset(run, name) for name in run.datasets])
+    for shard in each_shard(run, prepared):
+        pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
+    return {p["dataset"]: pipeline.publish_dataset(run, p, [], pipeline.verify_dataset(run, p)) for p in prepared}
+
+
+def split_rows(manifest_uri: str) -> dict[str, list[dict[str, Any]]]:
+    manifest = json.loads(Path(manifest_uri).read_text())
+    root = Path(manifest["root"])
+    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for key in sorted(manifest["files"]):
+        split = key.split("/")[-2]
+        if split in ("train", "validation", "truncated") and key.endswith(".parquet"):
+            rows[split] += pq.read_table(root / key).to_pylist()
+    return rows
+
+
+def source_of(manifest_uri: str) -> dict[str, int]:
+    """Each sample id's source row (prompts/ `source_index`): what the split must keep on one side."""
+    manifest = json.loads(Path(manifest_uri).read_text())
+    root = Path(manifest["root"])
+    sources: dict[str, int] = {}
+    for shard in manifest["shards"]:
+        table = pq.read_table(root / shard["prompts"], columns=["id", "source_index"])
+        sources |= dict(zip(table.column("id").to_pylist(), table.column("source_index").to_pylist(), strict=True))
+    return sources
+
+
+def test_every_row_of_a_source_prompt_is_on_one_side_and_the_same_side_in_every_version(
+    deployment: Path, simulator: Simulator
+) -> None:
+    first, second = run_stages("night-1", simulator), run_stages("night-2", simulator, validation_share=SHARE)
+    for dataset, published in first.items():
+        rows, sources = split_rows(published["manifest"]), source_of(published["manifest"])
+        sides: dict[int, set[str]] = defaultdict(set)
+        for split in ("train", "validation"):
+            for row in rows[split]:
+                sides[sources[sample_of(row["id"])]].add(split)
+        for row in rows["truncated"]:
+            sides[sources[sample_of(row["id"])]].add(row["side"])
+        assert all(len(s) == 1 for s in sides.values()), dataset  # samples, turns and cuts of a source: one side
+        assert {"train", "validation"} == set().union(*sides.values()), dataset
+        assert published["splits"]["train"] == len(rows["train"]) == published["records"]
+        assert published["splits"]["validation"] == len(rows["validation"]) > 0
+        again = split_rows(second[dataset]["manifest"])
+        for split in ("train", "validation"):  # the same prompts held out in the next version
+            assert {sample_of(r["id"]) for r in rows[split]} == {sample_of(r["id"]) for r in again[split]}, split
+
+
+def test_the_version_counts_its_train_answers_and_maps_the_draft_vocabulary(
+    deployment: Path, simulator: Simulator
+) -> None:
+    published = run_stages("v1", simulator, datasets=["temperatures"])["temperatures"]
+    manifest = json.loads(Path(published["manifest"]).read_text())
+    root, folder = Path(manifest["root"]), Path(published["manifest"]).parent
+    rows = split_rows(published["manifest"])
+    expected: Counter[int] = Counter()
+    for row in rows["train"]:  # what every trainer counts: the ids under loss_mask == 1 of the train split
+        expected.update(i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m == 1)
+    freq = pq.read_table(folder / "vocab" / "token_freq.parquet")
+    assert freq.schema.names == ["token_id", "count"] and freq.schema.field("count").type == pa.int64()
+    assert dict(zip(freq.column("token_id").to_pylist(), freq.column("count").to_pylist(), strict=True)) == expected
+    d2t, t2d = np.load(folder / "vocab" / "d2t.npy"), np.load(folder / "vocab" / "t2d.npy")
+    vocab = manifest["vocab"]
+    assert (vocab["draft_vocab_size"], vocab["target_vocab_size"]) == (32_000, 163_840) == (len(d2t), len(t2d))
+    assert set(expected) <= set(np.flatnonzero(t2d).tolist())  # fewer ids seen than 32,000: every one is drafted
+    assert vocab["tokens"] == sum(expected.values()) and vocab["coverage"] == 1.0
+    assert {f"{folder.relative_to(root)}/vocab/{n}" for n in ("token_freq.parquet", "d2t.npy", "t2d.npy")} <= set(
+        manifest["files"]
+    )
+    assert verify_version(published["manifest"]).problems == []
+
+
+def altered(path: Path, body: bytes, manifest_path: Path) -> None:
+    """A file rewritten, and the manifest updated to its new sha256 and size: only a recount can tell."""
+    path.write_bytes(body)
+    manifest = json.loads(manifest_path.read_text())
+    key = str(path.relative_to(manifest["root"]))
+    manifest["files"][key], manifest["sizes"][key] = hashlib.sha256(body).hexdigest(), len(body)
+    manifest_path.write_text(json.dumps(manifest))
+
+
+def test_verify_recounts_the_counts_and_the_mapping_and_checks_every_records_side(
+    deployment: Path, simulator: Simulator
+) -> None:
+    published = run_stages("v1", simulator, datasets=["every_turn"])["every_turn"]
+    manifest_path = Path(published["manifest"])
+    folder = manifest_path.parent
+    manifest = json.loads(manifest_path.read_text())
+
+    freq = pq.read_table(folder / "vocab" / "token_freq.parquet")
+    bumped = freq.set_column(1, "count", pa.array([c + (i == 0) for i, c in enumerate(freq["count"].to_pylist())]))
+    out = io.BytesIO()
+    pq.write_table(bumped, out)
+    altered(folder / "vocab" / "token_freq.parquet", out.getvalue(), manifest_path)
+    [problem] = verify_version(str(manifest_path)).problems
+    assert "token_freq.parquet: the counts differ from a count of the train records" in problem
+
+    shard = manifest["shards"][0]
+    counts = pq.read_table(Path(manifest["root"]) / shard["token_counts"])
+    out = io.BytesIO()
+    pq.write_table(counts.slice(1), out)  # one id's count dropped
+    altered(Path(manifest["root"]) / shard["token_counts"], out.getvalue(), manifest_path)
+    problems = verify_version(str(manifest_path)).problems
+    assert any("token counts differ from those of the shard's train records" in p for p in problems), problems
+
+    d2t = np.load(folder / "vocab" / "d2t.npy")
+    d2t[-1] += 1
+    out = io.BytesIO()
+    np.save(out, d2t)
+    altered(folder / "vocab" / "d2t.npy", out.getvalue(), manifest_path)
+    problems = verify_version(str(manifest_path)).problems
+    assert any("d2t.npy: not the draft vocabulary" in p for p in problems), problems
+
+    # A validation record in place of its shard's first train record: on the wrong side.
+    entry = next(s for s in manifest["shards"] if s.get("validation_records"))
+    root = Path(manifest["root"])
+    train, validation = pq.read_table(root / entry["train"]), pq.read_table(root / entry["validation"])
+    moved = pa.concat_tables([validation.slice(0, 1), train.slice(1)])
+    out = io.BytesIO()
+    pq.write_table(moved, out)
+    altered(root / entry["train"], out.getvalue(), manifest_path)
+    problems = verify_version(str(manifest_path)).problems
+    assert any(f"1 records not on their source prompt's side ({validation['id'][0]})" in p for p in problems), problems
+
+
+def test_a_share_of_zero_writes_no_validation_split(deployment: Path, simulator: Simulator) -> None:
+    published = run_stages("v1", simulator, datasets=["temperatures"], validation_share=0)["temperatures"]
+    manifest = json.loads(Path(published["manifest"]).read_text())
+    assert "validation" not in manifest["splits"] and manifest["validation_share"] == 0.0
+    assert not any("/validation/" in key for key in manifest["files"])
+    assert verify_version(published["manifest"]).problems == []
+
+
+def test_a_version_published_before_splits_and_vocab_still_verifies_and_reads(
+    deployment: Path, simulator: Simulator
+) -> None:
+    """A manifest as this project wrote it before: no validation/, no vocab/, no counts files, no new fields."""
+    from regen import read_training_data
+
+    published = run_stages("v1", simulator, datasets=["temperatures"], validation_share=0)["temperatures"]
+    manifest_path = Path(published["manifest"])
+    manifest = json.loads(manifest_path.read_text())
+    root = Path(manifest["root"])
+    for key in [k for k in manifest["files"] if "/vocab/" in k or k.endswith("-token-freq.parquet")]:
+        (root / key).unlink()
+        del manifest["files"][key], manifest["sizes"][key]
+    for name in ("validation_share", "vocab"):
+        del manifest[name]
+    for shard in manifest["shards"]:
+        del shard["token_counts"]
+    manifest_path.write_text(json.dumps(manifest))
+    assert verify_version(str(manifest_path)).problems == []
+    records = sum(batch.num_rows for batch in read_training_data(str(manifest_path)))
+    assert records == manifest["records"] > 0
+
+
+def test_the_report_shows_each_rejection_reason_with_an_example_and_the_draft_vocabularys_coverage(
+    deployment: Path, simulator: Simulator
+) -> None:
+    published = run_stages("v1", simulator, datasets=["temperatures"])["temperatures"]
+    manifest = json.loads(Path(published["manifest"]).read_text())
+    report_html = Path(manifest["report"]["html"])
+    report = json.loads(Path(manifest["report"]["json"]).read_text())
+    page = report_html.read_text()
+    rejected = {(r["stage"], r["reason"]): r for r in report["rejections"]}
+    assert sum(r["count"] for r in rejected.values()) == manifest["prepare"]["dropped"] > 0  # B1's rows left out
+    rows = [
+        json.loads(line)
+        for line in (
+            Path(manifest["root"]) / next(k for k in manifest["files"] if k.endswith("rejected/prepare.jsonl"))
+        )
+        .read_text()
+        .splitlines()
+    ]
+    for (stage, reason), entry in rejected.items():
+        first = next(r for r in rows if r["reason"] == reason)  # the file's first row of that reason, as the example
+        assert entry["example"] == (first["id"] or f"{first['source']}:{first['source_index']}")
+        assert f"<td>{stage}</td><td>{reason}</td><td>{entry['count']}</td>" in page
+    assert '<a href="report.json">report.json</a>' in page and "<pre>" not in page  # linked, not printed raw
+    coverage_share = f"{100 * report['vocab']['coverage']:.2f}%"
+    assert coverage_share in page and 'src="vocab.png"' in page
+    assert (report_html.parent / "vocab.png").read_bytes()[:4] == b"\x89PNG"
