@@ -307,6 +307,16 @@ def drafter_root(tmp_path_factory: pytest.TempPathFactory, renderer: ChatRendere
     return path
 
 
+def kept_keys(shard: dict[str, Any]) -> list[str]:
+    """A manifest shard's files of kept answers: train/, and validation/ where its prompts are held out."""
+    return [shard["train"], *([shard["validation"]] if shard.get("validation") else [])]
+
+
+def kept_records(manifest: dict[str, Any]) -> int:
+    """A published version's kept answers: trained on, or held out for validation."""
+    return int(manifest["records"]) + int(manifest.get("splits", {}).get("validation", 0))
+
+
 def each_shard(run: Any, prepared: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """Every shard manifest of the prepared datasets, as the DAG's generate tasks get them: groups, then each group's
     shards from prepare's record. `run`: a regen.run_params.RunSpec."""

@@ -384,7 +384,7 @@ def delivered(root: str, profile: str, dataset: str, s3_client: Any) -> Delivere
     found.problems += result.problems
     found.version = result.manifest.get("version")
     found.shards = [shard["shard"] for shard in result.manifest.get("shards", [])]
-    for split in ("train", "truncated"):
+    for split in ("train", "validation", "truncated"):
         for batch in read_training_data(uri, s3_client, split, ["id", "input_ids"], sha256):
             for sample_id, input_ids in zip(
                 batch.column("id").to_pylist(), batch.column("input_ids").to_pylist(), strict=True

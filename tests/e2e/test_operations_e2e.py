@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from regen.layout import version_from_run_id
+from tests.conftest import kept_keys
 from tools.devstack import ADMIN, DAG_ID, Simulator, Stack, port_to_hold, start_simulator, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -76,14 +77,14 @@ class Operations:
         return str(self.stack.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"])
 
     def train_ids(self, report: dict[str, Any]) -> Counter[str]:
-        """Every published training record's sample id, over the run's datasets."""
+        """Every published training record's sample id (trained on or held out), over the run's datasets."""
         s3, ids = self.stack.s3_client(), Counter[str]()
         for dataset in report["datasets"]:
             manifest_key = dataset["manifest"].removeprefix(f"s3://{BUCKET}/")
             manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=manifest_key)["Body"].read())
             root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
-            for shard in manifest["shards"]:
-                body = s3.get_object(Bucket=BUCKET, Key=root + shard["train"])["Body"].read()
+            for key in (key for shard in manifest["shards"] for key in kept_keys(shard)):
+                body = s3.get_object(Bucket=BUCKET, Key=root + key)["Body"].read()
                 ids.update(pq.read_table(io.BytesIO(body), columns=["id"]).column("id").to_pylist())
         return ids
 

@@ -21,6 +21,7 @@ import zstandard
 from regen.chat import ChatRenderer
 from regen.simulator.defects import BY_NAME
 from regen_airflow.usage import parse_usage_line
+from tests.conftest import kept_keys, kept_records
 from tests.deepseek_style import deepseek_profile
 from tools.devstack import DAG_ID, Simulator, Stack, start_simulator, wait_until
 
@@ -166,9 +167,9 @@ def test_every_sample_lands_exactly_once_with_the_servers_own_ids(stack: Stack, 
         prompts = {r["id"]: r for key in s3_keys(stack, prefix + "prompts/", ".parquet") for r in s3_table(stack, key)}
         root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"  # manifest keys are relative to the root
         raw = {r["id"]: r for s in manifest["shards"] for r in s3_raw(stack, root + s["raw"])}
-        train = [r for s in manifest["shards"] for r in s3_table(stack, root + s["train"])]
+        train = [r for s in manifest["shards"] for key in kept_keys(s) for r in s3_table(stack, root + key)]
 
-        assert len(prompts) == expected and manifest["records"] == expected
+        assert len(prompts) == expected and kept_records(manifest) == expected
         assert sorted(r["id"] for r in train) == sorted(prompts)  # every sample, exactly once
         for record in train:
             prompt_ids = prompts[record["id"]]["prompt_ids"]
@@ -206,7 +207,7 @@ def test_on_policy_conversations_regenerate_turn_by_turn_through_airflow(stack: 
     manifest, prefix = s3_json(stack, manifest_key), manifest_key.removesuffix("manifest.json")
     root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
     raw = {r["id"]: r for s in manifest["shards"] for r in s3_raw(stack, root + s["raw"])}
-    train = {r["id"]: r for s in manifest["shards"] for r in s3_table(stack, root + s["train"])}
+    train = {r["id"]: r for s in manifest["shards"] for key in kept_keys(s) for r in s3_table(stack, root + key)}
     rejected = s3_lines(stack, prefix + "rejected/" + "shard-00000-generate.jsonl")
     sent = {r["rid"]: r for r in (json.loads(x) for x in Path(stack.record).read_text().splitlines())}
     by_turn = {answer_id: sent[answer["rid"]] for answer_id, answer in raw.items()}
@@ -214,7 +215,7 @@ def test_on_policy_conversations_regenerate_turn_by_turn_through_airflow(stack: 
     assert manifest["prepare"]["kept"] == 24  # conversations
     turns = by_conversation([*raw, *(r["id"] for r in rejected)])
     assert len(turns) == 24 and sum(map(len, turns.values())) == manifest["stages"]["generate"]["total"] == 66
-    assert sorted(train) == sorted(raw) and manifest["records"] == len(raw)  # each turn its own record, once
+    assert sorted(train) == sorted(raw) and kept_records(manifest) == len(raw)  # each turn its own record, once
     for answer_id, record in train.items():
         server = by_turn[answer_id]
         assert server["input_ids"] == raw[answer_id]["prompt_ids"]
@@ -257,9 +258,9 @@ def test_a_profile_declared_only_in_the_config_runs_end_to_end_bit_exact(stack: 
     assert manifest["profile"]["name"] == profile
     root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
     raw = {r["id"]: r for shard in manifest["shards"] for r in s3_raw(stack, root + shard["raw"])}
-    train = [r for shard in manifest["shards"] for r in s3_table(stack, root + shard["train"])]
+    train = [r for shard in manifest["shards"] for key in kept_keys(shard) for r in s3_table(stack, root + key)]
     # The same rows are prepared for every profile: no prompt is too long or refused by the template.
-    assert len(train) == len(raw) == manifest["records"] == EXPECTED_PROMPTS["B1_glaive"]
+    assert len(train) == len(raw) == kept_records(manifest) == EXPECTED_PROMPTS["B1_glaive"]
     suffix, reasoning_end = roles["generation_suffix_ids"], roles["reasoning_end_id"]
     grammar = roles["tool_call_ids"]
     assert (
@@ -355,7 +356,7 @@ def test_with_defects_planted_only_the_valid_answers_are_published(stack: Stack,
         manifest, prefix = s3_json(stack, manifest_key), manifest_key.removesuffix("manifest.json")
         root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
         raw = {r["id"]: r for s in manifest["shards"] for r in s3_raw(stack, root + s["raw"])}
-        train = [r for s in manifest["shards"] for r in s3_table(stack, root + s["train"])]
+        train = [r for s in manifest["shards"] for key in kept_keys(s) for r in s3_table(stack, root + key)]
         rejected = {
             r["id"]: r
             for r in s3_lines_if(stack, [prefix + f"rejected/{s['shard']}-validate.jsonl" for s in manifest["shards"]])
@@ -374,7 +375,7 @@ def test_with_defects_planted_only_the_valid_answers_are_published(stack: Stack,
             else:
                 assert sample_id not in rejected, rejected.get(sample_id)
         assert not generate_rejected  # every answer reached validation
-        assert manifest["records"] == len(train) == manifest["splits"]["train"]
+        assert kept_records(manifest) == len(train) == manifest["splits"]["train"] + manifest["splits"]["validation"]
         assert manifest["stages"]["validate"]["dropped"] == len(rejected)
     assert planted == caught > 10
 
@@ -481,7 +482,8 @@ def published_records(stack: Stack, report: dict[str, Any]) -> dict[str, dict[st
         manifest = s3_json(stack, manifest_key)
         root = manifest["root"].removeprefix(f"s3://{BUCKET}/") + "/"
         for shard in manifest["shards"]:
-            records.update({r["id"]: r for r in s3_table(stack, root + shard["train"])})
+            for key in kept_keys(shard):
+                records.update({r["id"]: r for r in s3_table(stack, root + key)})
     return records
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from regen.storage import LocalStorage, read_table
-from tests.conftest import project_config_in, raw_answers
+from tests.conftest import kept_keys, kept_records, project_config_in, raw_answers
 from tests.real_sglang import CURRENCY, GET_WEATHER
 from tools.devstack import Stack
 from tools.real_sglang import RealServer, model_dir
@@ -105,8 +105,9 @@ def test_every_published_record_is_what_the_servers_log_says_they_sent(real_run:
     logged = {r["rid"]: r for server in real_run["servers"] for r in server.finished()}
     manifest, storage, entry = published(real_run["report"], dataset)
     raw = {a["id"]: a for shard in manifest["shards"] for a in raw_answers(storage, shard["raw"])}
-    train = {r["id"]: r for shard in manifest["shards"] for r in read_table(storage, shard["train"]).to_pylist()}
-    assert train and set(train) <= set(raw) and manifest["records"] == len(train)
+    kept = [key for shard in manifest["shards"] for key in kept_keys(shard)]
+    train = {r["id"]: r for key in kept for r in read_table(storage, key).to_pylist()}
+    assert train and set(train) <= set(raw) and kept_records(manifest) == len(train)
     for answer_id, record in train.items():
         server = logged[raw[answer_id]["rid"]]  # the server's own log: what it was sent, and what it sent back
         assert record["input_ids"] == server["input_ids"] + server["output_ids"]  # bit-exact
@@ -141,7 +142,7 @@ def test_the_weather_calls_are_kept_and_the_other_prompts_answer_in_content(real
     manifest, storage, _ = published(real_run["report"], "R1_weather")
     roles = manifest["token_roles"]
     call_begin = roles["tool_call_ids"]["call_begin"]
-    train = [r for shard in manifest["shards"] for r in read_table(storage, shard["train"]).to_pylist()]
+    train = [r for s in manifest["shards"] for key in kept_keys(s) for r in read_table(storage, key).to_pylist()]
     assert len(train) == len(CITIES) == manifest["stages"]["validate"]["kept"]  # every real answer kept
     answers = [[i for i, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m] for r in train]
     calls = [a for a in answers if call_begin in a]
