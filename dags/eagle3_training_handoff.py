@@ -2,8 +2,8 @@
 
 Scheduled on the datasets eagle3_regen publishes (one asset per dataset, announced through the alias
 `eagle3_regen_datasets`), it verifies every newly published version against its manifest (the manifest's own sha256
-as the event carries it, each file's sha256 and size, every record's invariants) before training may read it.
-An example to extend: put the training job's trigger after `verify_version`, or schedule on a
+as the event carries it, each file's sha256 and size, every record's invariants) before training may read it, then
+writes SpecForge's copy of its draft vocabulary (vocab/specforge.pt) where torch is installed. An example to extend: put the training job's trigger after `verify_version`, or schedule on a
 single dataset's asset instead of the alias.
 """
 
@@ -44,7 +44,16 @@ def eagle3_training_handoff() -> None:
         with final_errors_fail_now():  # a version that does not match its manifest stays wrong
             return verify_published(manifest, s3_client_for(manifest), version["manifest_sha256"])
 
-    verify_version.expand(version=published_versions())
+    @task(map_index_template="{{ label }}")
+    def specforge_vocab_mapping(verified: dict[str, Any]) -> str | None:
+        """vocab/specforge.pt, the .npy pair as SpecForge's trainer loads it; none without torch (docs/data.md)."""
+        from regen.stages.publish.vocab_files import write_specforge_mapping
+
+        manifest = verified["manifest"]
+        get_current_context()["label"] = manifest  # type: ignore[typeddict-unknown-key]
+        return write_specforge_mapping(manifest, s3_client_for(manifest))
+
+    specforge_vocab_mapping.expand(verified=verify_version.expand(version=published_versions()))
 
 
 eagle3_training_handoff()

@@ -33,6 +33,8 @@ modules=(
   # What the real server (tools/real_sglang.py) imports beyond the chat layer: each stops its start-up when missing.
   soundfile setproctitle prometheus_client python_multipart interegular xxhash watchfiles blobfile anthropic
   openai_harmony llguidance pynvml scipy
+  # The trainers tier (tests/parity/test_trainers_vocab.py): SpecForge's counting and mapping, and what both read.
+  datasets specforge.data.preprocessing
 )
 
 verify() {  # verify ENV_DIR: every module imports on CPU, and the installed set is exactly the lock

@@ -21,6 +21,7 @@
       report/{writer}/report.json, .html, *.png the dataset report, in its publisher's own folder (the manifest
                                                names the writer: of two publishers, the loser's is never named)
       vocab/token_freq.parquet, d2t.npy, t2d.npy  the shards' counts summed, and the draft vocabulary (regen.vocab)
+      vocab/specforge.pt                       d2t and t2d as SpecForge loads them (the training hand-off writes it)
       manifest.json                            written last: its presence means the version is complete
       writer.json                              the run writing the version, renewed while it writes (regen.claims)
     {profile}/runs/{version}.json              the run's report (a later run of the version: {version}--{run}.json)
@@ -50,10 +51,11 @@ REPORT_PLOTS = (
     "vocab.png",
 )  # the plots report.html shows (regen.stages.publish.dataset_report draws them)
 # Files of a version's folder (keys relative to it) besides those its manifest lists: the bookkeeping that makes each
-# stage idempotent, and the claim. Anything else there that the manifest does not list is a stray the verifier names.
+# stage idempotent, the claim, and the hand-off's SpecForge copy of the listed vocab/d2t.npy and t2d.npy (torch's
+# bytes, written after the version verified). Anything else the manifest does not list is a stray the verifier names.
 BOOKKEEPING = re.compile(
     r"(manifest\.json|writer\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json"
-    r"|reports/shard-\d+(\.generate|\.validate)?\.json)"
+    r"|reports/shard-\d+(\.generate|\.validate)?\.json|vocab/specforge\.pt)"
 )
 # What a version's page may be asked to serve to a signed-in user: the manifest and the dataset report, nothing else.
 VIEWABLE_FILES = (MANIFEST, *REPORT_FILES, *REPORT_PLOTS)

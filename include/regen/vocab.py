@@ -83,6 +83,16 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return out.getvalue()
 
 
+def specforge_mapping(d2t: np.ndarray, t2d: np.ndarray) -> bytes:
+    """The draft vocabulary as SpecForge's trainer loads it (`torch.load`): {"d2t": int64, "t2d": bool} tensors.
+    Needs torch, which the pipeline itself does not install."""
+    import torch
+
+    out = io.BytesIO()
+    torch.save({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, out)
+    return out.getvalue()
+
+
 def draft_vocabulary(counts: np.ndarray, draft_vocab_size: int) -> np.ndarray:
     """The draft vocabulary's target ids, ascending: the `draft_vocab_size` most frequent (ties by the lower id),
     then the lowest ids never seen while there are too few."""

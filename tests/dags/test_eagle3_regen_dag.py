@@ -87,6 +87,7 @@ def test_the_handoff_dag_is_scheduled_on_every_published_dataset(bag) -> None:  
     handoff = bag.dags["eagle3_training_handoff"]
     assert handoff.timetable.asset_condition.objects == (AssetAlias("eagle3_regen_datasets"),)
     assert handoff.get_task("published_versions").inlets == [AssetAlias("eagle3_regen_datasets")]
+    assert handoff.get_task("specforge_vocab_mapping").upstream_task_ids == {"verify_version"}
 
 
 def test_mail_alerts_are_added_when_the_config_names_recipients() -> None:

@@ -279,3 +279,41 @@ def test_the_report_shows_each_rejection_reason_with_an_example_and_the_draft_vo
     coverage_share = f"{100 * report['vocab']['coverage']:.2f}%"
     assert coverage_share in page and 'src="vocab.png"' in page
     assert (report_html.parent / "vocab.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_version_loads_with_hugging_face_datasets_in_one_call(
+    deployment: Path, simulator: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/data.md's one call: both splits, every column, as a trainer's data loader reads them."""
+    from datasets import load_dataset
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(deployment / "hf-cache"))
+    published = run_stages("v1", simulator, datasets=["temperatures"])["temperatures"]
+    folder = Path(published["manifest"]).parent
+    files = {split: str(folder / split / "*.parquet") for split in ("train", "validation")}
+    loaded = load_dataset("parquet", data_files=files)  # some shards hold no validation record: files of no row
+    rows = split_rows(published["manifest"])
+    shards = json.loads(Path(published["manifest"]).read_text())["shards"]
+    assert any(shard["validation_records"] == 0 for shard in shards)  # the case an empty row group broke
+    for split in ("train", "validation"):
+        assert loaded[split].num_rows == published["splits"][split] == len(rows[split]) > 0
+        assert sorted(loaded[split]["id"]) == sorted(r["id"] for r in rows[split])
+    first = loaded["train"][0]
+    assert len(first["input_ids"]) == len(first["loss_mask"]) and sum(first["loss_mask"]) > 0
+
+
+def test_without_torch_the_handoff_writes_no_specforge_file_and_the_version_still_verifies(
+    deployment: Path, simulator: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pipeline's environment has no torch: the hand-off says how to convert, and writes nothing. (With torch,
+    tests/parity/test_trainers_vocab.py loads the file as SpecForge's trainer does.)"""
+    import sys
+
+    from regen.stages.publish.vocab_files import write_specforge_mapping
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError, whatever is installed
+    published = run_stages("v1", simulator, datasets=["temperatures"])["temperatures"]
+    assert write_specforge_mapping(published["manifest"]) is None
+    assert not (Path(published["manifest"]).parent / "vocab" / "specforge.pt").exists()
+    (Path(published["manifest"]).parent / "vocab" / "specforge.pt").write_bytes(b"torch's bytes")
+    assert verify_version(published["manifest"]).problems == []  # the hand-off's copy is no stray

@@ -117,10 +117,15 @@ def read_table(storage: Storage, key: str, columns: list[str] | None = None, opt
 
 
 def write_table(storage: Storage, key: str, table: Any, **options: Any) -> str:
-    """An Arrow table stored as zstd Parquet (`options` go to pyarrow's writer); returns its sha256."""
+    """An Arrow table stored as zstd Parquet (`options` go to pyarrow's writer); returns its sha256. An empty table is
+    written with no row group, not one of no rows: Hugging Face `datasets` reads past the first and fails on the other
+    (an empty validation/ shard would stop `load_dataset`)."""
     import pyarrow.parquet as pq
 
     with tempfile.TemporaryDirectory(prefix="regen-write-") as tmp:
         path = Path(tmp) / "table.parquet"
-        pq.write_table(table, path, compression="zstd", **options)
+        if table.num_rows:
+            pq.write_table(table, path, compression="zstd", **options)
+        else:
+            pq.ParquetWriter(path, table.schema, compression="zstd", **options).close()
         return storage.put_file(key, path)

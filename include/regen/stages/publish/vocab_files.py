@@ -6,6 +6,8 @@ the counts alone, so a retried publish makes the same files, and a published ver
 from __future__ import annotations
 
 import hashlib
+import io
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from regen.layout import DatasetLocation
 from regen.manifest import ShardManifest
-from regen.storage import Storage, read_table
+from regen.storage import Storage, get_json, open_storage, read_table
 from regen.vocab import (
     COVERAGE_SIZES,
     add_counts,
@@ -23,8 +25,11 @@ from regen.vocab import (
     coverage,
     npy_bytes,
     parquet_bytes,
+    specforge_mapping,
     vocab_mapping,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,24 @@ def version_vocab(
 
 def _curve(sizes: VocabSizes) -> list[int]:
     return sorted({n for n in COVERAGE_SIZES if n < sizes.target} | {sizes.draft})
+
+
+def write_specforge_mapping(manifest_uri: str, s3_client: Any = None) -> str | None:
+    """vocab/specforge.pt beside a verified version's .npy pair, for SpecForge's trainer: its URI, or None when the
+    version has no vocab/ or this process has no torch."""
+    folder = manifest_uri.rsplit("/", 1)[0]
+    here = open_storage(folder, s3_client)
+    listed = {key.split("/", 3)[-1] for key in get_json(here, "manifest.json")["files"]}  # relative to the version
+    if not {"vocab/d2t.npy", "vocab/t2d.npy"} <= listed:
+        return None
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        log.info("no torch here: vocab/specforge.pt is not written (docs/data.md converts the .npy pair in one line)")
+        return None
+    d2t, t2d = (np.load(io.BytesIO(here.get_bytes(f"vocab/{n}")), allow_pickle=False) for n in ("d2t.npy", "t2d.npy"))
+    here.put_bytes("vocab/specforge.pt", specforge_mapping(d2t, t2d))
+    return here.uri("vocab/specforge.pt")
 
 
 def digests(files: dict[str, bytes]) -> dict[str, str]:
