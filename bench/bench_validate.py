@@ -9,7 +9,9 @@ template, answers `reasoning, reasoning end, answer, EOS` (a third of them a too
 Then, each timed as process CPU seconds (one core: nothing here runs threads that matter):
 - the floor: pyarrow reads the training records (train/shard.parquet) and writes them again, zstd, as export does;
 - validate (every check, with the re-render and re-tokenization samples off) plus export: the stage pair's cost;
-- the re-render check (1% of prompts, at least 16) and the re-tokenization drift (5%, at least 16) on their own.
+- the re-render check (1% of prompts, at least 16) and the re-tokenization drift (5%, at least 16) on their own;
+- what export spends on the held-out split (the default share, 2%: each sample's side from its messages) and on
+  counting the train split's tokens (regen.vocab, as export counts them), as shares of export.
 It also prints the bytes per token of raw/, train/ and the whole version folder, against the previous raw format
 (JSON Lines that repeated the prompt ids, uncompressed), computed from the same records.
 """
@@ -27,20 +29,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from regen.chat import ChatRenderer  # noqa: E402
+from regen.holdout import side_of, source_key  # noqa: E402
 from regen.layout import DatasetLocation  # noqa: E402
 from regen.manifest import ShardManifest  # noqa: E402
 from regen.profiles import SectionCalls, lookup  # noqa: E402
-from regen.records import RawAnswer, ShardPrompts, encode_answer, text_digest, write_raw  # noqa: E402
-from regen.stages.export import run_export  # noqa: E402
+from regen.records import RawAnswer, ShardPrompts, encode_answer, read_prompts, text_digest, write_raw  # noqa: E402
+from regen.stages.export import ExportSettings, run_export  # noqa: E402
 from regen.stages.validate import ValidateSettings, check_render_drift, run_validate  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
 from regen.tool_calls import write_tagged  # noqa: E402
+from regen.vocab import add_counts, counts_from_table, counts_table, dense_counts  # noqa: E402
 
 
 def tool_call_text(renderer: ChatRenderer, name: str, arguments: str) -> str:
@@ -109,6 +114,7 @@ def build_shard(root: Path, renderer: ChatRenderer, records: int, seed: int = 0)
                 "source": "bench",
                 "messages": json.dumps(conversation.messages),
                 "tools": json.dumps(tools),
+                "source_key": source_key(conversation.messages, tools),  # as prepare records it
                 "meta": "{}",
                 "prompt_ids": prompt_ids,
             }
@@ -173,7 +179,23 @@ def main(argv: list[str] | None = None) -> None:
             render_check_fraction=1e-9, render_check_minimum=0, retokenize_fraction=0.0, retokenize_minimum=0
         )
         t_validate, validated = cpu(lambda: run_validate(shard, storage, renderer, core))
-        t_export, exported = cpu(lambda: run_export(validated, storage))
+        t_plain, _ = cpu(lambda: run_export(validated, storage))  # no held-out split: the baseline
+        t_export, exported = cpu(lambda: run_export(validated, storage, ExportSettings(validation_share=0.02)))
+        outputs = [pq.read_table(storage.uri(exported.train_key), columns=["input_ids", "prompt_len"])]
+        pairs = ((t["input_ids"].to_numpy(False), t["prompt_len"].to_numpy()) for t in outputs)
+        answers = [ids[n:] for column, lengths in pairs for ids, n in zip(column, lengths, strict=True)]
+        t_count, _ = best_of(3, lambda: counts_table(dense_counts(answers)))
+        shard_counts = counts_table(dense_counts(answers))
+        shards_at_200k = 200_000 // 2_000  # the default shard size
+
+        def publish_sum() -> None:  # publish's sum over a 200k-prompt version's shards, each one's table in turn
+            total = np.zeros(163_840, np.int64)
+            for _ in range(shards_at_200k):
+                total = add_counts(total, counts_from_table(shard_counts))
+
+        t_sum, _ = best_of(3, publish_sum)
+        held = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids"], sides=True)
+        t_sides, _ = best_of(3, lambda: [side_of(held, i, 0.02) for i in held.ids])
         train = Path(storage.uri(exported.train_key))
 
         def floor() -> None:
@@ -194,6 +216,10 @@ def main(argv: list[str] | None = None) -> None:
         rate = tokens / pair / 1e6
         print(f"validate {t_validate:.2f} s + export {t_export:.2f} s = {pair:.2f} s CPU = {rate:.1f}M tokens/s")
         print(f"ratio validate+export / floor: {pair / t_floor:.2f}x (target <= 3x)")
+        print(f"export without a held-out split {t_plain:.2f} s CPU; with 2% held out {t_export:.2f} s CPU")
+        print(f"token counting of train/ (in export): {t_count:.3f} s CPU = {t_count / t_export:.1%} of export")
+        print(f"publish's sum of {shards_at_200k} shards' counts (200k prompts): {t_sum:.3f} s CPU")
+        print(f"held-out sides of every sample (in export): {t_sides:.3f} s CPU = {t_sides / t_export:.1%} of export")
         print(
             f"re-render check: {rendered} prompts in {t_render:.2f} s CPU ({t_render / pair:.2f}x of validate+export)"
         )

@@ -13,10 +13,14 @@ Two conversations that open alike fall on one side together (a stricter split th
 from __future__ import annotations
 
 import hashlib
-import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from regen.chat import canonical_json
+
+if TYPE_CHECKING:
+    from regen.records import ShardPrompts
 
 SIDES = ("train", "validation")
 
@@ -41,9 +45,16 @@ def held_out(key: str, share: float) -> bool:
     return int(key[:16], 16) < share * 2**64
 
 
-def side_of(messages_json: str, tools_json: str | None, share: float) -> str:
-    """`train` or `validation` for a prompts/ row (its messages and tools as stored: canonical JSON)."""
+def side_of(prompts: ShardPrompts, sample_id: str, share: float) -> str:
+    """`train` or `validation` for a sample of a shard's prompts: by the source key prepare recorded, or for prompts
+    prepared before it did, from the messages and tools (read with them)."""
     if share <= 0:
         return "train"
-    tools = json.loads(tools_json) if tools_json else None
-    return SIDES[held_out(source_key(json.loads(messages_json), tools), share)]
+    key = prompts.source_key(sample_id)
+    if key is None:
+        tools = prompts.tools_json(sample_id)
+        key = source_key(_decode(prompts.messages_json(sample_id)), _decode(tools) if tools else None)
+    return SIDES[held_out(key, share)]
+
+
+_decode = msgspec.json.Decoder().decode  # several times json.loads' speed on a long conversation

@@ -109,6 +109,7 @@ class ShardPrompts:
         self._later = table.column("later").to_pylist() if "later" in names else []
         self._messages = table.column("messages").to_pylist() if "messages" in names else []
         self._expected = table.column("expected_tokens").to_pylist() if "expected_tokens" in names else []
+        self._source_key = table.column("source_key").to_pylist() if "source_key" in names else []
 
     @property
     def on_policy(self) -> bool:
@@ -130,6 +131,10 @@ class ShardPrompts:
         if answer.prompt_ids is not None:
             return np.asarray(answer.prompt_ids, dtype=self._values.dtype)
         return self.prompt_ids(answer.id)
+
+    def source_key(self, sample_id: str) -> str | None:
+        """Its source prompt's digest (regen.holdout), as prepare recorded it; None: prepared before it was."""
+        return self._source_key[self.row_of[sample_id]] if self._source_key else None
 
     def tools_json(self, answer_id: str) -> str:
         return str(self._tools[self.row(answer_id)] or "")
@@ -187,10 +192,14 @@ def longest_first_order(expected: Sequence[int | None]) -> list[int]:
 
 
 # absent from prompts prepared before they existed
-OPTIONAL_COLUMNS = ("temperature", "sampling_seed", "later", "expected_tokens")
+OPTIONAL_COLUMNS = ("temperature", "sampling_seed", "later", "expected_tokens", "source_key")
 
 
-def read_prompts(storage: Storage, key: str, columns: list[str]) -> ShardPrompts:
+def read_prompts(storage: Storage, key: str, columns: list[str], sides: bool = False) -> ShardPrompts:
     """A shard's prompts with `columns`, and its samples' own sampling and on-policy conversations where the file
-    has them."""
-    return ShardPrompts(read_table(storage, key, columns, optional=OPTIONAL_COLUMNS))
+    has them. `sides`: with what decides each sample's side of the held-out split (regen.holdout.side_of): its
+    source key, or for prompts prepared before keys were recorded, its messages and tools."""
+    prompts = ShardPrompts(read_table(storage, key, columns, optional=OPTIONAL_COLUMNS))
+    if sides and not prompts._source_key and prompts.ids:
+        return ShardPrompts(read_table(storage, key, [*columns, "messages", "tools"], optional=OPTIONAL_COLUMNS))
+    return prompts

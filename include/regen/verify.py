@@ -350,8 +350,7 @@ def _against_sources(
     """input_ids == the prompt sent (prompts/, or raw/ for an on-policy turn) + the server's output ids (raw/), record
     by record, and each record on its source prompt's side. `rows`: the records' ids, all their input ids end to
     end, where each starts, its length and its prompt's length; `sides`: a truncated/ file's side column."""
-    from regen.records import ShardPrompts, read_raw
-    from regen.storage import read_table
+    from regen.records import read_prompts, read_raw
 
     sample_ids, values, starts, lengths, prompt_len = rows
     shard_name = Path(key).name.removesuffix(".parquet")
@@ -361,8 +360,7 @@ def _against_sources(
     if bad_files & {shard["prompts"], shard["raw"]}:
         return []  # already named as missing or altered: there is nothing sound to compare with
     share = manifest.get("validation_share")  # None: published before validation/, nothing held out
-    held = ["messages", "tools"] if share else []
-    prompts = ShardPrompts(read_table(storage, shard["prompts"], ["id", "prompt_ids", *held]))
+    prompts = read_prompts(storage, shard["prompts"], ["id", "prompt_ids"], sides=bool(share))
     wanted = set(sample_ids)
     sent: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # answer id -> (prompt ids, output ids)
     with tempfile.TemporaryDirectory(prefix="regen-verify-raw-") as tmp:

@@ -28,7 +28,7 @@ def wrong_sides(
     for row, answer_id in enumerate(sample_ids):
         sample = sample_of(answer_id)
         if sample not in known:
-            known[sample] = side_of(prompts.messages_json(sample), prompts.tools_json(sample), share)
+            known[sample] = side_of(prompts, sample, share)
         claimed = sides[row] if sides is not None else split
         if claimed != known[sample]:
             wrong.append(answer_id)

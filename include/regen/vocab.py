@@ -28,12 +28,11 @@ COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32000, 65536)  # the report's c
 
 
 def dense_counts(token_ids: Iterable[np.ndarray], size: int = 0) -> np.ndarray:
-    """How often each id occurs over the arrays, as one int64 array of at least `size` entries."""
-    counts = np.zeros(size, np.int64)
-    for ids in token_ids:
-        if len(ids):
-            counts = add_counts(counts, np.bincount(np.asarray(ids, np.int64)))
-    return counts
+    """How often each id occurs over the arrays, as one int64 array of at least `size` entries (one bincount over
+    them all: one per array zeroed a vocabulary-sized array each time, 15% of export)."""
+    arrays = [np.asarray(ids) for ids in token_ids]
+    every = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+    return np.bincount(every.astype(np.int64, copy=False), minlength=size)
 
 
 def add_counts(total: np.ndarray, more: np.ndarray) -> np.ndarray:

@@ -96,3 +96,23 @@ def test_speculators_and_specforge_count_and_map_as_the_version_does(version: Pa
     # The version's SpecForge file, made from its .npy pair, is SpecForge's own for the profile's size.
     assert same("ours_pt_d2t.npy", published["d2t"]) and same("ours_pt_t2d.npy", published["t2d"])
     assert same("specforge_d2t_32000.npy", published["d2t"])
+
+
+def test_the_docs_one_line_conversion_makes_the_file_specforge_loads(version: Path, tmp_path: Path) -> None:
+    """docs/data.md's line for a machine without the hand-off's torch, run as written (with the oracle's python)."""
+    text = (ROOT / "docs" / "data.md").read_text(encoding="utf-8")
+    [line] = [block for block in text.split("```bash\n")[1:] if "specforge.pt" in block.split("```")[0]]
+    command = line.split("```")[0].strip()
+    assert command.startswith("python -c ")
+    shutil.copytree(version / "vocab", tmp_path / "vocab")
+    (tmp_path / "vocab" / "specforge.pt").unlink(missing_ok=True)
+    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": f"{oracle_python().parent}:/usr/bin:/bin"}
+    done = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    check = (
+        "import numpy as n, torch as t; m = t.load('vocab/specforge.pt', weights_only=True); "
+        "print(all(m[k].dtype == t.from_numpy(n.load(f'vocab/{k}.npy')).dtype and "
+        "t.equal(m[k], t.from_numpy(n.load(f'vocab/{k}.npy'))) for k in ('d2t', 't2d')), sorted(m))"
+    )
+    loaded = subprocess.run([str(oracle_python()), "-c", check], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert loaded.stdout.strip() == "True ['d2t', 't2d']", loaded.stderr[-2000:]

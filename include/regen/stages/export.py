@@ -212,9 +212,7 @@ class _Sides:
             return "train"
         sample = sample_of(answer_id)
         if sample not in self.known:
-            self.known[sample] = side_of(
-                self.prompts.messages_json(sample), self.prompts.tools_json(sample), self.share
-            )
+            self.known[sample] = side_of(self.prompts, sample, self.share)
         return self.known[sample]
 
 
@@ -233,7 +231,7 @@ def run_export(
     verdicts = read_table(storage, shard.keys.verdicts, columns).to_pylist()
     kept = {v["id"]: v for v in verdicts if split_of(v["verdict"]) is not None}
     share = settings.validation_share
-    prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids", *(["messages", "tools"] if share else [])])
+    prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids"], sides=share > 0)
     side = _Sides(prompts, share)
     splits = {name: _Split() for name in SPLITS}
     with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:

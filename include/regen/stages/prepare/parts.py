@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from regen.chat import ChatRenderer
 from regen.config.datasets import DatasetConfig
 from regen.errors import FinalError
+from regen.holdout import source_key
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.on_policy import dataset_turns
@@ -30,7 +31,7 @@ from regen.rejections import RejectionWriter
 from regen.stages.prepare.normalize import Conversation
 from regen.stages.prepare.reader import Origin, Tally, decontamination_record
 from regen.stages.prepare.settings import PrepareSettings
-from regen.stages.prepare.shards import PROMPT_SCHEMA, ShardWriter, record_prepared
+from regen.stages.prepare.shards import PROMPT_FIELDS, PROMPT_SCHEMA, ShardWriter, record_prepared
 from regen.stages.prepare.tokenize import Rendered, render_ordered
 from regen.storage import Storage, get_json, sha256_file
 
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 PART_SCHEMA = pa.schema(
     [
         ("sample_id", pa.string()),
-        *(PROMPT_SCHEMA.field(name) for name in ("source_index", "source", "messages", "tools", "meta", "later")),
+        *(PROMPT_SCHEMA.field(name) for name in PROMPT_FIELDS),
         ("answers", pa.int64()),  # on-policy: the conversation's turns to regenerate; else 1
         # JSON {sample id: answer tokens} of the prompt's samples in the dataset's last version (PrepareSettings's
         # expected_tokens, read once by the dataset's prepare task); null: none known
@@ -118,6 +119,7 @@ def prompt_row(
         # Key order kept as rendered: re-rendering the stored columns gives the same prompt_ids.
         "messages": json.dumps(conversation.messages, ensure_ascii=False),
         "tools": json.dumps(conversation.tools, ensure_ascii=False),
+        "source_key": source_key(conversation.messages, conversation.tools),  # its side of the held-out split
         "meta": json.dumps(conversation.meta, ensure_ascii=False, default=str),
         "later": json.dumps(conversation.later, ensure_ascii=False) if on_policy else None,
         "answers": len(dataset_turns(conversation.later)) if on_policy else 1,

@@ -26,6 +26,7 @@ PROMPT_SCHEMA = pa.schema(
         ("source", pa.string()),
         ("messages", pa.string()),
         ("tools", pa.string()),
+        ("source_key", pa.string()),  # regen.holdout.source_key: its source prompt's side of the held-out split
         ("meta", pa.string()),
         ("prompt_ids", pa.list_(pa.int32())),
         ("temperature", pa.float64()),  # null: the run's temperature
@@ -36,6 +37,9 @@ PROMPT_SCHEMA = pa.schema(
         ("expected_tokens", pa.int32()),
     ]
 )
+
+
+PROMPT_FIELDS = ("source_index", "source", "messages", "tools", "source_key", "meta", "later")  # a prompt's, per sample
 
 
 class ShardWriter:
@@ -92,7 +96,7 @@ class ShardWriter:
 
     def add(self, prompt: dict[str, Any], prompt_ids: list[int]) -> None:
         """One row per sample of the prompt (regen.samples); a prompt's samples may span two shards."""
-        shared = {name: prompt[name] for name in ("source_index", "source", "messages", "tools", "meta", "later")}
+        shared = {name: prompt.get(name) for name in PROMPT_FIELDS}  # (a part written before source_key: null)
         waiting = self._waiting
         ids: list[int] | np.ndarray = np.asarray(prompt_ids, dtype=np.int32) if waiting is not None else prompt_ids
         for sample in samples_of(prompt["sample_id"], self.temperatures, self.per_prompt):
