@@ -243,6 +243,8 @@ def published(
         "run_id": manifest.run_id,
         "records": manifest.records,
         "truncated": manifest.splits.get("truncated", 0),
+        "validation": manifest.splits.get("validation", 0),
+        "vocab": manifest.vocab,
         "answered": report.answered if report is not None else None,
         "rejected": sum(rejected.values()),
         "rejected_by_reason": dict(rejected.most_common()),

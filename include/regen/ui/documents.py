@@ -49,6 +49,7 @@ class ManifestView(msgspec.Struct):
     cost: Any = None
     report: dict[str, Any] = {}  # its `writer`: whose folder the report files are in (layout.report_file)
     decontamination: dict[str, Any] = {}
+    vocab: dict[str, Any] = {}  # the draft vocabulary's sizes and coverage (regen.stages.publish.vocab_files)
 
 
 class ReportView(msgspec.Struct):

@@ -121,6 +121,8 @@ def row_plots(row: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]
     """A version's output and prompt length histograms and its verdicts."""
     label, found = row["version"], mapping(row.get("histograms"))
     hists = [histogram([(label, found.get(name))], f"{name} length") for name in ("output", "prompt")]
+    if coverage := draft_coverage(mapping(row.get("vocab"))):
+        hists.append(coverage)
     return hists, verdicts([(v, [c]) for v, c in mapping(row.get("verdicts")).items()], [label])
 
 
@@ -143,6 +145,7 @@ def histogram(histograms: list[tuple[str, Any]], title: str) -> dict[str, Any]:
     placed by token count, so versions with different longest answers still line up."""
     shown = [(label, h) for label, h in histograms if _histogram(h)]
     plot: dict[str, Any] = {"title": title, "width": WIDTH, "height": HEIGHT, "bars": [], "legend": []}
+    plot["unit"] = "tokens"
     if not shown:
         return plot
     top = max(h["edges"][-1] for _, h in shown) or 1.0
@@ -169,6 +172,37 @@ def histogram(histograms: list[tuple[str, Any]], title: str) -> dict[str, Any]:
         plot["legend"] = [(label, BAR if i == 0 else BAR_AFTER) for i, (label, _) in enumerate(shown)]
     plot["top"] = f"{top:.0f}"
     return plot
+
+
+def draft_coverage(vocab: dict[str, Any]) -> dict[str, Any] | None:
+    """The share of the train answers' tokens the most frequent ids cover, a bar per draft vocabulary size (the
+    version's own in the bar's colour for a second version); None for a version published before vocab/."""
+    curve = mapping(vocab.get("coverage_curve"))
+    points = sorted((int(size), float(share)) for size, share in curve.items() if str(size).isdigit())
+    if not points:
+        return None
+    draft, width = vocab.get("draft_vocab_size"), (WIDTH - 40) / len(points)
+    title = f"draft vocabulary: {draft} ids cover {100 * float(vocab.get('coverage') or 0):.1f}% of answer tokens"
+    bars = [
+        {
+            "x": f"{30 + i * width:.1f}",
+            "y": f"{HEIGHT - 20 - (HEIGHT - 30) * share:.1f}",
+            "width": f"{max(width - 2, 1):.1f}",
+            "height": f"{(HEIGHT - 30) * share:.1f}",
+            "colour": BAR_AFTER if size == draft else BAR,
+            "title": f"{size} ids: {100 * share:.2f}%",
+        }
+        for i, (size, share) in enumerate(points)
+    ]
+    return {
+        "title": title,
+        "width": WIDTH,
+        "height": HEIGHT,
+        "bars": bars,
+        "legend": [],
+        "unit": "ids",
+        "top": str(points[-1][0]),
+    }
 
 
 def _histogram(value: Any) -> bool:
