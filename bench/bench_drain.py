@@ -9,9 +9,13 @@ Their answers have the real shape, scaled down in time: a whole answer's length 
 tokens (sigma 1), from 50 to 16,000 tokens, the same for the same prompt every time, at `--decode-ms` a token; each
 slot serves 30 to 60 answers over a run at the defaults.
 
-Two runs on one stack, side by side: the first version of the datasets (no earlier version: the shards' own order,
+Runs on one stack, side by side: the first version of the datasets (no earlier version: the shards' own order,
 today's), then the next version (`skip_unchanged` off), which knows every answer's length from the first, deals the
-longest into the first shards and sends each shard's longest first. Utilization is measured server-side: the
+longest into the first shards and sends each shard's longest first. With `--reference-noise SIGMA`, each row also
+carries a reference answer (its `output`), as SFT rows do: as long as the answer the simulators will give it times a
+lognormal noise of that sigma (the target's answer a noisy multiple of the reference's); then the first version runs
+twice more, each into a root of its own so that it is a first version: in the source order (`longest_first` off),
+and longest first by the references. Utilization is measured server-side: the
 simulators' busy slot-seconds (the time integral of their running requests) over their slots times the window from
 the run's first request to its last answer; beside it, the run report's two figures (`server_side`, from what the
 servers say of each answer with --enable-metrics, and the client-side upper bound). Also: the time from the first
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -42,11 +47,13 @@ DATASETS = ("drain_a", "drain_b")
 SHARD_TASKS = 4
 
 
-def write_config(folder: Path, args: argparse.Namespace) -> Path:
+def write_config(folder: Path, args: argparse.Namespace, longest_first: bool = True) -> Path:
     for name in DATASETS:
         rows = [
             {"input": f"{name} task {i}: prove that the {i}th prime exists, then explain."} for i in range(args.prompts)
         ]
+        if args.reference_noise is not None:
+            rows = with_references(rows, args)
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = {
         "defaults": {
@@ -56,14 +63,37 @@ def write_config(folder: Path, args: argparse.Namespace) -> Path:
             "in_flight": int(args.endpoints * args.slots * args.margin),
             "shard_tasks": SHARD_TASKS,
             "tokenize_workers": 1,
+            "longest_first": longest_first,
             "sampling": {"max_new_tokens": 16_384, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0},
         },
-        "governance": {"allowed_endpoints": ["127.0.0.1"]},  # the bench's simulators
+        # the bench's simulators, and the roots of the first versions run beside the main one
+        "governance": {"allowed_endpoints": ["127.0.0.1"], "allowed_storage_roots": [str(folder)]},
         "datasets": {name: {"paths": [f"{name}.jsonl"], "format": "input_output"} for name in DATASETS},
     }
     path = folder / "regen.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
+
+
+def with_references(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each row with a reference answer (`output`) as long as the simulators' answer to its prompt, times a lognormal
+    noise of sigma `--reference-noise` (seeded: the same rows every run)."""
+    import random
+
+    from regen.chat import ChatRenderer
+    from regen.profiles import lookup
+    from regen.simulator.model import ModelBehaviour, SimulatedModel
+
+    profile = lookup("kimi-k2.5-mini")
+    renderer = ChatRenderer(profile)
+    behaviour = ModelBehaviour(length_median=args.length_median, length_sigma=1.0, min_tokens=25, max_tokens=8000)
+    model, noise = SimulatedModel(profile, behaviour), random.Random(51)
+    out = []
+    for row in rows:
+        length = model.answer_tokens(renderer.render_ids([{"role": "user", "content": row["input"]}], None)) or 1
+        words = max(1, round(length * math.exp(args.reference_noise * noise.gauss(0.0, 1.0))))
+        out.append({**row, "output": " ".join(["step"] * words)})
+    return out
 
 
 def one_run(stack: Stack, version: str, **conf: Any) -> dict[str, Any]:
@@ -91,6 +121,8 @@ def one_run(stack: Stack, version: str, **conf: Any) -> dict[str, Any]:
         "report_server_side": report["fleet_usage"]["server_side"],
         "report_client_side": report["fleet_usage"]["utilization"],
         "manifests": [d["manifest"] for d in report["datasets"]],
+        "predictor": sorted({(d.get("length_prediction") or {}).get("predictor", "?") for d in report["datasets"]}),
+        "spearman": [(d.get("length_prediction") or {}).get("spearman") for d in report["datasets"]],
     }
 
 
@@ -116,6 +148,9 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=3.0, help="in_flight over the fleet's slots, as advised")
     parser.add_argument("--length-median", type=int, default=500, help="tokens, of the whole answer")
     parser.add_argument("--decode-ms", type=float, default=4.5, help="per output token")
+    parser.add_argument(
+        "--reference-noise", type=float, default=None, help="rows carry reference answers, this lognormal sigma off"
+    )
     parser.add_argument("--report", type=Path, default=None, help="also write the figures here, as JSON")
     args = parser.parse_args()
     simulator_args = [
@@ -139,13 +174,23 @@ def main() -> None:
             print("shards' own order (first version)", json.dumps(today), flush=True)
             longest = one_run(stack, "nightly", skip_unchanged=False)
             print("longest first (next version)", json.dumps(longest), flush=True)
-            same_records = records(today.pop("manifests")) == records(longest.pop("manifests"))
+            runs = [today, longest]
+            if args.reference_noise is not None:  # first versions again, each in a root of its own
+                write_config(folder, args, longest_first=False)
+                source_order = one_run(stack, "first", storage_root=str(folder / "source-order"))
+                print("first version, source order", json.dumps(source_order), flush=True)
+                write_config(folder, args, longest_first=True)
+                by_reference = one_run(stack, "first", storage_root=str(folder / "by-reference"))
+                print("first version, longest first by the references", json.dumps(by_reference), flush=True)
+                runs += [source_order, by_reference]
+            kept = [records(run.pop("manifests")) for run in runs]
+            same_records = all(k == kept[0] for k in kept)
     expected = {name: args.prompts for name in DATASETS}
-    for run in (today, longest):
+    for run in runs:
         if run["records"] != expected:  # (answers: the prompts', and check_server's one probe per endpoint)
             raise SystemExit(f"{run['version']}: {run['records']} records, not one a prompt: {expected}")
     if not same_records:
-        raise SystemExit("the two versions' training records differ: the order changed the data")
+        raise SystemExit("the versions' training records differ: the order changed the data")
     figures = {
         "args": vars(args) | {"report": str(args.report)},
         "shards_own_order": today,
@@ -154,6 +199,13 @@ def main() -> None:
         "window_ratio": round(longest["window_s"] / today["window_s"], 3),
         "first_published_ratio": round(longest["first_published_s"] / today["first_published_s"], 3),
     }
+    if args.reference_noise is not None:
+        source_order, by_reference = runs[2], runs[3]
+        figures |= {"first_version_source_order": source_order, "first_version_by_reference": by_reference}
+        print(
+            f"first version: {by_reference['utilization']:.3f} longest first by the rows' reference answers "
+            f"(Spearman {by_reference['spearman']}) vs {source_order['utilization']:.3f} in the source order"
+        )
     print(
         f"utilization {longest['utilization']:.3f} longest first vs {today['utilization']:.3f} in the shards' order "
         f"(ratio {figures['utilization_ratio']}); run window x{figures['window_ratio']}, first dataset published "

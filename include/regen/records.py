@@ -110,6 +110,7 @@ class ShardPrompts:
         self._messages = table.column("messages").to_pylist() if "messages" in names else []
         self._expected = table.column("expected_tokens").to_pylist() if "expected_tokens" in names else []
         self._source_key = table.column("source_key").to_pylist() if "source_key" in names else []
+        self._reference = table.column("reference_tokens").to_pylist() if "reference_tokens" in names else []
 
     @property
     def on_policy(self) -> bool:
@@ -131,6 +132,14 @@ class ShardPrompts:
         if answer.prompt_ids is not None:
             return np.asarray(answer.prompt_ids, dtype=self._values.dtype)
         return self.prompt_ids(answer.id)
+
+    def expected_tokens(self, answer_id: str) -> int | None:
+        """The answer length prepare expected (the last version's, or the reference's); None: not known."""
+        return self._expected[self.row(answer_id)] if self._expected else None
+
+    def reference_tokens(self, answer_id: str) -> int | None:
+        """The row's reference answer, in the target's tokens (prepare counted it for a first version); None: none."""
+        return self._reference[self.row(answer_id)] if self._reference else None
 
     def source_key(self, sample_id: str) -> str | None:
         """Its source prompt's digest (regen.holdout), as prepare recorded it; None: prepared before it was."""
@@ -192,7 +201,7 @@ def longest_first_order(expected: Sequence[int | None]) -> list[int]:
 
 
 # absent from prompts prepared before they existed
-OPTIONAL_COLUMNS = ("temperature", "sampling_seed", "later", "expected_tokens", "source_key")
+OPTIONAL_COLUMNS = ("temperature", "sampling_seed", "later", "expected_tokens", "source_key", "reference_tokens")
 
 
 def read_prompts(storage: Storage, key: str, columns: list[str], sides: bool = False) -> ShardPrompts:

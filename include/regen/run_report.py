@@ -121,6 +121,15 @@ def log_summary(published: list[dict[str, Any]], missing: list[str], fleet_usage
             p["records"],
             p["manifest"],
         )
+        if prediction := p.get("length_prediction"):
+            log.info(
+                "%s: send order from %s; predicted lengths ranked against the answers': Spearman %s (%s of %s)",
+                p["dataset"],
+                prediction.get("predictor"),
+                prediction.get("spearman"),
+                prediction.get("predicted"),
+                prediction.get("answers"),
+            )
     log.info("fleet: %s", fleet_usage)
     if missing:
         log.error("not published: %s (see the failed tasks; clear them to resume)", ", ".join(missing))

@@ -95,6 +95,22 @@ def latest_published(storage: Storage, profile: str, dataset: str) -> dict[str, 
     return dict(latest)
 
 
+def latest_of_another_profile(storage: Storage, profile: str, dataset: str) -> dict[str, Any] | None:
+    """The newest published version of the dataset under another profile (another target model), marked with its
+    `profile`: its answers predict this model's lengths well enough to order by (the order is what matters)."""
+    found = []
+    for other in storage.folders(""):
+        if other == profile:
+            continue
+        try:
+            latest = latest_published(storage, other, dataset)
+        except ValueError:  # a folder that is no profile's name
+            continue
+        if latest is not None:
+            found.append({**latest, "profile": other})
+    return max(found, key=_order) if found else None
+
+
 class AnswerLengths(Mapping[str, int]):
     """Each sample's answer length (output tokens) in a dataset's last published version, by sample id, in an SQLite
     table on local disk, so the reader's memory does not grow with the dataset (a dict took about 130 bytes a
@@ -144,7 +160,7 @@ def answer_lengths(storage: Storage, latest: dict[str, Any] | None, location: Da
     lengths = AnswerLengths()
     if latest is None:
         return lengths
-    last = dataclasses.replace(location, version=latest["version"])
+    last = dataclasses.replace(location, version=latest["version"], profile=latest.get("profile", location.profile))
     with contextlib.ExitStack() as on_error:
         on_error.push(lengths)  # closed (its table removed) only if the reading fails
         manifest = PublishedManifest.from_json(storage.get_bytes(last.manifest))

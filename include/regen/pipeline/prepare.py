@@ -22,7 +22,14 @@ from regen.stages.prepare.prepare import PreparedParts, PrepareSettings, finish_
 from regen.stages.prepare.sources import source_digests
 from regen.stages.prepare.tokenize import pool_size
 from regen.storage import S3ClientFactory, Storage
-from regen.version_inputs import answer_lengths, dataset_inputs, dated, latest_published, unchanged_since
+from regen.version_inputs import (
+    answer_lengths,
+    dataset_inputs,
+    dated,
+    latest_of_another_profile,
+    latest_published,
+    unchanged_since,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +55,13 @@ def prepare_dataset(
             return {"dataset": dataset, "unchanged_since": latest}
         inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
     warnings: list[str] = []  # for the run report: an ordering hint that could not be read
+    uses_lengths = run.longest_first and source.turns != "on_policy"  # an on-policy answer is a turn
+    if uses_lengths and latest is None and inputs:  # a first version here: another model's answers, if any
+        latest = latest_of_another_profile(at.storage, location.profile, dataset)
+    if inputs:  # what its send order is predicted from, for the run report (not an input: the digest stands)
+        inputs = {**inputs, "lengths_from": lengths_from(latest, uses_lengths)}
     with contextlib.ExitStack() as held:
         storage = held.enter_context(at.writing(location))  # VersionBusy before anything is read for the order
-        uses_lengths = run.longest_first and source.turns != "on_policy"  # an on-policy answer is a turn
         expected = held.enter_context(_last_lengths(storage, latest, location, warnings)) if uses_lengths else {}
         prepared = run_prepare(
             source,
@@ -68,12 +79,25 @@ def prepare_dataset(
                 part_prompts=run.prepare_part_prompts,
                 decontamination=cleaning,
                 expected_tokens=expected,
+                by_length=uses_lengths,
             ),
         )
     noted = {"warnings": warnings} if warnings else {}
     if isinstance(prepared, PreparedParts):
         return {"dataset": dataset, "parts": prepared.parts, "prompts": prepared.prompts, **noted}
     return {"dataset": dataset, "shard_count": len(prepared.shards), "prompts": prepared.stats.kept, **noted}
+
+
+def lengths_from(latest: dict[str, Any] | None, uses_lengths: bool) -> dict[str, Any]:
+    """Where a new version's expected answer lengths come from: its dataset's last version under this profile, or
+    under another (`latest["profile"]`), then each row's reference answer; nothing when it keeps the source order."""
+    if not uses_lengths:
+        return {"predictor": "none"}
+    if latest is None:
+        return {"predictor": "reference_answers"}
+    where = "another_profile" if "profile" in latest else "last_version"
+    other = {"profile": latest["profile"]} if "profile" in latest else {}
+    return {"predictor": where, "version": latest["version"], **other}
 
 
 @contextlib.contextmanager

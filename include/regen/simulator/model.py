@@ -131,6 +131,12 @@ class SimulatedModel:
             at = len(reasoning) + len(close) + body_at
         return Answer([*ids, self.eos_id], kind, at, defect_rng.getrandbits(32))
 
+    def answer_tokens(self, prompt_ids: list[int], seed: int | None = None) -> int | None:
+        """With `length_median`: the whole answer's length this model gives the prompt (reasoning and answer), what
+        a benchmark writes its rows' reference answers from; None without."""
+        part = self._part_length(prompt_ids, seed, thinking=True)
+        return None if part is None else 2 * part
+
     def _part_length(self, prompt_ids: list[int], seed: int | None, thinking: bool) -> int | None:
         """With `length_median`: each prose part's length, from a stream of its own (the same prompt and seed, the
         same length)."""

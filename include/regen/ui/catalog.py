@@ -255,6 +255,7 @@ def published(
         "lengths": report.lengths if report is not None else {},
         "histograms": report.histograms if report is not None else {},
         "verdicts": report.verdicts if report is not None else {},
+        "length_prediction": report.length_prediction if report is not None else {},
         "profile": manifest.profile.get("name"),
         "template_sha256": manifest.profile.get("chat_template_sha256"),
         "manifest": storage.uri(location.manifest),

@@ -63,6 +63,7 @@ class ReportView(msgspec.Struct):
     lengths: dict[str, Any] = {}
     histograms: dict[str, Any] = {}
     verdicts: dict[str, Any] = {}
+    length_prediction: dict[str, Any] = {}  # what ordered its requests, and how well (Spearman)
 
 
 class PreparedShard(msgspec.Struct):

@@ -31,15 +31,7 @@ from regen.errors import FinalError
 from regen.manifest import GenerationReport, ShardManifest, StageStats
 from regen.on_policy import turn_count
 from regen.reasons import Reason
-from regen.records import (
-    RawAnswer,
-    ShardPrompts,
-    encode_answer,
-    iter_raw_file,
-    read_prompts,
-    text_digest,
-    write_raw,
-)
+from regen.records import RawAnswer, ShardPrompts, encode_answer, iter_raw_file, read_prompts, text_digest, write_raw
 from regen.rejections import RejectionWriter
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLangClient, TransientError
@@ -53,6 +45,7 @@ from regen.stages.generate.checkpoints import (
     rejection_line,
 )
 from regen.stages.generate.conversations import Conversations, longest_first
+from regen.stages.generate.order import LengthOrder
 from regen.stages.generate.progress import Progress
 from regen.storage import Storage, sha256_file
 
@@ -209,7 +202,9 @@ async def _worker(
     for sample_id in queue:
         prompt_ids = prompts.prompt_ids(sample_id).tolist()
         params = {**settings.sampling_params, **prompts.sampling(sample_id)}  # a sample's temperature and seed
-        await _ask(client, sample_id, prompt_ids, params, settings, checkpointer, progress)
+        answer = await _ask(client, sample_id, prompt_ids, params, settings, checkpointer, progress)
+        if answer is not None and isinstance(queue, LengthOrder):
+            queue.observe(sample_id, len(answer.output_ids))
 
 
 async def _ticker(progress: Progress, client: SGLangClient, every_s: float) -> None:
@@ -221,7 +216,7 @@ async def _ticker(progress: Progress, client: SGLangClient, every_s: float) -> N
 async def _generate_missing(
     settings: GenerateSettings,
     prompts: ShardPrompts,
-    todo: list[str],
+    todo: list[str] | LengthOrder,
     checkpointer: Checkpointer,
     progress: Progress,
     conversations: Conversations | None = None,
@@ -325,10 +320,9 @@ def run_generate(
             assert renderer is not None
             conversations = Conversations(prompts, renderer, done, affinity=settings.endpoint_affinity)
             todo = longest_first(todo)
-        else:
-            todo = prompts.longest_expected_first(todo)
+        order = LengthOrder(prompts, todo) if conversations is None else todo  # longest first, re-ranked as it goes
         try:
-            asyncio.run(_generate_missing(settings, prompts, todo, checkpointer, progress, conversations))
+            asyncio.run(_generate_missing(settings, prompts, order, checkpointer, progress, conversations))
         finally:
             if conversations is not None:
                 conversations.render_thread.shutdown()

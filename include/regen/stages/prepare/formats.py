@@ -292,4 +292,5 @@ def normalize_row(
     conversation = normalize_chat(raw, id_format, tool_result_names)
     if isinstance(conversation, Rejection):
         return conversation
-    return select_prompts(conversation, turns)
+    answer = next((row[c] for c in sorted(REFERENCE_COLUMNS) if isinstance(row.get(c), str) and row[c].strip()), None)
+    return select_prompts(conversation, turns, answer)

@@ -41,6 +41,9 @@ class Conversation:
     # On-policy (regen.on_policy): the dataset's messages after the first regenerated turn's prompt, from its
     # recorded answer on; the later turns are cut from them as the conversation is regenerated.
     later: list[dict[str, Any]] = field(default_factory=list)
+    # The answer the dataset gives at the cut (the assistant turn the target regenerates), as text: what predicts the
+    # target's answer length on a first version (regen.stages.prepare.shards). Not part of the sample's identity.
+    reference: str | None = None
 
     @cached_property
     def sample_id(self) -> str:
@@ -290,10 +293,13 @@ def _encodable(prompts: list[Conversation]) -> Rejection | None:
     return None
 
 
-def select_prompts(conversation: Conversation, turns: Turns) -> list[Conversation] | Rejection:
+def select_prompts(
+    conversation: Conversation, turns: Turns, answer: str | None = None
+) -> list[Conversation] | Rejection:
     """The prompts of one conversation, each ending where the assistant answers: the last such point (`final`) or
     every one (`every_assistant_turn`), each after a user turn; at least one, or a rejection. `on_policy`: one, the
-    first such point, carrying the rest of the conversation (`later`)."""
+    first such point, carrying the rest of the conversation (`later`). `answer`: the row's reference answer column
+    (input/output and Alpaca rows keep their answer there), the reference of a prompt the conversation ends with."""
     messages, tools, meta = conversation.messages, conversation.tools, conversation.meta
     first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), len(messages))
     cuts = _cuts(messages)
@@ -303,5 +309,26 @@ def select_prompts(conversation: Conversation, turns: Turns) -> list[Conversatio
     if turns == "on_policy":
         prompts = [Conversation(messages[: cuts[0]], tools, meta, later=messages[cuts[0] :])]
     else:
-        prompts = [Conversation(messages=messages[:c], tools=tools, meta=meta) for c in cuts]
+        prompts = [Conversation(messages[:c], tools, meta, reference=reference_at(messages, c, answer)) for c in cuts]
     return _encodable(prompts) or prompts
+
+
+def reference_at(messages: list[dict[str, Any]], cut: int, answer: str | None) -> str | None:
+    """The reference answer of the prompt cut at `cut`: the assistant turn there, or for a conversation that ends
+    waiting for it, the row's answer column."""
+    return reference_text(messages[cut:]) if cut < len(messages) else answer
+
+
+def reference_text(answer: list[dict[str, Any]]) -> str | None:
+    """The text of the assistant turn a conversation gives at a cut (its leading assistant messages): reasoning,
+    content and tool calls' names and arguments, what the target's answer will hold; None when it gives none."""
+    parts = []
+    for message in answer:
+        if message["role"] != "assistant":
+            break
+        parts += [str(message.get("reasoning_content") or ""), _text(message.get("content")) or ""]
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            parts += [str(function.get("name") or ""), str(function.get("arguments") or "")]
+    text = "\n".join(p for p in parts if p)
+    return text or None

@@ -90,6 +90,7 @@ class PartsIndex:
     token_roles: dict[str, Any]
     inputs: dict[str, Any]
     run_id: str | None
+    by_length: bool = False  # the parts' shards dealt longest first (PrepareSettings.by_length)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "stats": self.stats.to_dict()}
@@ -108,10 +109,14 @@ class PartsIndex:
 
 
 def prompt_row(
-    origin: Origin, conversation: Conversation, on_policy: bool, expected_tokens: Mapping[str, int] | None = None
+    origin: Origin,
+    conversation: Conversation,
+    on_policy: bool,
+    expected_tokens: Mapping[str, int] | None = None,
+    reference_tokens: int | None = None,
 ) -> dict[str, Any]:
     """A prompt as a part holds it (PART_SCHEMA), before it is tokenized. `expected_tokens`: its samples' answer
-    lengths in the last version."""
+    lengths in the last version; `reference_tokens`: its reference answer's length (ShardWriter)."""
     return {
         "sample_id": conversation.sample_id,
         "source_index": origin.index,
@@ -124,7 +129,15 @@ def prompt_row(
         "later": json.dumps(conversation.later, ensure_ascii=False) if on_policy else None,
         "answers": len(dataset_turns(conversation.later)) if on_policy else 1,
         "expected_tokens": json.dumps(expected_tokens) if expected_tokens else None,
+        "reference_tokens": reference_tokens,
     }
+
+
+def reference_tokens(renderer: ChatRenderer, shards: ShardWriter, conversation: Conversation) -> int | None:
+    """The length of a prompt's reference answer in the target's tokens, where it orders a sample (ShardWriter)."""
+    if conversation.reference is None or not shards.needs_reference(conversation.sample_id):
+        return None
+    return len(renderer.tokenizer.encode(conversation.reference, add_special_tokens=False))
 
 
 def part_expected_tokens(path: Path) -> dict[str, int]:
@@ -209,6 +222,7 @@ def leave_in_parts(
         token_roles=renderer.roles.as_record(),
         inputs=settings.inputs,
         run_id=settings.run_id,
+        by_length=settings.by_length,
     )
     index.write(spool.storage, spool.location)
     tally.log(f"read into {len(index.parts)} parts")
@@ -295,7 +309,8 @@ def prepare_part(
         if sha256_file(path) != entry.sha256:
             raise ValueError(f"{entry.key} does not read back as written (sha256 differs): run the task again")
         expected = part_expected_tokens(path)
-        with ShardWriter(location, storage, index.shard_size, config, entry.first_shard, expected, Path(tmp)) as shards:
+        first, by_length = entry.first_shard, index.by_length
+        with ShardWriter(location, storage, index.shard_size, config, first, expected, Path(tmp), by_length) as shards:
             stats = tokenize_part(part_rows(path), renderer, workers, shards, rejections)
         files = rejections.upload()
     record = {"part": part, "shards": [s.to_dict() for s in shards.shards], "stats": stats.to_dict(), "files": files}

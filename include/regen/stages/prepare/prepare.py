@@ -51,6 +51,7 @@ from regen.stages.prepare.parts import (
     part_rows,
     prepare_part,
     prompt_row,
+    reference_tokens,
     tokenize_part,
 )
 from regen.stages.prepare.reader import Origin, SeenIds, Tally, candidates, decontamination_record, reject
@@ -91,7 +92,9 @@ def _prepare_whole(
         for origin, result in rendered:
             tally.count(origin, result)
             if isinstance(result, Rendered):
-                shards.add(prompt_row(origin, result.conversation, shards.on_policy), result.prompt_ids)
+                reference = reference_tokens(renderer, shards, result.conversation)
+                row = prompt_row(origin, result.conversation, shards.on_policy, reference_tokens=reference)
+                shards.add(row, result.prompt_ids)
             else:
                 reject(rejections, origin, result)
             if limit is not None and tally.stats.kept >= limit:
@@ -127,7 +130,9 @@ def run_prepare(
     with (
         tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp,
         rejections,
-        ShardWriter(location, storage, settings.shard_size, config, 0, settings.expected_tokens, Path(tmp)) as shards,
+        ShardWriter(
+            location, storage, settings.shard_size, config, 0, settings.expected_tokens, Path(tmp), settings.by_length
+        ) as shards,
     ):
         samples = len(samples_of("", config.temperatures, config.samples_per_prompt))
         per_part, shards_per_part = part_layout(settings.shard_size, samples, settings.part_prompts or 1)
@@ -144,7 +149,9 @@ def run_prepare(
                     if isinstance(outcome, Rejection):
                         reject(rejections, origin, outcome)
                     else:
-                        spool.add(prompt_row(origin, outcome, on_policy, shards.expected_of(outcome.sample_id)))
+                        known = shards.expected_of(outcome.sample_id)
+                        reference = reference_tokens(renderer, shards, outcome)
+                        spool.add(prompt_row(origin, outcome, on_policy, known, reference))
         spool.close()
         if len(spool.counts) > 1:  # left in parts, for prepare_part tasks to share
             return leave_in_parts(spool, shards_per_part, tally, rejections, renderer, settings)

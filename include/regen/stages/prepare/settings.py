@@ -25,3 +25,6 @@ class PrepareSettings:
     # each sample's answer tokens in the dataset's last version (regen.version_inputs.answer_lengths), by sample id:
     # written beside its prompt, for generate to send the longest first
     expected_tokens: Mapping[str, int] = field(default_factory=dict)
+    # Deal the shards longest first (and write each sample's expected length) by those lengths, else by each prompt's
+    # reference answer: what a first version orders by
+    by_length: bool = False

@@ -32,28 +32,32 @@ PROMPT_SCHEMA = pa.schema(
         ("temperature", pa.float64()),  # null: the run's temperature
         ("sampling_seed", pa.int64()),  # null: no seed sent
         ("later", pa.string()),  # on-policy: the conversation after the first turn's prompt (JSON); else null
-        # the sample's answer tokens in the dataset's last version (regen.version_inputs.answer_lengths); null: not
-        # known. Generate sends the longest first, so the shard's last requests are short ones.
+        # the sample's answer tokens in the dataset's last version (regen.version_inputs.answer_lengths), else its
+        # reference answer's; null: not known. Generate sends the longest first, so the shard's last requests are
+        # short ones.
         ("expected_tokens", pa.int32()),
+        ("reference_tokens", pa.int32()),  # the row's own answer at the cut, in the target's tokens; null: none
     ]
 )
 
 
-PROMPT_FIELDS = ("source_index", "source", "messages", "tools", "source_key", "meta", "later")  # a prompt's, per sample
+# A prompt's, the same in each of its samples' rows.
+PROMPT_FIELDS = ("source_index", "source", "messages", "tools", "source_key", "meta", "later", "reference_tokens")
 
 
 class ShardWriter:
     """Tokenized prompts -> shards of `shard_size` rows, numbered from `first_shard`, written as they fill.
 
-    `expected_tokens`: each sample's answer length in the dataset's last version, by sample id. With them, the rows
-    wait for the end (`flush`) and are dealt into shards longest first: the first shards hold the longest answers and
-    the last ones the shortest, so the run's last minutes are short answers, not the few longest with most of the
-    fleet idle. Generate then sends each shard's longest first too. The waiting rows are spilled to a local file as
-    they come (regen.stages.prepare.spill), and memory keeps 13 bytes a row (28 while they are dealt), so a task's
-    memory is bounded by a shard, not by its rows (held in memory, a row of a 1,000-token prompt cost about 11.8 KB:
-    11.8 GB at a limit of 10^6 prompts; bench/bench_prepare.py writer). The file is in `directory` (None: the
-    system's temporary folder); `close`, or the writer used as a context manager, removes it however the writer
-    ends."""
+    `expected_tokens`: each sample's answer length in the dataset's last version, by sample id; a sample it does not
+    know takes its prompt's reference length (`reference_tokens`, the dataset's own answer). With `by_length`, the
+    rows wait for the end (`flush`) and are dealt into shards longest first: the first shards hold the longest
+    answers and the last ones the shortest, so the run's last minutes are short answers, not the few longest with
+    most of the fleet idle. Generate then sends each shard's longest first too. The waiting rows are spilled to a
+    local file as they come (regen.stages.prepare.spill), and memory keeps 13 bytes a row (28 while they are dealt),
+    so a task's memory is bounded by a shard, not by its rows (held in memory, a row of a 1,000-token prompt cost
+    about 11.8 KB: 11.8 GB at a limit of 10^6 prompts; bench/bench_prepare.py writer). The file is in `directory`
+    (None: the system's temporary folder); `close`, or the writer used as a context manager, removes it however the
+    writer ends."""
 
     def __init__(
         self,
@@ -64,6 +68,7 @@ class ShardWriter:
         first_shard: int = 0,
         expected_tokens: Mapping[str, int] | None = None,
         directory: Path | None = None,
+        by_length: bool | None = None,
     ) -> None:
         self.location, self.storage, self.shard_size, self.first_shard = location, storage, shard_size, first_shard
         self.temperatures, self.per_prompt = config.temperatures, config.samples_per_prompt
@@ -73,7 +78,8 @@ class ShardWriter:
         self.shards: list[ShardManifest] = []
         self._rows: list[dict[str, Any]] = []  # the shard being filled (never the rows waiting to be dealt)
         self._answers = 0  # on-policy: the turns of the shard's conversations
-        self._waiting = LongestFirstSpill(directory) if self.expected_tokens else None
+        self.by_length = not self.on_policy and (bool(self.expected_tokens) if by_length is None else by_length)
+        self._waiting = LongestFirstSpill(directory) if self.by_length else None
 
     def __enter__(self) -> Self:
         return self
@@ -85,6 +91,12 @@ class ShardWriter:
         """The rows waiting to be dealt and their file, dropped (after `flush`, there are none)."""
         if self._waiting is not None:
             self._waiting.close()
+
+    def needs_reference(self, prompt_id: str) -> bool:
+        """Whether a prompt's reference length would order any of its samples: one the last version did not answer."""
+        if not self.by_length:
+            return False
+        return len(self.expected_of(prompt_id)) < len(samples_of(prompt_id, self.temperatures, self.per_prompt))
 
     def expected_of(self, prompt_id: str) -> dict[str, int]:
         """The answer lengths this writer knows of the prompt's samples, by sample id."""
@@ -100,7 +112,7 @@ class ShardWriter:
         waiting = self._waiting
         ids: list[int] | np.ndarray = np.asarray(prompt_ids, dtype=np.int32) if waiting is not None else prompt_ids
         for sample in samples_of(prompt["sample_id"], self.temperatures, self.per_prompt):
-            expected = self.expected_tokens.get(sample.id)
+            expected = self.expected_tokens.get(sample.id, prompt.get("reference_tokens"))
             row = {"id": sample.id, **shared, "prompt_ids": ids, "expected_tokens": expected}
             row |= {"temperature": sample.temperature, "sampling_seed": sample.seed}
             self._answers += prompt["answers"]

@@ -27,6 +27,7 @@ from regen.run_report import generation_cost
 from regen.sglang.served_model import fleet_seeds_honoured
 from regen.stages.publish.dataset_report import dataset_report, read_verdicts, write_dataset_report
 from regen.stages.publish.entries import draft_manifest, shard_entries, split_records, version_share
+from regen.stages.publish.length_prediction import length_prediction
 from regen.stages.publish.rejection_examples import rejection_examples
 from regen.stages.publish.vocab_files import VocabSizes, digests, version_vocab
 from regen.storage import KeyExists, Storage, get_json, is_not_found
@@ -186,6 +187,8 @@ def _write_manifest(
     rejected = {("prepare", reason): n for reason, n in prepared.stats.dropped_by_reason.items()}
     for stage in ("generate", "validate"):
         rejected |= {(stage, reason): n for reason, n in stages[stage]["dropped_by_reason"].items()}
+    lengths_from = prepared.inputs.get("lengths_from") or {"predictor": "not recorded"}
+    report["length_prediction"] = length_prediction(storage, shards, verdicts, lengths_from)
     report["rejections"] = rejection_examples(storage, [k for k in data_files if "/rejected/" in k], rejected)
     report["cost"] = generation_cost(generations, fleet, report.get("train_tokens", 0), cost)
     splits = split_records(shards)
@@ -367,6 +370,7 @@ def run_publish(
         "records": manifest.records,
         "splits": manifest.splits,
         "retokenize_drift": manifest.retokenize_drift,
+        "length_prediction": report.get("length_prediction"),
         "cost": manifest.cost,
         "stages": manifest.stages,
         "prepare": manifest.prepare,

@@ -1,0 +1,51 @@
+"""How well a version's send order predicted its answers: each sample's expected length (prepare's `expected_tokens`:
+the last version's answer, another profile's, or the row's reference answer) against the answer it got, as the
+Spearman rank correlation (the order is what longest first uses, not the lengths)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from regen.manifest import ShardManifest
+from regen.storage import Storage, read_table
+
+
+def ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks from 1, ties given their average rank."""
+    order = np.argsort(values, kind="stable")
+    ranked = np.empty(len(values), np.float64)
+    ranked[order] = np.arange(1, len(values) + 1)
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=ranked)
+    return (sums / counts)[inverse]
+
+
+def spearman(predicted: np.ndarray, actual: np.ndarray) -> float | None:
+    """Spearman's rho; None below three pairs or when either side is constant."""
+    if len(predicted) < 3:
+        return None
+    a, b = ranks(predicted), ranks(actual)
+    if a.std() == 0 or b.std() == 0:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def length_prediction(
+    storage: Storage, shards: list[ShardManifest], verdicts: pa.Table, lengths_from: dict[str, Any]
+) -> dict[str, Any]:
+    """`lengths_from`: where prepare took the lengths (regen.pipeline.prepare.lengths_from); with how many answers
+    had a prediction and its rank correlation with the answers' output lengths."""
+    expected: dict[str, int] = {}
+    for shard in shards:
+        table = read_table(storage, shard.prompts_key, ["id"], optional=("expected_tokens",))
+        if "expected_tokens" in table.column_names:
+            ids, lengths = table.column("id").to_pylist(), table.column("expected_tokens").to_pylist()
+            expected |= {i: n for i, n in zip(ids, lengths, strict=True) if n is not None}
+    answered = verdicts.column("id").to_pylist() if verdicts.num_rows else []
+    output = verdicts.column("output_len").to_pylist() if verdicts.num_rows else []
+    pairs = [(expected[i], n) for i, n in zip(answered, output, strict=True) if i in expected]
+    rho = spearman(np.array([p for p, _ in pairs]), np.array([n for _, n in pairs])) if pairs else None
+    return {**lengths_from, "answers": len(answered), "predicted": len(pairs), "spearman": rho and round(rho, 4)}

@@ -1,0 +1,235 @@
+"""A dataset's first version is sent longest first too, by lengths predicted before any answer exists: each row's
+own reference answer (counted at prepare in the target's tokens, in every format and turn mode), or another target
+model's version of the same dataset; the run report says which, and how well it ranked the answers (Spearman)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from regen import pipeline
+from regen.chat import ChatRenderer
+from regen.config import DatasetConfig
+from regen.layout import DatasetLocation
+from regen.profiles import lookup
+from regen.stages.prepare.prepare import PrepareSettings, run_prepare
+from regen.stages.publish.length_prediction import spearman
+from regen.storage import LocalStorage
+from tests.conftest import Simulator, each_shard
+
+ASK = {"role": "user", "content": "What is the capital of France, and why?"}
+CASES = {  # format, turns, rows -> each prompt's reference answer as the target would spell it
+    "openai_messages": (
+        "final",
+        [{"messages": [ASK, {"role": "assistant", "reasoning_content": "Think.", "content": "Paris, for long."}]}],
+        ["Think.\nParis, for long."],
+    ),
+    "openai_messages-every-turn": (
+        "every_assistant_turn",
+        [{"messages": [ASK, {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "Why?"},
+                       {"role": "assistant", "content": "It has been the seat of government for centuries."}]}],
+        ["Paris.", "It has been the seat of government for centuries."],
+    ),
+    "sharegpt": (
+        "final",
+        [{"conversations": [{"from": "human", "value": "Name a prime."}, {"from": "gpt", "value": "Seven is one."}]}],
+        ["Seven is one."],
+    ),
+    "input_output": ("final", [{"input": "Sum 2 and 2.", "output": "Four: two plus two."}], ["Four: two plus two."]),
+    "alpaca": ("final", [{"instruction": "Sum 3 and 3.", "input": "", "output": "Six."}], ["Six."]),
+    "prompt": ("final", [{"prompt": "Say hello."}], [None]),  # a prompt with no answer: none to predict from
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_prompts_reference_answer_is_counted_in_the_targets_tokens(
+    case: str, tmp_path: Path, renderer: ChatRenderer
+) -> None:
+    turns, rows, references = CASES[case]
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = DatasetConfig(format=case.split("-")[0], paths=[str(source)], turns=turns)  # type: ignore[arg-type]
+    storage = LocalStorage(tmp_path / "root")
+    location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "d", "v1")
+    settings = PrepareSettings(shard_size=10, workers=1, by_length=True)
+    prepared = run_prepare(config, location, storage, renderer, settings)
+    table = pq.read_table(tmp_path / "root" / prepared.shards[0].prompts_key)  # type: ignore[union-attr]
+    counted = sorted(table.column("reference_tokens").to_pylist(), key=lambda n: -1 if n is None else n)
+    expected = [None if r is None else len(renderer.tokenizer.encode(r, add_special_tokens=False)) for r in references]
+    assert counted == sorted(expected, key=lambda n: -1 if n is None else n)
+    assert table.column("expected_tokens").to_pylist() == table.column("reference_tokens").to_pylist()
+
+
+def test_a_tool_call_answer_counts_its_name_and_arguments(tmp_path: Path, renderer: ChatRenderer) -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    row = {"messages": [ASK, {"role": "assistant", "content": "", "tool_calls": [call]}], "tools": [tool]}
+    source = tmp_path / "rows.jsonl"
+    source.write_text(json.dumps(row) + "\n")
+    storage = LocalStorage(tmp_path / "root")
+    location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "d", "v1")
+    config = DatasetConfig(format="openai_messages", paths=[str(source)])
+    prepared = run_prepare(config, location, storage, renderer, PrepareSettings(10, workers=1, by_length=True))
+    [tokens] = pq.read_table(tmp_path / "root" / prepared.shards[0].prompts_key)["reference_tokens"].to_pylist()  # type: ignore[union-attr]
+    name = len(renderer.tokenizer.encode("get_weather", add_special_tokens=False))
+    assert tokens > name + 3  # the name and its arguments
+
+
+def test_a_first_version_deals_its_longest_references_into_the_first_shards(
+    tmp_path: Path, renderer: ChatRenderer
+) -> None:
+    rows = [{"input": f"Question {i}.", "output": " ".join(["word"] * ((i * 37) % 50 + 1))} for i in range(40)]
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    storage = LocalStorage(tmp_path / "root")
+    location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "d", "v1")
+    config = DatasetConfig(format="input_output", paths=[str(source)])
+    prepared = run_prepare(config, location, storage, renderer, PrepareSettings(10, workers=1, by_length=True))
+    dealt = [pq.read_table(tmp_path / "root" / s.prompts_key)["expected_tokens"].to_pylist() for s in prepared.shards]  # type: ignore[union-attr]
+    for earlier, later in itertools.pairwise(dealt):
+        assert min(earlier) >= max(later)
+    unordered = run_prepare(
+        config, DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "d", "v2"), storage, renderer,
+        PrepareSettings(10, workers=1),
+    )  # fmt: skip
+    plain = pq.read_table(tmp_path / "root" / unordered.shards[0].prompts_key)  # type: ignore[union-attr]
+    assert plain["reference_tokens"].null_count == plain.num_rows  # longest first off: nothing counted
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Rows with reference answers of many lengths, under the mini profile and a second one declared like it (another
+    model)."""
+    source = tmp_path / "rows.jsonl"
+    rows = [{"input": f"Question {i}?", "output": " ".join(["word"] * ((i * 37) % 60 + 1))} for i in range(36)]
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    other = {**lookup("kimi-k2.5-mini").model_dump(mode="json", exclude={"name"}), "served_model_names": ["next"]}
+    config = {
+        "defaults": {"storage_root": str(tmp_path / "storage"), "shard_size": 10, "tokenize_workers": 1},
+        "governance": {"allowed_endpoints": ["127.0.0.1"]},
+        "profiles": {"next-model": other},
+        "datasets": {"B1": {"format": "input_output", "paths": [str(source)]}},
+    }
+    (tmp_path / "regen.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("REGEN_CONFIG", str(tmp_path / "regen.yaml"))
+    return tmp_path
+
+
+def run_stages(run_id: str, simulator: Simulator, **params: Any) -> dict[str, Any]:
+    run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "skip_unchanged": False, **params}, run_id))
+    prepared = pipeline.finish_prepared(run, [pipeline.prepare_dataset(run, name) for name in run.datasets])
+    for shard in each_shard(run, prepared):
+        pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
+    published = [pipeline.publish_dataset(run, p, [], pipeline.verify_dataset(run, p)) for p in prepared]
+    return pipeline.report(run, published, [])
+
+
+def prompts_and_answers(manifest_uri: str) -> tuple[dict[str, int | None], dict[str, int]]:
+    manifest = json.loads(Path(manifest_uri).read_text())
+    root = Path(manifest["root"])
+    expected: dict[str, int | None] = {}
+    for shard in manifest["shards"]:
+        table = pq.read_table(root / shard["prompts"], columns=["id", "expected_tokens"])
+        expected |= dict(zip(table["id"].to_pylist(), table["expected_tokens"].to_pylist(), strict=True))
+    answers: dict[str, int] = {}
+    for key in (k for k in manifest["files"] if k.endswith("-verdicts.parquet")):
+        table = pq.read_table(root / key, columns=["id", "output_len"])
+        answers |= dict(zip(table["id"].to_pylist(), table["output_len"].to_pylist(), strict=True))
+    return expected, answers
+
+
+def test_the_first_version_is_ordered_by_its_references_and_the_report_ranks_them(
+    deployment: Path, simulator: Simulator
+) -> None:
+    [published] = run_stages("v1", simulator)["datasets"]
+    prediction = published["length_prediction"]
+    expected, answers = prompts_and_answers(published["manifest"])
+    pairs = [(expected[i], n) for i, n in answers.items() if expected.get(i) is not None]
+    assert prediction["predictor"] == "reference_answers" and prediction["predicted"] == len(pairs) > 10
+    ranks = pd.DataFrame(pairs).rank()  # Spearman: Pearson's r of the ranks (ties averaged), computed apart
+    assert prediction["spearman"] == pytest.approx(float(np.corrcoef(ranks[0], ranks[1])[0, 1]), abs=1e-4)
+
+
+def test_another_models_version_predicts_a_first_version_under_a_new_profile(
+    deployment: Path, simulator: Simulator
+) -> None:
+    [first] = run_stages("v1", simulator)["datasets"]
+    [other] = run_stages("v1", simulator, profile="next-model")["datasets"]
+    assert other["length_prediction"] | {"spearman": None, "predicted": None, "answers": None} == {
+        "predictor": "another_profile",
+        "profile": "kimi-k2.5-mini",
+        "version": "v1",
+        "spearman": None,
+        "predicted": None,
+        "answers": None,
+    }
+    _, answered_before = prompts_and_answers(first["manifest"])
+    expected, _ = prompts_and_answers(other["manifest"])
+    assert expected == {i: answered_before[i] for i in expected}  # each prompt's answer under the other model
+
+
+def test_spearman_is_the_rank_correlation() -> None:
+    assert spearman(np.array([1, 2, 3, 4]), np.array([10, 20, 30, 40])) == pytest.approx(1.0)
+    assert spearman(np.array([1, 2, 3, 4]), np.array([4, 3, 2, 1])) == pytest.approx(-1.0)
+    assert spearman(np.array([1, 1, 2]), np.array([5, 6, 7])) == pytest.approx(0.8660254, abs=1e-6)
+    assert spearman(np.array([1, 2]), np.array([1, 2])) is None and spearman(np.ones(5), np.arange(5)) is None
+
+
+def shard_prompts(prompt_lengths: list[int], references: list[int | None]) -> Any:
+    import pyarrow as pa
+
+    from regen.records import ShardPrompts
+
+    return ShardPrompts(
+        pa.table(
+            {
+                "id": [f"s{i}" for i in range(len(prompt_lengths))],
+                "prompt_ids": [list(range(n)) for n in prompt_lengths],
+                "expected_tokens": pa.array(references, pa.int32()),
+                "reference_tokens": pa.array(references, pa.int32()),
+            }
+        )
+    )
+
+
+def test_rows_without_a_reference_are_ordered_by_the_fit_of_the_answers_so_far() -> None:
+    """No row has a reference (a prompt-only first version): the source order until 16 answers are in, then the
+    rest by the fit of answer length on prompt length, longest first."""
+    from regen.stages.generate.order import FIRST_FIT, LengthOrder
+
+    lengths = [(i * 37) % 97 + 3 for i in range(80)]
+    prompts = shard_prompts(lengths, [None] * 80)
+    order = LengthOrder(prompts, list(prompts.ids))
+    taken = []
+    for sample_id in order:
+        taken.append(sample_id)
+        order.observe(sample_id, 5 * len(prompts.prompt_ids(sample_id)))  # the answer: five tokens a prompt token
+    assert taken[:FIRST_FIT] == prompts.ids[:FIRST_FIT]  # nothing known yet: the source order
+    rest = [len(prompts.prompt_ids(i)) for i in taken[FIRST_FIT:]]
+    assert rest == sorted(rest, reverse=True)  # after the first fit: longest predicted first
+    assert sorted(taken) == sorted(prompts.ids)  # each sample once
+
+
+def test_the_fit_places_rows_without_a_reference_among_those_with_one() -> None:
+    """Half the rows carry a reference; answers are twice the reference, or five times the prompt: once fitted, a
+    row with no reference is sent where its predicted length falls among the others."""
+    from regen.stages.generate.order import FIRST_FIT, LengthOrder
+
+    lengths = [(i * 37) % 97 + 3 for i in range(80)]
+    references = [5 * n // 2 if i % 2 else None for i, n in enumerate(lengths)]  # answer = 2 x reference = 5 x prompt
+    prompts = shard_prompts(lengths, references)
+    order = LengthOrder(prompts, list(prompts.ids))
+    taken = []
+    for sample_id in order:
+        taken.append(sample_id)
+        order.observe(sample_id, 5 * len(prompts.prompt_ids(sample_id)))
+    answers = [5 * len(prompts.prompt_ids(i)) for i in taken[2 * FIRST_FIT :]]
+    assert answers == sorted(answers, reverse=True)  # both kinds of row in one longest-first order
