@@ -13,9 +13,9 @@ Runs on one stack, side by side: the first version of the datasets (no earlier v
 today's), then the next version (`skip_unchanged` off), which knows every answer's length from the first, deals the
 longest into the first shards and sends each shard's longest first. With `--reference-noise SIGMA`, each row also
 carries a reference answer (its `output`), as SFT rows do: as long as the answer the simulators will give it times a
-lognormal noise of that sigma (the target's answer a noisy multiple of the reference's); then the first version runs
-twice more, each into a root of its own so that it is a first version: in the source order (`longest_first` off),
-and longest first by the references. Utilization is measured server-side: the
+lognormal noise of that sigma (the target's answer a noisy multiple of the reference's): the first run then keeps the
+source order (`longest_first` off), and a third run makes a first version again, in a root of its own, longest first
+by the references. Utilization is measured server-side: the
 simulators' busy slot-seconds (the time integral of their running requests) over their slots times the window from
 the run's first request to its last answer; beside it, the run report's two figures (`server_side`, from what the
 servers say of each answer with --enable-metrics, and the client-side upper bound). Also: the time from the first
@@ -161,7 +161,7 @@ def main() -> None:
     ]
     with tempfile.TemporaryDirectory(prefix="regen-bench-drain-") as tmp:
         folder = Path(tmp)
-        os.environ["REGEN_CONFIG"] = str(write_config(folder, args))
+        os.environ["REGEN_CONFIG"] = str(write_config(folder, args, longest_first=args.reference_noise is None))
         stack = Stack(
             folder / "airflow",
             purpose="bench_drain",
@@ -172,17 +172,14 @@ def main() -> None:
         with stack:
             today = one_run(stack, "first")
             print("shards' own order (first version)", json.dumps(today), flush=True)
+            write_config(folder, args)  # longest first from here on
             longest = one_run(stack, "nightly", skip_unchanged=False)
             print("longest first (next version)", json.dumps(longest), flush=True)
             runs = [today, longest]
-            if args.reference_noise is not None:  # first versions again, each in a root of its own
-                write_config(folder, args, longest_first=False)
-                source_order = one_run(stack, "first", storage_root=str(folder / "source-order"))
-                print("first version, source order", json.dumps(source_order), flush=True)
-                write_config(folder, args, longest_first=True)
+            if args.reference_noise is not None:  # a first version again, in a root of its own
                 by_reference = one_run(stack, "first", storage_root=str(folder / "by-reference"))
                 print("first version, longest first by the references", json.dumps(by_reference), flush=True)
-                runs += [source_order, by_reference]
+                runs.append(by_reference)
             kept = [records(run.pop("manifests")) for run in runs]
             same_records = all(k == kept[0] for k in kept)
     expected = {name: args.prompts for name in DATASETS}
@@ -200,11 +197,11 @@ def main() -> None:
         "first_published_ratio": round(longest["first_published_s"] / today["first_published_s"], 3),
     }
     if args.reference_noise is not None:
-        source_order, by_reference = runs[2], runs[3]
-        figures |= {"first_version_source_order": source_order, "first_version_by_reference": by_reference}
+        by_reference = runs[2]
+        figures["first_version_by_reference"] = by_reference
         print(
             f"first version: {by_reference['utilization']:.3f} longest first by the rows' reference answers "
-            f"(Spearman {by_reference['spearman']}) vs {source_order['utilization']:.3f} in the source order"
+            f"(Spearman {by_reference['spearman']}) vs {today['utilization']:.3f} in the source order"
         )
     print(
         f"utilization {longest['utilization']:.3f} longest first vs {today['utilization']:.3f} in the shards' order "

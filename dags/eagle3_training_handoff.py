@@ -3,8 +3,9 @@
 Scheduled on the datasets eagle3_regen publishes (one asset per dataset, announced through the alias
 `eagle3_regen_datasets`), it verifies every newly published version against its manifest (the manifest's own sha256
 as the event carries it, each file's sha256 and size, every record's invariants) before training may read it, then
-writes SpecForge's copy of its draft vocabulary (vocab/specforge.pt) where torch is installed. An example to extend: put the training job's trigger after `verify_version`, or schedule on a
-single dataset's asset instead of the alias.
+writes SpecForge's copy of its draft vocabulary (vocab/specforge.pt) where torch is installed. An example to
+extend: put the training job's trigger after `verify_version`, or schedule on a single dataset's asset instead of
+the alias.
 """
 
 from __future__ import annotations

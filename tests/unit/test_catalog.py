@@ -281,7 +281,7 @@ def test_the_page_shows_the_numbers_plots_and_buttons(root: LocalStorage) -> Non
     vocab = json.loads(root.get_bytes(f"{PROFILE}/{DATASET}/{latest['version']}/manifest.json"))["vocab"]
     assert latest["vocab"] == vocab  # the draft vocabulary's coverage, plotted over draft sizes
     assert f"draft vocabulary: 32000 ids cover {100 * vocab['coverage']:.1f}% of answer tokens" in html
-    assert html.count(' ids: ') >= len(vocab["coverage_curve"])  # a bar per size, its figure in its title
+    assert html.count(" ids: ") >= len(vocab["coverage_curve"])  # a bar per size, its figure in its title
     confs = [json.loads(unescape(conf)) for conf in re.findall(r"data-conf='([^']*)'", html)]
     assert {"datasets": ["B1_glaive"]} in confs  # Regenerate
     assert {"datasets": ["B1_glaive"], "version": "night-3"} in confs  # Resume the unpublished version

@@ -45,6 +45,12 @@ CASES = {  # format, turns, rows -> each prompt's reference answer as the target
     ),
     "input_output": ("final", [{"input": "Sum 2 and 2.", "output": "Four: two plus two."}], ["Four: two plus two."]),
     "alpaca": ("final", [{"instruction": "Sum 3 and 3.", "input": "", "output": "Six."}], ["Six."]),
+    "glaive": (
+        "final",
+        [{"system": "SYSTEM: You are a helpful assistant, with no access to external functions.",
+          "chat": "USER: Tell me a joke.\n\n\nASSISTANT: Why did the chicken cross the road? <|endoftext|>\n"}],
+        ["Why did the chicken cross the road?"],
+    ),
     "prompt": ("final", [{"prompt": "Say hello."}], [None]),  # a prompt with no answer: none to predict from
 }  # fmt: skip
 

@@ -397,11 +397,11 @@ def test_a_last_version_published_before_run_ids_and_splits_still_orders_the_nex
     assert rows and all(r["expected_tokens"] is not None for r in rows)
 
 
-def test_last_lengths_that_cannot_be_read_leave_the_source_order_and_a_warning_never_a_red_run(
+def test_last_lengths_that_cannot_be_read_leave_the_reference_order_and_a_warning_never_a_red_run(
     deployment: Path, simulator: Simulator
 ) -> None:
-    """An ordering hint never fails a run: a verdict file of the last version gone, the next version is prepared in
-    the source order, green, and its run report says why."""
+    """An ordering hint never fails a run: a verdict file of the last version gone, the next version is prepared as a
+    first version is (ordered by its rows' reference answers), green, and its run report says why."""
     run_stages("night-1", simulator)
     folder = deployment / "storage" / "kimi-k2.5-mini" / DATASET / "night-1" / "reports"
     next(iter(sorted(folder.glob("*-verdicts.parquet")))).unlink()
@@ -409,10 +409,10 @@ def test_last_lengths_that_cannot_be_read_leave_the_source_order_and_a_warning_n
     assert [d["version"] for d in second["datasets"]] == ["night-2"]
     [warning] = second["warnings"]
     assert warning.startswith(f"{DATASET}: the answer lengths of version night-1 could not be read")
-    assert "keeps the source order" in warning
+    assert "by its rows' reference answers" in warning
     prompts = deployment / "storage" / "kimi-k2.5-mini" / DATASET / "night-2" / "prompts"
     rows = [r for p in sorted(prompts.glob("shard-*.parquet")) for r in pq.read_table(p).to_pylist()]
-    assert rows and all(r["expected_tokens"] is None for r in rows)
+    assert rows and all(r["expected_tokens"] == r["reference_tokens"] is not None for r in rows)
 
 
 def test_a_dataset_in_parts_with_a_gap_in_its_shard_numbers_is_published_group_by_group(

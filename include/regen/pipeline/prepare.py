@@ -115,7 +115,8 @@ def _last_lengths(
     except Exception as e:  # a manifest or verdicts an earlier version wrote differently, or lost: the source order
         warnings.append(
             f"{location.dataset}: the answer lengths of version {latest.get('version')} could not be read "
-            f"({type(e).__name__}: {e}); this version keeps the source order (longest first is a hint)"
+            f"({type(e).__name__}: {e}); this version is ordered by its rows' reference answers, where they have one "
+            "(longest first is a hint)"
         )
         log.warning("%s", warnings[-1])
         yield {}

@@ -48,4 +48,6 @@ def length_prediction(
     output = verdicts.column("output_len").to_pylist() if verdicts.num_rows else []
     pairs = [(expected[i], n) for i, n in zip(answered, output, strict=True) if i in expected]
     rho = spearman(np.array([p for p, _ in pairs]), np.array([n for _, n in pairs])) if pairs else None
+    if not pairs and lengths_from.get("predictor") == "reference_answers":  # no row had one: the fit alone
+        lengths_from = {"predictor": "none"}
     return {**lengths_from, "answers": len(answered), "predicted": len(pairs), "spearman": rho and round(rho, 4)}
