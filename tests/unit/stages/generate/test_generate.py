@@ -29,13 +29,14 @@ def test_rerun_after_a_crash_requests_only_the_missing_samples(
         patched.setattr(generate, "_write_raw", crash)
         with pytest.raises(SystemExit):
             run_generate(shard, storage, settings)
-    parts = storage.list_keys(location.shard(0).checkpoints)
-    assert len(parts) >= 4  # flushed as they finished, not at the end
+    parts = [k for k in storage.list_keys(location.shard(0).checkpoints) if "/part-" in k]
+    # Flushed as they finished, not at the end: a first part once 5 answers waited, whatever the machine's load
+    # (the answers that come while a part is written go into the next, so how many parts there are varies).
+    assert len(parts) >= 2
     assert not storage.exists(shard.keys.raw)
 
-    # ... and lost its last three checkpoints too.
-    for key in parts[-3:]:
-        storage.delete(key)
+    # ... and lost its last checkpoint too.
+    storage.delete(parts[-1])
     found = load_checkpoints(storage, shard)
     survived = found.answers
     [first_try] = found.tries.values()
