@@ -239,3 +239,28 @@ def test_the_fit_places_rows_without_a_reference_among_those_with_one() -> None:
         order.observe(sample_id, 5 * len(prompts.prompt_ids(sample_id)))
     answers = [5 * len(prompts.prompt_ids(i)) for i in taken[2 * FIRST_FIT :]]
     assert answers == sorted(answers, reverse=True)  # both kinds of row in one longest-first order
+
+
+def test_the_prediction_is_read_from_the_verdicts_and_shards_validated_before_count_none(tmp_path: Path) -> None:
+    """Publish reads each answer's expected length from its shard's verdicts, where validate copied it from
+    prompts/ (never prompts/ again); a shard validated before that column existed has none."""
+    import pyarrow as pa
+
+    from regen.manifest import ShardManifest
+    from regen.stages.publish.dataset_report import read_verdicts
+    from regen.stages.publish.length_prediction import length_prediction
+
+    storage = LocalStorage(tmp_path)
+    location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "d", "v1")
+    shards = [ShardManifest(location, n, location.shard(n).prompts, "", 4) for n in (0, 1)]
+    old = pa.table({"id": ["a", "b"], "output_len": pa.array([5, 9], pa.int32())})
+    new = old.append_column("expected_tokens", pa.array([3, None], pa.int32()))
+    new = new.set_column(0, "id", pa.array(["c", "d"]))
+    for shard, table in zip(shards, (old, new), strict=True):
+        path = tmp_path / shard.keys.verdicts
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path)
+    verdicts = read_verdicts(storage, shards)
+    assert verdicts.column("expected_tokens").to_pylist() == [None, None, 3, None]
+    found = length_prediction(verdicts, {"predictor": "reference_answers"})
+    assert (found["answers"], found["predicted"], found["spearman"]) == (4, 1, None)

@@ -42,6 +42,8 @@ VERDICTS_SCHEMA = pa.schema(
         ("tool_calls", pa.int16()),
         # encode(decode(output_ids)) != output_ids, what a text pipeline would corrupt; null where not sampled
         ("retokenize_drift", pa.bool_()),
+        # the length prepare expected of the answer (its send order: regen.stages.generate.order); null: none
+        ("expected_tokens", pa.int32()),
     ]
 )
 
@@ -101,9 +103,8 @@ def run_validate(
     if shard.raw_key is None:
         raise ValueError(f"{shard.name} has no raw answers yet: run generate first")
     checks_render = bool(settings.render_check_fraction or settings.render_check_minimum)
-    stored = read_table(
-        storage, shard.prompts_key, ["id", "prompt_ids", "tools", *(["messages"] if checks_render else [])]
-    )
+    columns_read = ["id", "prompt_ids", "tools", *(["messages"] if checks_render else [])]
+    stored = read_table(storage, shard.prompts_key, columns_read, optional=("expected_tokens",))
     if checks_render:
         check_render_drift(stored, renderer, settings.render_check_fraction, settings.render_check_minimum)
     prompts = ShardPrompts(stored)
@@ -121,7 +122,7 @@ def run_validate(
                     rejections.add(answer.id, Reason.of(verdict.verdict), verdict.detail, finish=answer.finish_reason)
                 else:
                     stats.keep()
-                columns.append(answer, verdict, len(prompt_ids))
+                columns.append(answer, verdict, len(prompt_ids), prompts.expected_tokens(answer.id))
                 if verdict.decoded is not None and settings.retokenize(answer.id, columns.measured):
                     columns.measure_drift(verdict.decoded, answer.output_ids, renderer)
             columns.flush_drift(renderer)
@@ -141,7 +142,7 @@ class _Columns:
         self.measured = 0  # records whose re-tokenization drift was measured (or is waiting in the batch)
         self._waiting: list[tuple[int, str, list[int]]] = []  # (row, decoded text, output ids)
 
-    def append(self, answer: RawAnswer, verdict: Judgement, prompt_len: int) -> None:
+    def append(self, answer: RawAnswer, verdict: Judgement, prompt_len: int, expected: int | None) -> None:
         row = {
             "id": answer.id,
             "verdict": verdict.verdict,
@@ -152,6 +153,7 @@ class _Columns:
             "reasoning_len": verdict.reasoning_len,
             "tool_calls": verdict.tool_calls,
             "retokenize_drift": None,  # null where not sampled; set by flush_drift where sampled
+            "expected_tokens": expected,
         }
         for name, value in row.items():
             self.data[name].append(value)

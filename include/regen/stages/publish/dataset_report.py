@@ -28,7 +28,8 @@ HISTOGRAM_BINS = 20
 
 def read_verdicts(storage: Storage, shards: list[ShardManifest]) -> pa.Table:
     tables = [read_table(storage, shard.keys.verdicts) for shard in shards]
-    return pa.concat_tables(tables) if tables else pa.table({})
+    # (shards validated before a column existed have none: null there)
+    return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
 
 
 def _lengths(verdicts: pa.Table) -> dict[str, np.ndarray]:

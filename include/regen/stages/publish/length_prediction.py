@@ -9,9 +9,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from regen.manifest import ShardManifest
-from regen.storage import Storage, read_table
-
 
 def ranks(values: np.ndarray) -> np.ndarray:
     """Ranks from 1, ties given their average rank."""
@@ -33,21 +30,15 @@ def spearman(predicted: np.ndarray, actual: np.ndarray) -> float | None:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-def length_prediction(
-    storage: Storage, shards: list[ShardManifest], verdicts: pa.Table, lengths_from: dict[str, Any]
-) -> dict[str, Any]:
+def length_prediction(verdicts: pa.Table, lengths_from: dict[str, Any]) -> dict[str, Any]:
     """`lengths_from`: where prepare took the lengths (regen.pipeline.prepare.lengths_from); with how many answers
-    had a prediction and its rank correlation with the answers' output lengths."""
-    expected: dict[str, int] = {}
-    for shard in shards:
-        table = read_table(storage, shard.prompts_key, ["id"], optional=("expected_tokens",))
-        if "expected_tokens" in table.column_names:
-            ids, lengths = table.column("id").to_pylist(), table.column("expected_tokens").to_pylist()
-            expected |= {i: n for i, n in zip(ids, lengths, strict=True) if n is not None}
-    answered = verdicts.column("id").to_pylist() if verdicts.num_rows else []
-    output = verdicts.column("output_len").to_pylist() if verdicts.num_rows else []
-    pairs = [(expected[i], n) for i, n in zip(answered, output, strict=True) if i in expected]
+    had a prediction (the verdicts' `expected_tokens`, as validate copied it from prompts/) and its rank correlation
+    with the answers' output lengths."""
+    names = verdicts.column_names
+    expected = verdicts.column("expected_tokens").to_pylist() if "expected_tokens" in names else []
+    output = verdicts.column("output_len").to_pylist() if expected else []
+    pairs = [(e, n) for e, n in zip(expected, output, strict=True) if e is not None]
     rho = spearman(np.array([p for p, _ in pairs]), np.array([n for _, n in pairs])) if pairs else None
     if not pairs and lengths_from.get("predictor") == "reference_answers":  # no row had one: the fit alone
         lengths_from = {"predictor": "none"}
-    return {**lengths_from, "answers": len(answered), "predicted": len(pairs), "spearman": rho and round(rho, 4)}
+    return {**lengths_from, "answers": verdicts.num_rows, "predicted": len(pairs), "spearman": rho and round(rho, 4)}

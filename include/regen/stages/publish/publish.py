@@ -188,7 +188,7 @@ def _write_manifest(
     for stage in ("generate", "validate"):
         rejected |= {(stage, reason): n for reason, n in stages[stage]["dropped_by_reason"].items()}
     lengths_from = prepared.inputs.get("lengths_from") or {"predictor": "not recorded"}
-    report["length_prediction"] = length_prediction(storage, shards, verdicts, lengths_from)
+    report["length_prediction"] = length_prediction(verdicts, lengths_from)
     report["rejections"] = rejection_examples(storage, [k for k in data_files if "/rejected/" in k], rejected)
     report["cost"] = generation_cost(generations, fleet, report.get("train_tokens", 0), cost)
     splits = split_records(shards)
