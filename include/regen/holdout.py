@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from regen.chat import canonical_json
+from regen.samples import sample_of
 
 if TYPE_CHECKING:
     from regen.records import ShardPrompts
@@ -55,6 +56,20 @@ def side_of(prompts: ShardPrompts, sample_id: str, share: float) -> str:
         tools = prompts.tools_json(sample_id)
         key = source_key(_decode(prompts.messages_json(sample_id)), _decode(tools) if tools else None)
     return SIDES[held_out(key, share)]
+
+
+class Sides:
+    """Each answer's side in a shard, from its sample's source prompt: decided once per sample (an on-policy
+    conversation's turns and a prompt's samples share it)."""
+
+    def __init__(self, prompts: ShardPrompts, share: float) -> None:
+        self.prompts, self.share, self.known = prompts, share, dict[str, str]()
+
+    def __call__(self, answer_id: str) -> str:
+        sample = sample_of(answer_id)
+        if sample not in self.known:
+            self.known[sample] = side_of(self.prompts, sample, self.share)
+        return self.known[sample]
 
 
 _decode = msgspec.json.Decoder().decode  # several times json.loads' speed on a long conversation

@@ -121,8 +121,13 @@ def is_report_file(key: str) -> bool:
 def is_derived_file(key: str) -> bool:
     """Files publish makes from the version's data before its manifest: the report, and vocab/ (the same bytes on
     every try, so a retried publish overwrites what a dying one left)."""
+    return is_report_file(key) or is_vocab_file(key)
+
+
+def is_vocab_file(key: str) -> bool:
+    """One of a version's vocab/ files (VOCAB_FILES)."""
     folder, _, name = key.rpartition("/")
-    return is_report_file(key) or (folder.endswith("/vocab") and name in VOCAB_FILES)
+    return folder.endswith("/vocab") and name in VOCAB_FILES
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from regen.holdout import side_of
-from regen.layout import VOCAB_FILES, DatasetLocation
+from regen.holdout import Sides
+from regen.layout import VOCAB_FILES, DatasetLocation, is_vocab_file
 from regen.records import ShardPrompts
-from regen.samples import sample_of
 from regen.storage import Storage, read_table
 from regen.vocab import counts_from_table, counts_under_mask, vocab_mapping
 
@@ -23,16 +22,8 @@ def wrong_sides(
 ) -> list[str]:
     """The records of one split file that are not on their source prompt's side: in train/ or validation/ by where
     they are, in truncated/ by their `side` column."""
-    known: dict[str, str] = {}
-    wrong = []
-    for row, answer_id in enumerate(sample_ids):
-        sample = sample_of(answer_id)
-        if sample not in known:
-            known[sample] = side_of(prompts, sample, share)
-        claimed = sides[row] if sides is not None else split
-        if claimed != known[sample]:
-            wrong.append(answer_id)
-    return wrong
+    side = Sides(prompts, share)
+    return [i for row, i in enumerate(sample_ids) if (sides[row] if sides is not None else split) != side(i)]
 
 
 def count_train_file(
@@ -51,7 +42,7 @@ def count_train_file(
 def has_vocab(manifest: dict[str, Any], bad_files: set[str]) -> bool:
     """Whether the manifest lists vocab/ (versions published before it do not), and every file it is counted from
     was read whole (a bad one is named already)."""
-    listed = [key for key in manifest["files"] if key.rsplit("/", 2)[-2:-1] == ["vocab"]]
+    listed = [key for key in manifest["files"] if is_vocab_file(key)]
     train_whole = not any(key.endswith(".parquet") and "/train/" in key for key in bad_files)
     return len(listed) == len(VOCAB_FILES) and train_whole and not set(listed) & bad_files
 

@@ -28,11 +28,10 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from regen.holdout import side_of
+from regen.holdout import Sides
 from regen.manifest import ShardManifest, StageStats
 from regen.reasons import OK, split_of
-from regen.records import ShardPrompts, read_prompts, read_raw
-from regen.samples import sample_of
+from regen.records import read_prompts, read_raw
 from regen.storage import Storage, read_table, write_table
 from regen.vocab import counts_table, dense_counts
 
@@ -201,21 +200,6 @@ def _upload(storage: Storage, shard: ShardManifest, split: str, table: pa.Table,
         return {key: storage.put_file(key, path)}
 
 
-class _Sides:
-    """Each answer's side, train or validation, from its sample's source prompt (computed once per sample)."""
-
-    def __init__(self, prompts: ShardPrompts, share: float) -> None:
-        self.prompts, self.share, self.known = prompts, share, dict[str, str]()
-
-    def __call__(self, answer_id: str) -> str:
-        if not self.share:
-            return "train"
-        sample = sample_of(answer_id)
-        if sample not in self.known:
-            self.known[sample] = side_of(self.prompts, sample, self.share)
-        return self.known[sample]
-
-
 def run_export(
     shard: ShardManifest,
     storage: Storage,
@@ -232,7 +216,7 @@ def run_export(
     kept = {v["id"]: v for v in verdicts if split_of(v["verdict"]) is not None}
     share = settings.validation_share
     prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids"], sides=share > 0)
-    side = _Sides(prompts, share)
+    side = Sides(prompts, share)
     splits = {name: _Split() for name in SPLITS}
     with tempfile.TemporaryDirectory(prefix="regen-export-") as tmp:
         for answer in read_raw(storage, shard.raw_key, Path(tmp)):
