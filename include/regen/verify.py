@@ -327,7 +327,8 @@ def _check_records(
         ok = np.asarray(table.column("verdict").to_pylist()) == OK
         bad(np.flatnonzero(ok & ~np.isin(last, roles["eos_ids"])), "kept as ok that do not end with an EOS id")
         rows = (sample_ids, values, starts, lengths, prompt_len)
-        sides = table.column("side").to_pylist() if "side" in table.column_names else None
+        # the side each record claims: a truncated/ file's column, else the split it is in
+        sides = table.column("side").to_pylist() if "side" in table.column_names else [split] * table.num_rows
         problems += _against_sources(storage, manifest, key, rows, result.bad_files, sides)
     if split == "train" and not problems:
         counts, mismatch = count_train_file(storage, manifest, key, table, result.bad_files)
@@ -345,11 +346,11 @@ def _against_sources(
     key: str,
     rows: tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     bad_files: set[str],
-    sides: list[str] | None = None,
+    sides: list[str],
 ) -> list[str]:
     """input_ids == the prompt sent (prompts/, or raw/ for an on-policy turn) + the server's output ids (raw/), record
     by record, and each record on its source prompt's side. `rows`: the records' ids, all their input ids end to
-    end, where each starts, its length and its prompt's length; `sides`: a truncated/ file's side column."""
+    end, where each starts, its length and its prompt's length; `sides`: the side each record claims."""
     from regen.records import read_prompts, read_raw
 
     sample_ids, values, starts, lengths, prompt_len = rows
@@ -369,9 +370,9 @@ def _against_sources(
                 # Arrays at once, the ints let go answer by answer: a shard's outputs held as Python ints are some
                 # 70 MB at once (a 20k version's peak in one process: 404 MB that way, 378 MB this way).
                 sent[answer.id] = (prompts.prompt_of(answer), np.asarray(answer.output_ids, dtype=np.int64))
-    split = next(s for s in SPLITS if f"/{s}/" in key)
-    wrong = wrong_sides(prompts, share, split, sample_ids, sides) if share else []
-    problems = [f"{len(wrong)} records not on their source prompt's side ({', '.join(wrong[:5])})"] if wrong else []
+    wrong = wrong_sides(prompts, share, sample_ids, sides) if share else []
+    listed = ", ".join(wrong[:MAX_PROBLEMS_PER_FILE])
+    problems = [f"{len(wrong)} records not on their source prompt's side ({listed})"] if wrong else []
     differ = []
     for row, sample_id in enumerate(sample_ids):
         start, cut, end = starts[row], starts[row] + prompt_len[row], starts[row] + lengths[row]

@@ -17,13 +17,11 @@ from regen.storage import Storage, read_table
 from regen.vocab import counts_from_table, counts_under_mask, vocab_mapping
 
 
-def wrong_sides(
-    prompts: ShardPrompts, share: float, split: str, sample_ids: list[str], sides: list[str] | None
-) -> list[str]:
-    """The records of one split file that are not on their source prompt's side: in train/ or validation/ by where
-    they are, in truncated/ by their `side` column."""
+def wrong_sides(prompts: ShardPrompts, share: float, sample_ids: list[str], claimed: list[str]) -> list[str]:
+    """The records of one split file not on their source prompt's side (`claimed`: the side each is on: in train/ or
+    validation/, where it is; in truncated/, its `side` column)."""
     side = Sides(prompts, share)
-    return [i for row, i in enumerate(sample_ids) if (sides[row] if sides is not None else split) != side(i)]
+    return [i for i, claim in zip(sample_ids, claimed, strict=True) if claim != side(i)]
 
 
 def count_train_file(
