@@ -1,7 +1,8 @@
 """Which prompts are held out for validation: a pure function of the source prompt, never of the run.
 
-A prompt's side is decided by a digest of its opening, the messages before its first assistant turn and its tools:
-what every row cut from one source conversation shares (each of its `every_assistant_turn` prompts, each turn of an
+A prompt's side is decided by a digest of its opening, the messages before the first assistant turn that answers a
+user (an assistant greeting that opens a conversation is part of its opening) and its tools: what every row cut from
+one source conversation shares (each of its `every_assistant_turn` prompts, each turn of an
 on-policy conversation) and every sample of one prompt at every temperature. No run, version, shard or sample
 enters it, so the same prompts are held out in every version and every nightly, and a prompt validated on is never
 trained on later. The digest is read as a number in [0, 1): a prompt is held out when it falls below the share, so
@@ -27,10 +28,15 @@ SIDES = ("train", "validation")
 
 
 def opening(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages before the first assistant turn: what every prompt cut from one conversation starts with."""
+    """The messages before the first assistant turn after a user turn: what every prompt cut from one conversation
+    starts with (prepare cuts prompts only after a user turn). Assistant turns before any user's, a greeting, belong
+    to it: cut there, every conversation that opens with one would share one key (the whole dataset on one side)."""
+    asked = False
     for position, message in enumerate(messages):
-        if message.get("role") == "assistant":
+        role = message.get("role")
+        if role == "assistant" and asked:
             return messages[:position]
+        asked = asked or role == "user"
     return messages
 
 
