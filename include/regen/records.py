@@ -209,6 +209,7 @@ def read_prompts(storage: Storage, key: str, columns: list[str], sides: bool = F
     has them. `sides`: with what decides each sample's side of the held-out split (regen.holdout.side_of): its
     source key, or for prompts prepared before keys were recorded, its messages and tools."""
     prompts = ShardPrompts(read_table(storage, key, columns, optional=OPTIONAL_COLUMNS))
-    if sides and not prompts._source_key and prompts.ids:
+    # No key, or a null one (a part tokenized before keys, in a version finished after: its shard has the column)
+    if sides and prompts.ids and (not prompts._source_key or None in prompts._source_key):
         return ShardPrompts(read_table(storage, key, [*columns, "messages", "tools"], optional=OPTIONAL_COLUMNS))
     return prompts

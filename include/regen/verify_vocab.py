@@ -19,9 +19,10 @@ from regen.vocab import counts_from_table, counts_under_mask, vocab_mapping
 
 def wrong_sides(prompts: ShardPrompts, share: float, sample_ids: list[str], claimed: list[str]) -> list[str]:
     """The records of one split file not on their source prompt's side (`claimed`: the side each is on: in train/ or
-    validation/, where it is; in truncated/, its `side` column)."""
+    validation/, where it is; in truncated/, its `side` column). A record of no prompt of the shard has no side to
+    check: the comparison with what was sent names it."""
     side = Sides(prompts, share)
-    return [i for i, claim in zip(sample_ids, claimed, strict=True) if claim != side(i)]
+    return [i for i, claim in zip(sample_ids, claimed, strict=True) if i in prompts and claim != side(i)]
 
 
 def count_train_file(

@@ -22,6 +22,7 @@ import yaml
 
 from regen import pipeline
 from regen.holdout import held_out, opening, side_of, source_key
+from regen.manifest import ShardManifest
 from regen.samples import sample_of
 from regen.verify import verify_version
 from regen.vocab import coverage, dense_counts, vocab_mapping
@@ -317,3 +318,51 @@ def test_without_torch_the_handoff_writes_no_specforge_file_and_the_version_stil
     assert not (Path(published["manifest"]).parent / "vocab" / "specforge.pt").exists()
     (Path(published["manifest"]).parent / "vocab" / "specforge.pt").write_bytes(b"torch's bytes")
     assert verify_version(published["manifest"]).problems == []  # the hand-off's copy is no stray
+
+
+def test_a_version_with_prompts_tokenized_before_source_keys_publishes_and_verifies(
+    deployment: Path, simulator: Simulator
+) -> None:
+    """A dataset in parts, some tokenized by the release before source keys and finished by this one: its shards
+    hold a source_key column of nulls. Export and verify decide those sides from the messages (they once read an
+    empty list there, IndexError on every try), the same sides as a version with keys."""
+    plan = {"endpoints": [simulator.url], "skip_unchanged": False, "datasets": ["every_turn"]}
+    run = pipeline.RunSpec(**pipeline.plan(plan, "v1"))
+    prepared = pipeline.finish_prepared(run, [pipeline.prepare_dataset(run, "every_turn")])
+    root, location = Path(str(run.storage_root)), run.location("every_turn")
+    record = json.loads((root / location.prepared).read_text())
+    for shard in record["shards"]:
+        path = root / ShardManifest.from_dict(shard).keys.prompts
+        table = pq.read_table(path)
+        column = table.schema.get_field_index("source_key")
+        pq.write_table(table.set_column(column, "source_key", pa.nulls(table.num_rows, pa.string())), path)
+        shard["prompts_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (root / location.prepared).write_text(json.dumps(record))
+    for shard in each_shard(run, prepared):
+        pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
+    [summary] = prepared
+    published = pipeline.publish_dataset(run, summary, [], pipeline.verify_dataset(run, summary))
+    assert verify_version(published["manifest"]).problems == []
+    keyed = run_stages("v2", simulator, datasets=["every_turn"])["every_turn"]
+    for split in ("train", "validation"):
+        ids = {r["id"] for r in split_rows(published["manifest"])[split]}
+        assert ids == {r["id"] for r in split_rows(keyed["manifest"])[split]} and ids, split
+
+
+def test_verify_reports_a_record_of_no_prompt_instead_of_failing(deployment: Path, simulator: Simulator) -> None:
+    """A train record whose id is in none of its shard's prompts: one problem named, at any share (the side check
+    once raised KeyError before the comparison with what was sent could name it)."""
+    published = run_stages("v1", simulator, datasets=["temperatures"])["temperatures"]
+    manifest_path = Path(published["manifest"])
+    manifest = json.loads(manifest_path.read_text())
+    root = Path(manifest["root"])
+    entry = manifest["shards"][0]
+    train = pq.read_table(root / entry["train"])
+    ids = ["0" * 20, *train.column("id").to_pylist()[1:]]
+    out = io.BytesIO()
+    pq.write_table(train.set_column(0, "id", pa.array(ids, pa.string())), out)
+    altered(root / entry["train"], out.getvalue(), manifest_path)
+    problems = verify_version(str(manifest_path)).problems
+    assert any(
+        "1 records whose input_ids are not the prompt sent + the server's output (" + "0" * 20 in p for p in problems
+    ), problems
