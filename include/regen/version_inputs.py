@@ -43,12 +43,14 @@ def dataset_inputs(
     sources: dict[str, str] | None,
     decontamination: dict[str, Any] | None = None,
     validation_share: float = 0.0,
+    export: Mapping[str, bool] | None = None,
 ) -> dict[str, Any]:
     """Everything that decides what a version holds, and its digest (None when a source cannot be pinned).
     `profile`: the profile's record with its template and tokenizer-file hashes (ChatRenderer.fingerprint);
     `sources`: each source's content identity (regen.stages.prepare.sources.source_digests); `decontamination`: the eval
     suites' record (regen.stages.prepare.eval_suites), an input only when there are suites (earlier digests stand);
-    `validation_share`: the source prompts held out (regen.holdout), an input only when some are."""
+    `validation_share`: the source prompts held out (regen.holdout), an input only when some are; `export`: the
+    export options (a review text column, JSON Lines files), each an input only when on (earlier digests stand)."""
     # Library versions are recorded in manifests but are not inputs: an upgrade that renders the same ids is no change.
     pinned_profile = {k: v for k, v in profile.items() if not k.endswith("_version")}
     inputs: dict[str, Any] = {
@@ -62,6 +64,8 @@ def dataset_inputs(
         inputs["decontamination"] = {k: v for k, v in decontamination.items() if k != "rejected_by_suite"}
     if validation_share:
         inputs["validation_share"] = validation_share
+    if export and any(export.values()):
+        inputs["export"] = {name: True for name, on in sorted(export.items()) if on}
     return {**inputs, "digest": canonical_digest(inputs) if sources is not None else None}
 
 

@@ -178,6 +178,13 @@ def test_the_digest_covers_content_template_and_sampling(deployment: Path) -> No
     template = {**profile, "chat_template_sha256": "b" * 64}
     assert dataset_inputs(dataset, template, {"temperature": 1.0}, None, digests(dataset))["digest"] != base["digest"]
     assert dataset_inputs(dataset, profile, {"temperature": 1.0}, 5, digests(dataset))["digest"] != base["digest"]
+    # Export options change what a version holds (a text column, JSON Lines files): inputs when on, and off is as
+    # before they were inputs (the digests of versions published then stand).
+    sampled = (dataset, profile, {"temperature": 1.0}, None, digests(dataset), None, 0.0)
+    off = dataset_inputs(*sampled, {"jsonl": False, "review_text": False})
+    assert off["digest"] == base["digest"] and "export" not in off
+    review = dataset_inputs(*sampled, {"jsonl": False, "review_text": True})
+    assert review["export"] == {"review_text": True} and review["digest"] != base["digest"]
 
 
 def test_a_hub_dataset_at_no_pinned_revision_is_never_taken_as_unchanged() -> None:
@@ -408,7 +415,7 @@ def test_last_lengths_that_cannot_be_read_leave_the_reference_order_and_a_warnin
     second = run_stages("night-2", simulator, skip_unchanged=False)
     assert [d["version"] for d in second["datasets"]] == ["night-2"]
     [warning] = second["warnings"]
-    assert warning.startswith(f"{DATASET}: the answer lengths of version night-1 could not be read")
+    assert warning.startswith(f"{DATASET}: the answer lengths of the last version (this profile's or another's) failed")
     assert "by its rows' reference answers" in warning
     prompts = deployment / "storage" / "kimi-k2.5-mini" / DATASET / "night-2" / "prompts"
     rows = [r for p in sorted(prompts.glob("shard-*.parquet")) for r in pq.read_table(p).to_pylist()]

@@ -366,3 +366,47 @@ def test_verify_reports_a_record_of_no_prompt_instead_of_failing(deployment: Pat
     assert any(
         "1 records whose input_ids are not the prompt sent + the server's output (" + "0" * 20 in p for p in problems
     ), problems
+
+
+def resumed(simulator: Simulator, dataset: str, **first: Any) -> dict[str, Any]:
+    """A version whose first run (params `first`) prepared it and made one shard, then went red; resumed as the
+    page's Resume button does (datasets and version only: today's defaults). Its published summary."""
+    run = pipeline.RunSpec(
+        **pipeline.plan({"endpoints": [simulator.url], "skip_unchanged": False, "datasets": [dataset], **first}, "v1")
+    )
+    [prepared] = pipeline.finish_prepared(run, [pipeline.prepare_dataset(run, dataset)])
+    first_shard = next(each_shard(run, [prepared]))
+    pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, first_shard)))
+    with pytest.raises(Exception, match="not published: "):  # its other shards never ran: red
+        pipeline.report(run, [], [])
+    return run_stages("resume", simulator, datasets=[dataset], version="v1")[dataset]
+
+
+def test_a_resumed_version_is_made_with_its_own_settings_not_the_resuming_runs(
+    deployment: Path, simulator: Simulator
+) -> None:
+    """Prepared at share 0 and temperature 0.7 with review text, resumed at the config's share 0.5 and temperature
+    1.0 without: every shard split, sampled and exported as the version says (a Resume once took today's: a
+    validation/ split under a manifest saying 0, the later shards sampled at 1.0)."""
+    earlier = len(simulator.records())  # the session's simulator: other tests asked for these samples too
+    published = resumed(simulator, "every_turn", validation_share=0, temperature=0.7, export={"review_text": True})
+    manifest = json.loads(Path(published["manifest"]).read_text())
+    rows = split_rows(published["manifest"])
+    assert manifest["validation_share"] == 0.0 and not rows["validation"] and len(rows["train"]) > 7
+    assert manifest["sampling_params"]["temperature"] == 0.7
+    assert all(row["text"] is not None for row in rows["train"])
+    version_ids = {sample_of(row["id"]) for row in rows["train"]}
+    sent = [
+        r["sampling"]["temperature"] for r in simulator.records()[earlier:] if r["rid"].split("-")[0] in version_ids
+    ]
+    assert len(sent) >= len(rows["train"]) and set(sent) == {0.7}
+    assert verify_version(published["manifest"]).problems == []
+
+
+def test_a_version_prepared_at_another_share_is_green_when_resumed(deployment: Path, simulator: Simulator) -> None:
+    """Prepared at 0.3, resumed at the config's 0.5: split at 0.3 throughout, and verified (every Resume was red:
+    "records not on their source prompt's side")."""
+    published = resumed(simulator, "every_turn", validation_share=0.3)
+    manifest = json.loads(Path(published["manifest"]).read_text())
+    assert manifest["validation_share"] == 0.3 and published["splits"]["validation"] > 0
+    assert verify_version(published["manifest"]).problems == []

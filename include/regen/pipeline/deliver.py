@@ -6,7 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from regen.errors import FinalError
+from regen.hints import hint_warnings
+from regen.manifest import GenerationReport
 from regen.pipeline.run_storage import RunStorage
+from regen.pipeline.version_settings import VersionSettings
 from regen.run_params import RunSpec
 from regen.stages.publish.publish import run_publish, verify_contents
 from regen.stages.publish.vocab_files import VocabSizes
@@ -50,7 +53,7 @@ def publish_dataset(
             prepared_dataset,
             storage,
             fleet,
-            run.sampling,
+            VersionSettings.of(prepared_dataset, run).sampling,
             run.overwrite_version,
             verified,
             run.run_id,
@@ -58,7 +61,16 @@ def publish_dataset(
             vocab_sizes(run, fleet, prepared_dataset.token_roles["vocab_size"]),
         )
     at.release(prepared_dataset.location)  # a published version is never written again
-    return {**published, "warnings": prepared["warnings"]} if prepared.get("warnings") else published
+    warnings = [*prepared.get("warnings", []), *generate_warnings(dataset, published.get("generation", []))]
+    return {**published, "warnings": warnings} if warnings else published
+
+
+def generate_warnings(dataset: str, generation: list[dict[str, Any]]) -> list[str]:
+    """The hints that failed in the version's generate tasks (its shards' generation reports), for the run report."""
+    failed: dict[str, str] = {}
+    for report in generation:
+        failed = GenerationReport.from_dict(report).hints_off | failed
+    return hint_warnings(dataset, failed)
 
 
 def vocab_sizes(run: RunSpec, fleet: list[dict[str, Any]], tokenizer_ids: int) -> VocabSizes:

@@ -10,6 +10,7 @@ from typing import Any
 
 from regen.config import ConfigError
 from regen.errors import FinalError
+from regen.hints import LAST_LENGTHS, Hints
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset
 from regen.pipeline.run import renderer_for
@@ -48,21 +49,23 @@ def prepare_dataset(
     if not at.storage.exists(location.prepared):  # a new version, not a resumed one
         sources = source_digests(source, run.resolve, s3_client)
         suites = cleaning.record if cleaning else None
-        inputs = dataset_inputs(source, renderer.record, run.sampling, run.limit, sources, suites, run.validation_share)
+        inputs = dataset_inputs(
+            source, renderer.record, run.sampling, run.limit, sources, suites, run.validation_share, run.export
+        )
         wanted = run.skip_unchanged or run.longest_first
         latest = latest_published(at.storage, location.profile, dataset) if wanted else None
         if run.skip_unchanged and unchanged_since(latest, dataset, inputs):
             return {"dataset": dataset, "unchanged_since": latest}
         inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
-    warnings: list[str] = []  # for the run report: an ordering hint that could not be read
+    hints = Hints()  # for the run report: an ordering hint that could not be used
     uses_lengths = run.longest_first and source.turns != "on_policy"  # an on-policy answer is a turn
     if uses_lengths and latest is None and inputs:  # a first version here: another model's answers, if any
-        latest = latest_of_another_profile(at.storage, location.profile, dataset)
+        latest = hints.use(LAST_LENGTHS, None, latest_of_another_profile, at.storage, location.profile, dataset)
     if inputs:  # what its send order is predicted from, for the run report (not an input: the digest stands)
         inputs = {**inputs, "lengths_from": lengths_from(latest, uses_lengths)}
     with contextlib.ExitStack() as held:
         storage = held.enter_context(at.writing(location))  # VersionBusy before anything is read for the order
-        expected = held.enter_context(_last_lengths(storage, latest, location, warnings)) if uses_lengths else {}
+        expected = held.enter_context(_last_lengths(storage, latest, location, hints)) if uses_lengths else {}
         prepared = run_prepare(
             source,
             location,
@@ -82,6 +85,7 @@ def prepare_dataset(
                 by_length=uses_lengths,
             ),
         )
+    warnings = hints.warnings(dataset)
     noted = {"warnings": warnings} if warnings else {}
     if isinstance(prepared, PreparedParts):
         return {"dataset": dataset, "parts": prepared.parts, "prompts": prepared.prompts, **noted}
@@ -102,23 +106,16 @@ def lengths_from(latest: dict[str, Any] | None, uses_lengths: bool) -> dict[str,
 
 @contextlib.contextmanager
 def _last_lengths(
-    storage: Storage, latest: dict[str, Any] | None, location: DatasetLocation, warnings: list[str]
+    storage: Storage, latest: dict[str, Any] | None, location: DatasetLocation, hints: Hints
 ) -> Iterator[Mapping[str, int]]:
     """The last version's answer lengths, to send the longest first; none when this version's prompts or parts are
-    written already (a retry reuses them), and none, with a warning (in `warnings`, for the run report), when they
-    cannot be read: an order is a hint, and never fails a run."""
+    written already (a retry reuses them), and none when they cannot be read (a hint: `hints` keeps why, for the run
+    report)."""
     if latest is None or storage.exists(location.prepared) or storage.exists(location.prepare_index):
         yield {}
         return
-    try:
-        lengths = answer_lengths(storage, latest, location)
-    except Exception as e:  # a manifest or verdicts an earlier version wrote differently, or lost: the source order
-        warnings.append(
-            f"{location.dataset}: the answer lengths of version {latest.get('version')} could not be read "
-            f"({type(e).__name__}: {e}); this version is ordered by its rows' reference answers, where they have one "
-            "(longest first is a hint)"
-        )
-        log.warning("%s", warnings[-1])
+    lengths = hints.use(LAST_LENGTHS, None, answer_lengths, storage, latest, location)
+    if lengths is None:  # a manifest or verdicts an earlier version wrote differently, or lost
         yield {}
         return
     with lengths:

@@ -14,9 +14,10 @@ import json
 from typing import Any
 
 from regen.errors import FinalError
-from regen.manifest import ShardManifest
+from regen.manifest import PreparedDataset, ShardManifest
 from regen.pipeline.run import renderer_for
 from regen.pipeline.run_storage import RunStorage
+from regen.pipeline.version_settings import VersionSettings
 from regen.run_params import RunSpec
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.stages.export import ExportSettings, run_export
@@ -44,12 +45,11 @@ def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[dict[str, A
 
 def group_shards(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> list[dict[str, Any]]:
     """The manifests of a group's shards (`shard_groups`), as prepare recorded them."""
-    return [shard.to_dict() for shard in _group(RunStorage.open(run, s3_client), group)]
+    return [shard.to_dict() for shard in _group(RunStorage.open(run, s3_client).prepared(group["dataset"]), group)]
 
 
-def _group(at: RunStorage, group: dict[str, Any]) -> list[ShardManifest]:
-    shards = at.prepared(group["dataset"]).shards
-    return shards[group["first"] : group["first"] + group["count"]]
+def _group(prepared: PreparedDataset, group: dict[str, Any]) -> list[ShardManifest]:
+    return prepared.shards[group["first"] : group["first"] + group["count"]]
 
 
 def generate_group(
@@ -58,8 +58,10 @@ def generate_group(
     """A group's shards (`shard_groups`) generated in turn, each one's manifest kept in storage for validate. The
     group again: what the next task reads, the same few bytes at any number of shards."""
     at = RunStorage.open(run, s3_client)
-    for shard in _group(at, group):
-        _keep_stage_manifest(at, _generate(at, shard.to_dict(), api_keys), "generate")
+    prepared = at.prepared(group["dataset"])
+    version = VersionSettings.of(prepared, run)
+    for shard in _group(prepared, group):
+        _keep_stage_manifest(at, _generate(at, shard.to_dict(), api_keys, version), "generate")
     return _range(group)
 
 
@@ -75,8 +77,9 @@ def export_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory
     """A validated group's shards exported in turn (each writes its final manifest, reports/shard-*.json, which
     verify reads); the group."""
     at = RunStorage.open(run, s3_client)
+    version = VersionSettings.of(at.prepared(group["dataset"]), run)
     for shard in _kept_stage_manifests(at, group, "validate"):
-        _export(at, shard)
+        _export(at, shard, version)
     return _range(group)
 
 
@@ -94,7 +97,7 @@ def _kept_stage_manifests(at: RunStorage, group: dict[str, Any], stage: str) -> 
     """The manifests `stage` kept of a group's shards. Raises FinalError when one is missing: that stage's task
     did not finish it (cleared alone, or its files deleted), so it is the task to run again."""
     manifests = []
-    for shard in _group(at, group):
+    for shard in _group(at.prepared(group["dataset"]), group):
         key = shard.keys.stage_manifest(stage)
         if not at.storage.exists(key):
             raise FinalError(f"{at.storage.uri(key)} is missing: run {stage}_shard for this group again")
@@ -105,7 +108,8 @@ def _kept_stage_manifests(at: RunStorage, group: dict[str, Any], stage: str) -> 
 def generate_shard(
     run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None, api_keys: ApiKeys = NO_KEYS
 ) -> dict[str, Any]:
-    return _generate(RunStorage.open(run, s3_client), shard, api_keys)
+    at = RunStorage.open(run, s3_client)
+    return _generate(at, shard, api_keys, _version(at, shard))
 
 
 def validate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
@@ -113,14 +117,19 @@ def validate_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFacto
 
 
 def export_shard(run: RunSpec, shard: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
-    return _export(RunStorage.open(run, s3_client), shard)
+    at = RunStorage.open(run, s3_client)
+    return _export(at, shard, _version(at, shard))
 
 
-def _generate(at: RunStorage, shard: dict[str, Any], api_keys: ApiKeys) -> dict[str, Any]:
+def _version(at: RunStorage, shard: dict[str, Any]) -> VersionSettings:
+    return VersionSettings.of(at.prepared(ShardManifest.from_dict(shard).location.dataset), at.run)
+
+
+def _generate(at: RunStorage, shard: dict[str, Any], api_keys: ApiKeys, version: VersionSettings) -> dict[str, Any]:
     run = at.run
     from_run = {"endpoints", "concurrency", "request_timeout_s", "max_attempts", "fleet_wait_s", "checkpoint_every"}
     from_run |= {"checkpoint_s", "sample_timeouts", "max_server_rejected_share", "priority", "endpoint_affinity"}
-    settings = GenerateSettings(api_keys=api_keys, sampling_params=run.sampling, **run.model_dump(include=from_run))
+    settings = GenerateSettings(api_keys=api_keys, sampling_params=version.sampling, **run.model_dump(include=from_run))
     manifest = ShardManifest.from_dict(shard)
     # Only an on-policy shard (prepare counted its turns) renders prompts as it goes: other shards never load the
     # tokenizer here.
@@ -137,8 +146,8 @@ def _validate(at: RunStorage, shard: dict[str, Any]) -> dict[str, Any]:
         return run_validate(manifest, storage, renderer, settings).to_dict()
 
 
-def _export(at: RunStorage, shard: dict[str, Any]) -> dict[str, Any]:
-    settings = ExportSettings(**at.run.export, validation_share=at.run.validation_share)
+def _export(at: RunStorage, shard: dict[str, Any], version: VersionSettings) -> dict[str, Any]:
+    settings = ExportSettings(**version.export, validation_share=version.validation_share)
     decode = renderer_for(at.run).decode if settings.review_text else None
     manifest = ShardManifest.from_dict(shard)
     with at.writing(manifest.location) as storage:
