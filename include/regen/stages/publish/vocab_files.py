@@ -42,7 +42,9 @@ class VocabSizes:
 
     @classmethod
     def of(cls, draft: int, declared: int | None, served: list[int | None], tokenizer: int) -> VocabSizes:
-        """The profile's declared vocabulary, else the fleet's (check_server read it), else the tokenizer's ids."""
+        """The profile's declared vocabulary, else the fleet's (check_server read it), else the tokenizer's ids.
+        t2d spans the model's vocabulary, never widened to a tokenizer's that holds more ids (added tokens the model
+        has no row for): a trainer indexes the model's logits with it. An answer id outside it fails the mapping."""
         known = {size for size in served if size is not None}
         target, source = (
             (declared, "profile")
@@ -51,7 +53,7 @@ class VocabSizes:
             if len(known) == 1
             else (tokenizer, "tokenizer")
         )
-        return cls(min(draft, target), max(target, tokenizer), source)
+        return cls(min(draft, target), target, source)
 
 
 def shard_counts(storage: Storage, shard: ShardManifest) -> np.ndarray:
