@@ -84,6 +84,7 @@ class GenerationReport:
     # --enable-metrics), and how many answers said so.
     slot_seconds: float = 0.0
     slot_timed: int = 0
+    hints_off: dict[str, str] = field(default_factory=dict)  # hint -> why it failed (regen.hints): for the run report
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GenerationReport:
@@ -96,8 +97,10 @@ class GenerationReport:
         if not tries:
             return None
         retries: Counter[str] = Counter()
+        hints_off: dict[str, str] = {}
         for t in tries:
             retries.update(t.retries_by_cause)
+            hints_off = t.hints_off | hints_off  # the first try's why of a hint that failed in several
         window: dict[str, Any] = {
             "started_at": min(t.started_at for t in tries),
             "finished_at": max(t.finished_at for t in tries),
@@ -105,10 +108,10 @@ class GenerationReport:
         sums: dict[str, Any] = {
             f.name: sum(getattr(t, f.name) for t in tries)
             for f in dataclasses.fields(cls)
-            if f.name not in {*window, "retries_by_cause"}
+            if f.name not in {*window, "retries_by_cause", "hints_off"}
         }
         sums = {name: round(total, 3) if isinstance(total, float) else total for name, total in sums.items()}
-        return cls(**window, **sums, retries_by_cause=dict(retries))
+        return cls(**window, **sums, retries_by_cause=dict(retries), hints_off=hints_off)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from regen.endpoints import redact_url
+from regen.hints import ENDPOINT_AFFINITY, Hints
 from regen.redaction import describe
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,14 @@ class NothingListens(FleetUnavailable):
 # A preferred endpoint (one holding the prompt's prefix in its cache) is taken while it has at most this many times
 # the least-loaded endpoint's requests outstanding, plus one: a prefill saved is worth a little imbalance, not a queue.
 AFFINITY_SLACK = 1.25
+
+
+def preferred(open_: list[Endpoint], least: Endpoint, prefer: str, avoid: str | None) -> Endpoint:
+    """`prefer` when it is open, not `avoid`, and not much busier than the least-loaded `least`; else `least`."""
+    chosen = next((e for e in open_ if e.url == prefer and e.url != avoid), None)
+    if chosen is not None and chosen.outstanding <= least.outstanding * AFFINITY_SLACK + 1:
+        return chosen
+    return least
 
 
 def nothing_listens(error: BaseException) -> str | None:
@@ -136,6 +145,7 @@ class EndpointPool:
         policy: OutlierPolicy = OutlierPolicy(),
         probe_interval_s: float = 2.0,
         fleet_wait_s: float = 120.0,
+        hints: Hints | None = None,
     ) -> None:
         if not urls:
             raise ValueError("at least one SGLang endpoint is needed")
@@ -144,6 +154,7 @@ class EndpointPool:
         self.policy = policy
         self.probe_interval_s = probe_interval_s
         self.fleet_wait_s = fleet_wait_s
+        self.hints = hints or Hints()  # the task's: endpoint affinity is one (regen.hints)
         self._readmitted = asyncio.Event()
         self._released = asyncio.Event()
         self._probes: set[asyncio.Task[None]] = set()
@@ -175,9 +186,8 @@ class EndpointPool:
                 break
             await self._released.wait()  # at its limit an endpoint has requests outstanding, so a release comes
         endpoint = min(open_, key=lambda e: (e.url == avoid and len(open_) > 1, e.outstanding))
-        preferred = next((e for e in open_ if e.url == prefer and e.url != avoid), None)
-        if preferred is not None and preferred.outstanding <= endpoint.outstanding * AFFINITY_SLACK + 1:
-            endpoint = preferred
+        if prefer is not None:
+            endpoint = self.hints.use(ENDPOINT_AFFINITY, endpoint, preferred, open_, endpoint, prefer, avoid)
         endpoint.outstanding += 1
         return endpoint
 

@@ -7,25 +7,40 @@ length) and log(prompt length) (on the prompt length alone for rows without a re
 sent yet, which is re-ranked. Refitted each time the answers seen double (from 16): a handful of fits a shard, never
 one per answer. A sample whose length the last version gave keeps it (an exact length beats any fit). The order only
 changes what the fleet does when, never the data; a fit that cannot be made (too few answers, one length) keeps the
-order as it is.
+order as it is. The fit is ridge-regularised and its predictions clipped to [0, max_new_tokens], so that
+near-identical references (capped ones) never make it extrapolate to infinity; and the order is a hint
+(regen.hints): whatever fails in it, the rest of the shard is sent in the order it had.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from regen.hints import SEND_ORDER, Hints
 from regen.records import ShardPrompts, longest_first_order
+from regen.samples import sample_of
+from regen.stages.generate.conversations import longest_first
 
 FIRST_FIT = 16  # answers before the first fit
+MAX_TOKENS = 2**31 - 1  # the most a prediction says (an int32 column's largest), whatever the fit
+# Shrinks each slope by var / (var + RIDGE), var a feature's variance in log length: a feature that hardly varies
+# (references all capped at one length) supports no slope, where least squares would divide by its spread.
+RIDGE = 1e-4
 
 
 class LengthOrder:
     """An iterator of the sample ids to send, shared by a shard's workers (each takes the next); `observe` each
-    answer's length as it arrives."""
+    answer's length as it arrives. `max_tokens`: the sampling's max_new_tokens, the longest a prediction may be."""
 
-    def __init__(self, prompts: ShardPrompts, todo: list[str]) -> None:
-        self.prompts = prompts
-        self.pending = prompts.longest_expected_first(todo)[::-1]  # popped from the end: the longest first
+    def __init__(
+        self, prompts: ShardPrompts, todo: list[str], hints: Hints | None = None, max_tokens: int | None = None
+    ) -> None:
+        self.prompts, self.hints = prompts, hints or Hints()
+        self.max_tokens = min(max_tokens or MAX_TOKENS, MAX_TOKENS)
+        first = self.hints.use(SEND_ORDER, todo, prompts.longest_expected_first, todo)
+        self.pending = list(reversed(first))  # popped from the end: the longest first
         self.seen: list[tuple[str, int]] = []
         self.next_fit = FIRST_FIT
 
@@ -41,33 +56,47 @@ class LengthOrder:
         return len(self.pending)
 
     def observe(self, sample_id: str, output_tokens: int) -> None:
+        if not self.hints.on(SEND_ORDER):
+            return
         self.seen.append((sample_id, output_tokens))
         if len(self.seen) >= self.next_fit:
             self.next_fit *= 2
-            self.refit()
+            self.hints.use(SEND_ORDER, None, self.refit)
 
     def refit(self) -> None:
-        """Every pending sample predicted from the answers so far, and the pending re-ranked longest first."""
+        """Every pending sample predicted from the answers so far, and the pending re-ranked longest first; the
+        pending are left as they are unless the new order is a permutation of them."""
         if not self.pending:
             return
-        predicted = fitted_lengths(self.prompts, self.seen, self.pending)
+        predicted = fitted_lengths(self.prompts, self.seen, self.pending, self.max_tokens)
         if predicted is not None:
             order = longest_first_order(predicted)
+            if sorted(order) != list(range(len(self.pending))):
+                raise ValueError(f"{len(predicted)} predictions for {len(self.pending)} pending samples")
             self.pending = [self.pending[i] for i in order][::-1]
+
+
+def conversation_order(todo: list[str], hints: Hints) -> list[str]:
+    """An on-policy shard's conversations with unfinished turns (`todo`: their turns), those with the most such
+    turns first (conversations.longest_first, a hint); else in the shard's order."""
+    return hints.use(SEND_ORDER, list(dict.fromkeys(map(sample_of, todo))), longest_first, todo)
 
 
 def _features(prompts: ShardPrompts, sample_id: str) -> tuple[float, float | None]:
     reference = prompts.reference_tokens(sample_id)
-    return np.log1p(len(prompts.prompt_ids(sample_id))), None if reference is None else float(np.log1p(reference))
+    p = float(np.log1p(len(prompts.prompt_ids(sample_id))))
+    return p, None if reference is None else float(np.log1p(max(reference, 0)))
 
 
-def fitted_lengths(prompts: ShardPrompts, seen: list[tuple[str, int]], pending: list[str]) -> list[int | None] | None:
-    """Each pending sample's predicted answer length: its last version's where prepare had one, else the fit's; None
-    when no fit can be made."""
-    answered = [(_features(prompts, i), np.log1p(n)) for i, n in seen]
+def fitted_lengths(
+    prompts: ShardPrompts, seen: list[tuple[str, int]], pending: list[str], max_tokens: int = MAX_TOKENS
+) -> list[int | None] | None:
+    """Each pending sample's predicted answer length, in [0, max_tokens]: its last version's where prepare had one,
+    else the fit's; None when no fit can be made."""
+    answered = [(_features(prompts, i), float(np.log1p(max(n, 0)))) for i, n in seen]
     with_reference = [(p, r, y) for (p, r), y in answered if r is not None]
-    full = _least_squares([[1.0, p, r] for p, r, _ in with_reference], [y for *_, y in with_reference])
-    prompt_only = _least_squares([[1.0, p] for (p, _), _ in answered], [y for _, y in answered])
+    full = _least_squares([[p, r] for p, r, _ in with_reference], [y for *_, y in with_reference])
+    prompt_only = _least_squares([[p] for (p, _), _ in answered], [y for _, y in answered])
     if full is None and prompt_only is None:
         return None
     out: list[int | None] = []
@@ -78,20 +107,37 @@ def fitted_lengths(prompts: ShardPrompts, seen: list[tuple[str, int]], pending: 
             continue
         p, r = _features(prompts, sample_id)
         if r is not None and full is not None:
-            out.append(int(np.expm1(full @ [1.0, p, r])))
+            out.append(full.predict([p, r], max_tokens))
         elif prompt_only is not None:
-            out.append(int(np.expm1(prompt_only @ [1.0, p])))
+            out.append(prompt_only.predict([p], max_tokens))
         else:
             out.append(known)
     return out
 
 
-def _least_squares(x: list[list[float]], y: list[float]) -> np.ndarray | None:
-    """The coefficients, or None with too few points or nothing to fit (every point alike)."""
+@dataclass(frozen=True)
+class Fit:
+    """log1p(answer length) = mean_y + (features - mean_x) @ slopes."""
+
+    mean_x: np.ndarray
+    mean_y: float
+    slopes: np.ndarray
+
+    def predict(self, features: list[float], max_tokens: int) -> int:
+        log_length = self.mean_y + float((np.asarray(features) - self.mean_x) @ self.slopes)
+        return int(np.expm1(np.clip(log_length, 0.0, np.log1p(max_tokens))))
+
+
+def _least_squares(x: list[list[float]], y: list[float]) -> Fit | None:
+    """The ridge fit on centred features, or None with too few points, nothing to fit (every answer alike) or
+    anything not finite."""
     if len(y) < FIRST_FIT // 2 or np.ptp(y) == 0:
         return None
-    matrix = np.asarray(x)
-    if np.linalg.matrix_rank(matrix) < matrix.shape[1]:
+    features, target = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if not (np.isfinite(features).all() and np.isfinite(target).all()):
         return None
-    coefficients, *_ = np.linalg.lstsq(matrix, np.asarray(y), rcond=None)
-    return coefficients
+    mean_x, mean_y = features.mean(axis=0), float(target.mean())
+    centred = features - mean_x
+    gram = centred.T @ centred + RIDGE * len(y) * np.eye(features.shape[1])
+    slopes = np.linalg.solve(gram, centred.T @ (target - mean_y))  # gram is positive definite: never singular
+    return Fit(mean_x, mean_y, slopes) if np.isfinite(slopes).all() else None

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from regen.hints import Hints
 from regen.manifest import GenerationReport, ShardManifest
 from regen.sglang.client import Generation, SGLangClient
 
@@ -22,6 +23,7 @@ class Progress:
         self.answered = self.output_tokens = self.prompt_tokens = self.cached_tokens = 0
         self.request_seconds = self.slot_seconds = 0.0
         self.slot_timed = 0
+        self.hints = Hints()  # the task's hints (regen.hints): those that failed go into its report
 
     def answer(self, generation: Generation) -> None:
         self.done += 1
@@ -80,6 +82,7 @@ class Progress:
             ejections=client.pool.ejections,
             slot_seconds=round(self.slot_seconds, 3),
             slot_timed=self.slot_timed,
+            hints_off=dict(self.hints.failed),
         )
 
 

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
+from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from regen.chat import ChatRenderer
+from regen.config import Sampling
+from regen.manifest import ShardManifest
 from regen.records import ShardPrompts
+from regen.stages.generate.generate import GenerateSettings, run_generate
+from regen.stages.generate.order import LengthOrder, fitted_lengths
+from regen.storage import LocalStorage
+from tests.conftest import Simulator, prepare_sample, raw_answers
 
 
 def shard(expected: list[int | None] | None) -> ShardPrompts:
@@ -25,3 +39,110 @@ def test_a_first_version_keeps_the_shards_order() -> None:
     todo = ["s4", "s0", "s2"]
     assert shard(None).longest_expected_first(todo) == todo  # prompts prepared before the column existed
     assert shard([None] * 5).longest_expected_first(todo) == todo
+
+
+def test_references_capped_alike_never_fail_the_shard_and_every_sample_is_answered(
+    tmp_path: Path, renderer: ChatRenderer, simulator: Simulator
+) -> None:
+    """Issue 54's reproduction: the 15 longest references capped at 4,096 tokens and one at 4,095 whose answer was
+    the longest of them. Least squares put a slope of thousands on that 2e-4 spread of log(reference), and the next
+    shorter reference's prediction overflowed (OverflowError inside a worker: the shard failed, its requests
+    cancelled). The fit now shrinks a slope the data hardly supports and clips what it predicts."""
+    settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=1)  # 16 answers, then a fit
+    plain, plain_storage = prepare_sample(tmp_path / "plain", renderer, "B2_opencodeinstruct", 100)
+    lengths = answer_lengths(plain_storage, run_generate(plain.shards[0], plain_storage, settings))
+    prepared, storage = prepare_sample(tmp_path / "capped", renderer, "B2_opencodeinstruct", 100)
+    shard = prepared.shards[0]
+    path = tmp_path / "capped" / shard.prompts_key
+    table = pq.read_table(path)
+    ids = table.column("id").to_pylist()
+    capped = sorted(ids, key=lambda i: lengths[i])[-16:]  # sent first; the longest answer of them is the 4,095's
+    references = [4096 if i in capped[:-1] else 4095 if i == capped[-1] else 20 + 7 * n for n, i in enumerate(ids)]
+    for name in ("expected_tokens", "reference_tokens"):
+        table = table.set_column(table.column_names.index(name), name, pa.array(references, pa.int32()))
+    pq.write_table(table, path)
+
+    generated = run_generate(shard, storage, settings)
+    assert generated.stats["generate"].kept == len(ids) == 48  # finished: every sample answered
+    assert answer_lengths(storage, generated) == lengths  # the same answers: the order never changes the data
+    assert generated.generation is not None and generated.generation.hints_off == {}  # the fit copes: no fallback
+    sent = [record["rid"].rsplit("-", 2)[0] for record in simulator.records()][-len(ids) :]
+    assert set(sent[:16]) == set(capped)
+
+
+def answer_lengths(storage: LocalStorage, shard: ShardManifest) -> dict[str, int]:
+    return {a["id"]: len(a["output_ids"]) for a in raw_answers(storage, shard.raw_key)}
+
+
+HUGE = 2**31 - 1  # an int32 column's largest
+TOKENS = st.sampled_from([0, 1, HUGE]) | st.integers(0, HUGE)
+CAPPED = st.sampled_from([4095, 4096]) | st.integers(0, 4096)  # references cut at 4,096 tokens: many there or next to
+
+
+@st.composite
+def rows(draw: st.DrawFn) -> tuple[list[int], list[int | None], list[int | None], list[int]]:
+    """A shard's prompt lengths, expected and reference answer lengths, and its answers' lengths: drawn, constant,
+    zero, capped, huge, or collinear with the reference or the prompt. Mostly more than 16 rows: a fit is made."""
+    n = draw(st.integers(17, 48) | st.integers(1, 16))
+
+    def column(values: st.SearchStrategy[Any]) -> list[Any]:
+        return [draw(values)] * n if draw(st.booleans()) else draw(st.lists(values, min_size=n, max_size=n))
+
+    def some(values: list[int]) -> list[int | None]:
+        present = [True] * n if draw(st.booleans()) else column(st.booleans())
+        return [value if there else None for value, there in zip(values, present, strict=True)]
+
+    prompt_lengths = column(st.integers(0, 40))
+    references = some(column(draw(st.sampled_from([CAPPED, TOKENS]))))
+    expected = references if draw(st.booleans()) else some(column(TOKENS))  # the last version's, where it had one
+    factor = draw(st.sampled_from([1, 2, 1000]))
+    answers = draw(
+        st.sampled_from(
+            [
+                column(TOKENS),
+                [min(HUGE, factor * (r or 0)) for r in references],
+                [min(HUGE, factor * p) for p in prompt_lengths],
+            ]
+        )
+    )
+    return prompt_lengths, expected, references, answers
+
+
+@given(rows())
+@settings(max_examples=300, deadline=None)
+def test_the_order_never_raises_and_sends_every_sample_once(
+    drawn: tuple[list[int], list[int | None], list[int | None], list[int]],
+) -> None:
+    prompt_lengths, expected, references, answers = drawn
+    prompts = ShardPrompts(
+        pa.table(
+            {
+                "id": [f"s{i}" for i in range(len(prompt_lengths))],
+                "prompt_ids": pa.array([list(range(n)) for n in prompt_lengths], pa.list_(pa.int32())),
+                "expected_tokens": pa.array(expected, pa.int32()),
+                "reference_tokens": pa.array(references, pa.int32()),
+            }
+        )
+    )
+    order = LengthOrder(prompts, list(prompts.ids))
+    taken = []
+    for sample_id in order:
+        taken.append(sample_id)
+        order.observe(sample_id, answers[prompts.row(sample_id)])
+        predicted = fitted_lengths(prompts, order.seen, order.pending)
+        assert predicted is None or len(predicted) == len(order.pending)
+        assert predicted is None or all(n is None or 0 <= n <= HUGE for n in predicted)
+    assert sorted(taken) == sorted(prompts.ids)  # a permutation of the pending: each sample sent once
+
+
+def test_an_on_policy_shard_whose_order_fails_sends_its_conversations_in_the_shards_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from regen.hints import Hints
+    from regen.stages.generate import order
+
+    todo = ["a/turn-2", "b/turn-1", "b/turn-2", "b/turn-3", "c/turn-1", "a/turn-3"]
+    assert order.conversation_order(todo, Hints()) == ["b", "a", "c"]  # the most unfinished turns first
+    monkeypatch.setattr(order, "longest_first", lambda todo: 1 / 0)
+    hints = Hints()
+    assert order.conversation_order(todo, hints) == ["a", "b", "c"] and list(hints.failed) == ["send_order"]
