@@ -22,6 +22,7 @@
                                                names the writer: of two publishers, the loser's is never named)
       vocab/token_freq.parquet, d2t.npy, t2d.npy  the shards' counts summed, and the draft vocabulary (regen.vocab)
       vocab/specforge.pt                       d2t and t2d as SpecForge loads them (the training hand-off writes it)
+      fleet-losses.jsonl                       the answers the fleet lost, as publish last counted them
       manifest.json                            written last: its presence means the version is complete
       writer.json                              the run writing the version, renewed while it writes (regen.claims)
     {profile}/runs/{version}.json              the run's report (a later run of the version: {version}--{run}.json)
@@ -51,10 +52,11 @@ REPORT_PLOTS = (
     "vocab.png",
 )  # the plots report.html shows (regen.stages.publish.dataset_report draws them)
 # Files of a version's folder (keys relative to it) besides those its manifest lists: the bookkeeping that makes each
-# stage idempotent, the claim, and the hand-off's SpecForge copy of the listed vocab/d2t.npy and t2d.npy (torch's
-# bytes, written after the version verified). Anything else the manifest does not list is a stray the verifier names.
+# stage idempotent, the claim, the fleet's losses as publish last counted them, and the hand-off's SpecForge copy of
+# the listed vocab/d2t.npy and t2d.npy (torch's bytes, written after the version verified). Anything else the manifest
+# does not list is a stray the verifier names.
 BOOKKEEPING = re.compile(
-    r"(manifest\.json|writer\.json|prompts/prepare\.json|raw/shard-\d+\.generation\.json"
+    r"(manifest\.json|writer\.json|fleet-losses\.jsonl|prompts/prepare\.json|raw/shard-\d+\.generation\.json"
     r"|reports/shard-\d+(\.generate|\.validate)?\.json|vocab/specforge\.pt)"
 )
 # What a version's page may be asked to serve to a signed-in user: the manifest and the dataset report, nothing else.
@@ -165,6 +167,11 @@ class DatasetLocation:
         return self._key("prompts", "prepare.json")
 
     @property
+    def fleet_losses(self) -> str:
+        """Every answer the fleet lost in the version, as its last publish counted them (regen.fleet_losses)."""
+        return self._key("fleet-losses.jsonl")
+
+    @property
     def writer(self) -> str:
         return self._key("writer.json")
 
@@ -215,6 +222,11 @@ class DatasetLocation:
         if name not in VOCAB_FILES:
             raise ValueError(f"{name!r} is not one of a version's vocab files ({', '.join(VOCAB_FILES)})")
         return self._key("vocab", name)
+
+    @property
+    def specforge_mapping(self) -> str:
+        """vocab/specforge.pt: d2t and t2d as SpecForge's trainer loads them, the hand-off's copy (not listed)."""
+        return self._key("vocab", "specforge.pt")
 
     def shard(self, number: int) -> ShardKeys:
         return ShardKeys(self, number)

@@ -7,7 +7,8 @@ import logging
 from typing import Any
 
 from regen.errors import FinalError
-from regen.layout import run_report_key
+from regen.fleet_losses import SHOWN, read_losses, resume_command
+from regen.layout import DatasetLocation, run_report_key
 from regen.manifest import GenerationReport
 from regen.sglang.parity import sglang_version_warnings
 from regen.storage import Storage, get_json
@@ -135,6 +136,37 @@ def log_summary(published: list[dict[str, Any]], missing: list[str], fleet_usage
         log.error("not published: %s (see the failed tasks; clear them to resume)", ", ".join(missing))
 
 
+def named_losses(
+    storage: Storage, run: dict[str, Any], datasets: list[str], missing: list[str]
+) -> list[dict[str, Any]]:
+    """Each dataset's answers lost to the fleet, as its version's last publish listed them (regen.fleet_losses): how
+    many, the first SHOWN ids, where the full list is and, for a version not published, the Resume that asks them
+    again. A published version kept them within max_server_rejected_share."""
+    named = []
+    for dataset in datasets:
+        location = DatasetLocation(storage.root_uri, run["profile"], dataset, run["version"])
+        lost = read_losses(storage, location)
+        if not lost:
+            continue
+        entry = {"dataset": dataset, "version": run["version"], "lost": len(lost), "published": dataset not in missing}
+        entry |= {"ids": [r["id"] for r in lost[:SHOWN]], "list": storage.uri(location.fleet_losses)}
+        if dataset in missing:
+            entry["resume"] = resume_command([dataset], run["version"])
+        named.append(entry)
+        log.log(
+            logging.WARNING if dataset in missing else logging.INFO,
+            "%s %s: %d answers lost to the fleet%s, e.g. %s; all of them: %s%s",
+            dataset,
+            run["version"],
+            len(lost),
+            "" if dataset in missing else " (kept: within max_server_rejected_share)",
+            ", ".join(entry["ids"][:5]),
+            entry["list"],
+            f"; ask them again: {entry['resume']}" if "resume" in entry else "",
+        )
+    return named
+
+
 class IncompleteRun(FinalError):
     """Some selected dataset was not published: the run failed, though complete datasets were published."""
 
@@ -154,6 +186,7 @@ def write_run_report(
     fleet_usage = fleet_utilization(generations, fleet)
     train_tokens = sum((p.get("cost") or {}).get("train_tokens", 0) for p in published if not p.get("unchanged"))
     warnings = sglang_version_warnings(fleet) + [w for p in published for w in p.get("warnings", [])]
+    losses = named_losses(storage, run, datasets, missing)
     summary: dict[str, Any] = {
         "run": run,
         "warnings": warnings,
@@ -163,6 +196,8 @@ def write_run_report(
         "datasets": [p for p in published if not p.get("unchanged")],
         "unchanged": [p for p in published if p.get("unchanged")],
         "unpublished": missing,
+        "fleet_losses": losses,
+        **({"resume": resume_command(missing, run["version"])} if missing else {}),
     }
     key = _report_key(storage, run["profile"], run["version"], run["run_id"])
     storage.put_bytes(key, json.dumps(summary, indent=1).encode())
@@ -173,7 +208,8 @@ def write_run_report(
     summary["report"] = storage.uri(key)
     if missing:  # a run that did not deliver is red, whatever else it did
         raise IncompleteRun(
-            f"not published: {', '.join(missing)}; see their failed tasks. Run report: {storage.uri(key)}"
+            f"not published: {', '.join(missing)}; see their failed tasks, mend what they name and Resume the "
+            f"version: {summary['resume']}. Run report: {storage.uri(key)}"
         )
     return summary
 

@@ -147,10 +147,11 @@ class Defaults(BaseModel):
         0.02,
         ge=0,
         le=1,
-        description="a shard whose samples the servers rejected past this share fails red instead of publishing, "
-        "naming the servers and the reasons: refused (server_rejected), aborted (server_aborted) or miscounted "
-        "(count_mismatch) on every attempt. One such sample alone never does, and a sample that timed out on working "
-        "servers (sample_timeout) never counts",
+        description="a dataset version whose answers the fleet lost past this share of all of them is not published "
+        "(red), naming the servers, the reasons, the answers and the Resume that asks them again: refused "
+        "(server_rejected), aborted (server_aborted) or miscounted (count_mismatch) on every attempt, and the later "
+        "turns of the on-policy conversations those ended. One alone never fails it; a sample that timed out on "
+        "working servers (sample_timeout) and the turns the data ended never count (docs/guarantees.md)",
     )
     fleet_wait_s: float = Field(
         120.0,

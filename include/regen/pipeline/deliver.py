@@ -29,6 +29,7 @@ def verify_dataset(run: RunSpec, prepared: dict[str, Any], s3_client: S3ClientFa
     at = RunStorage.open(run, s3_client)
     dataset = at.prepared(prepared["dataset"])
     with at.writing(dataset.location) as storage:  # its verdict holds only while no other run writes
+        at.remove_stale_temporaries(dataset.location)
         return verify_contents(dataset, storage)
 
 
@@ -49,6 +50,7 @@ def publish_dataset(
     at = RunStorage.open(run, s3_client)
     prepared_dataset = at.prepared(dataset)
     with at.writing(prepared_dataset.location) as storage:  # the manifest is written by the version's writer
+        at.remove_stale_temporaries(prepared_dataset.location)  # (a try of publish killed mid-write left them)
         published = run_publish(
             prepared_dataset,
             storage,
@@ -59,6 +61,7 @@ def publish_dataset(
             run.run_id,
             run.cost,
             vocab_sizes(run, fleet, prepared_dataset.token_roles["vocab_size"]),
+            run.max_server_rejected_share,
         )
     at.release(prepared_dataset.location)  # a published version is never written again
     warnings = [*prepared.get("warnings", []), *generate_warnings(dataset, published.get("generation", []))]

@@ -2,8 +2,12 @@
 each part ending with the try's counts; read back by a retried try, which then asks only for what is missing.
 
     raw/shard-00042/part-00007.jsonl    one JSON line per answer ({"id", ...} as records.encode_answer writes it) or
-                                        rejection ({"id", "rejected": {"reason", "detail"}}), then {"try", "generation"}
+                                        rejection ({"id", "rejected": {"reason", "detail", ...}}), then {"try",
+                                        "generation"}
     raw/shard-00042/progress.json       the shard's numbers after each part, for the UI
+
+A finished shard of an unpublished version whose answers the fleet lost is turned back into one such part by the
+next try (`reopen`), which then asks them again.
 """
 
 from __future__ import annotations
@@ -12,16 +16,20 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
 from tenacity import AsyncRetrying, RetryCallState, stop_after_delay, wait_random_exponential
 
+from regen.fleet_losses import is_fleet_loss
 from regen.manifest import GenerationReport, ShardManifest
 from regen.reasons import Reason
+from regen.records import encode_answer, iter_raw_file
 from regen.samples import sample_of
 from regen.storage import Storage
 
@@ -32,6 +40,7 @@ MERGE_AFTER = 32  # small parts of one try merged into one: a long shard leaves 
 # local disk's hiccups (botocore already retries within each PUT); short enough that a task whose storage is gone
 # fails in well under a minute, holding at most that long of answers in memory, and Airflow's retry resumes it.
 OUTAGE_S = 30.0
+REOPENED = -1  # the try of a reopened shard's part: the tries before, once however often a reopen is redone
 
 
 # Rejections that say more about the fleet than about the sample: until the shard is done, every try asks for them
@@ -93,7 +102,7 @@ def load_checkpoints(storage: Storage, shard: ShardManifest) -> Checkpoints:
             else:
                 found.rejected.pop(record["id"], None)  # a later try answered what an earlier one rejected
                 found.answers[record["id"]] = bytes(line)
-    found.next_part = 1 + max((int(k.rsplit("part-", 1)[1].split(".")[0]) for k in keys), default=-1)
+    found.next_part = 1 + max(map(_part_number, keys), default=-1)
     return found
 
 
@@ -230,7 +239,54 @@ class Checkpointer:
             self.storage.delete(small)
 
 
-def rejection_line(sample_id: str, reason: Reason, detail: str, endpoint: str | None = None) -> bytes:
-    """`endpoint`: the server that gave a server-side rejection (redacted), for the message of a shard with too many."""
-    rejected = {"reason": reason.value, "detail": detail, **({"endpoint": endpoint} if endpoint else {})}
+def rejection_line(
+    sample_id: str,
+    reason: Reason,
+    detail: str,
+    endpoint: str | None = None,
+    ended_by: dict[str, str] | None = None,
+) -> bytes:
+    """`endpoint`: the server that gave a server-side rejection (redacted), for the message of a shard with too many.
+    `ended_by`: for a later turn of an ended conversation, the turn that ended it (and its rejection's reason)."""
+    rejected: dict[str, Any] = {"reason": reason.value, "detail": detail}
+    rejected |= {"endpoint": endpoint} if endpoint else {}
+    rejected |= {"ended_by": ended_by} if ended_by else {}
     return msgspec.json.encode({"id": sample_id, "rejected": rejected})
+
+
+def reopen(storage: Storage, shard: ShardManifest) -> bool:
+    """A finished shard whose fleet losses (regen.fleet_losses) a new try of its unpublished version asks again: its
+    answers, rejections and generation counts become a checkpoint part and its raw file, the mark of a finished
+    shard, is removed, so the try goes on as a resumed one. False, and nothing changed, for a shard without fleet
+    losses or of a published version (never changed)."""
+    rejected_key = shard.keys.rejected("generate")
+    if storage.exists(shard.location.manifest) or not storage.exists(rejected_key):
+        return False
+    rejections = [msgspec.json.decode(line) for line in storage.get_bytes(rejected_key).splitlines()]
+    if not any(map(is_fleet_loss, rejections)):
+        return False
+    for key in (shard.keys.report, shard.location.fleet_losses):  # not finished now; the version's list is stale
+        if storage.exists(key):
+            storage.delete(key)
+    lines = [
+        rejection_line(r["id"], Reason.of(r["reason"]), r["detail"], r.get("endpoint"), r.get("ended_by"))
+        for r in rejections
+    ]
+    with tempfile.TemporaryDirectory(prefix="regen-reopen-") as tmp:
+        path = Path(tmp) / "raw.jsonl.zst"
+        storage.get_file(shard.keys.raw, path)
+        lines += [encode_answer(answer) for answer in iter_raw_file(path)]
+    part = 1 + max(
+        (_part_number(k) for k in storage.list_keys(shard.keys.checkpoints) if k.endswith(".jsonl")), default=-1
+    )
+    if storage.exists(shard.keys.generation):  # the earlier tries' counts, so the shard's report covers them all
+        generation = msgspec.json.decode(storage.get_bytes(shard.keys.generation))
+        lines.append(msgspec.json.encode({"try": REOPENED, "generation": generation}))
+    storage.put_bytes(f"{shard.keys.checkpoints}part-{part:05d}.jsonl", b"".join(line + b"\n" for line in lines))
+    storage.delete(shard.keys.raw)
+    log.info("%s %s: finished, reopened to ask its fleet losses again", shard.location.dataset, shard.name)
+    return True
+
+
+def _part_number(key: str) -> int:
+    return int(key.rsplit("part-", 1)[1].split(".")[0])

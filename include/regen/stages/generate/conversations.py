@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -22,16 +22,21 @@ from regen.stages.generate.checkpoints import Checkpoints
 
 
 class Ask(Protocol):
-    """ask(answer id, prompt ids, sampling params, prefer=endpoint): the answer, checkpointed, or None when it was
-    rejected; `prefer`, the endpoint to ask first."""
+    """ask(answer id, prompt ids, sampling params, prefer=endpoint): the answer, checkpointed, or the reason it was
+    rejected (checkpointed with it); `prefer`, the endpoint to ask first."""
 
     def __call__(
         self, answer_id: str, prompt_ids: list[int], params: dict[str, Any], *, prefer: str | None = None
-    ) -> Awaitable[RawAnswer | None]: ...
+    ) -> Awaitable[RawAnswer | Reason]: ...
 
 
-# reject(answer id, reason, detail): a turn that will never be asked, checkpointed with why
-Reject = Callable[[str, Reason, str], None]
+class Reject(Protocol):
+    """reject(answer id, reason, detail, ended_by=...): a turn that will never be asked, checkpointed with why;
+    `ended_by`, the turn that ended its conversation (and that turn's rejection reason, when it was rejected)."""
+
+    def __call__(
+        self, answer_id: str, reason: Reason, detail: str, *, ended_by: dict[str, str] | None = None
+    ) -> Any: ...
 
 
 @dataclass
@@ -70,14 +75,19 @@ class Conversations:
                 except (ValueError, jinja2.TemplateError) as e:  # a template refusing this history ends it here
                     ended = Ended(Reason.EARLIER_TURN_UNUSABLE, f"turn {turn}'s prompt does not render: {e}")
                     return self._end(sample_id, turn - 1, len(turns), ended, reject)
-            answer: RawAnswer | None = None
+            answer: RawAnswer | Reason
             if answer_id in self.done.answers:  # finished by an earlier try: read, never asked again
                 answer = decode_answer(self.done.answers[answer_id])
                 check_resumed(answer, prompt_ids)
-            elif answer_id not in self.done.rejected:
+            elif answer_id in self.done.rejected:  # rejected by an earlier try, and not asked again (ask_again)
+                answer = Reason.of(self.done.rejected[answer_id]["reason"])
+            else:
                 params = {**sampling_params, **prompts.sampling(answer_id)}
                 answer = await ask(answer_id, prompt_ids, params, prefer=endpoint if self.affinity else None)
-            endpoint = answer.endpoint if answer is not None and answer.endpoint else endpoint
+            if isinstance(answer, Reason):  # its later turns are lost with it: for the fleet's fault, the fleet's
+                ended = Ended(Reason.EARLIER_TURN_UNUSABLE, f"it was rejected ({answer.value})")
+                return self._end(sample_id, turn, len(turns), ended, reject, cause=answer)
+            endpoint = answer.endpoint or endpoint
             if turn == len(turns):
                 return
             after = after_answer(answer, prompt_ids, messages, tools, recorded, self.renderer)
@@ -85,12 +95,17 @@ class Conversations:
                 return self._end(sample_id, turn, len(turns), after, reject)
             messages = after
 
-    def _end(self, sample_id: str, turn: int, turns: int, ended: Ended, reject: Reject) -> None:
-        """The turns after `turn` rejected with the reason the conversation ended there (those not already)."""
+    def _end(
+        self, sample_id: str, turn: int, turns: int, ended: Ended, reject: Reject, cause: Reason | None = None
+    ) -> None:
+        """The turns after `turn` rejected with the reason the conversation ended there (those not already), each
+        naming that turn and, when it was rejected, its reason (`cause`): regen.fleet_losses counts the later turns
+        of a conversation the fleet ended as the fleet's losses."""
+        ended_by = {"turn": turn_id(sample_id, turn), **({"reason": cause.value} if cause is not None else {})}
         for later in range(turn + 1, turns + 1):
             answer_id = turn_id(sample_id, later)
             if answer_id not in self.done:
-                reject(answer_id, ended.reason, f"turn {turn}: {ended.detail}")
+                reject(answer_id, ended.reason, f"turn {turn}: {ended.detail}", ended_by=ended_by)
 
 
 def longest_first(todo: list[str]) -> list[str]:

@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import tempfile
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,7 +26,8 @@ import msgspec
 
 from regen.chat import ChatRenderer
 from regen.endpoints import Endpoint, redact_url
-from regen.errors import FinalError
+from regen.fleet_losses import DEFAULT_SHARE, check_losses, fleet_losses, version_answers
+from regen.fleet_losses import TooManyServerRejections as TooManyServerRejections  # what a shard fails with
 from regen.manifest import GenerationReport, ShardManifest, StageStats
 from regen.on_policy import turn_count
 from regen.reasons import Reason
@@ -38,14 +38,14 @@ from regen.sglang.client import RECORD_FAULTS, Generation, PermanentError, SGLan
 from regen.sglang.fleet import EndpointPool, FleetUnavailable
 from regen.stages.generate.checkpoints import (
     OUTAGE_S,
-    SERVER_SIDE,
     Checkpointer,
     Checkpoints,
     load_checkpoints,
     rejection_line,
+    reopen,
 )
-from regen.stages.generate.conversations import Conversations, longest_first
-from regen.stages.generate.order import LengthOrder
+from regen.stages.generate.conversations import Conversations
+from regen.stages.generate.order import LengthOrder, conversation_order
 from regen.stages.generate.progress import Progress
 from regen.storage import Storage, sha256_file
 
@@ -66,7 +66,7 @@ class GenerateSettings:
     fleet_wait_s: float = 120.0
     backoff_max_s: float = 30.0
     sample_timeouts: int = 2  # a sample that timed out this often, its endpoint answering others, is rejected
-    max_server_rejected_share: float = 0.02  # server-side rejections (FLEET_FAULTS) past this share fail it (red)
+    max_server_rejected_share: float = DEFAULT_SHARE  # of the version's answers the fleet may lose (fleet_losses)
     priority: int | None = None  # SGLang's request priority: below live traffic on a shared fleet
     endpoint_affinity: bool = True  # an on-policy turn first to the endpoint that answered the turn before it
     api_keys: ApiKeys = field(default=NO_KEYS, repr=False)
@@ -97,25 +97,23 @@ async def _ask(
     progress: Progress,
     keep: bool = False,
     prefer: str | None = None,
-) -> RawAnswer | None:
-    """One answer, checkpointed; or None when the sample is rejected (checkpointed with its reason). `keep`:
+) -> RawAnswer | Reason:
+    """One answer, checkpointed; or the reason the sample is rejected (checkpointed with it). `keep`:
     the answer carries its prompt (one that prompts/ does not hold: an on-policy turn's). `prefer`: the endpoint
     to ask first (an on-policy turn's: the one that answered its previous turn, whose cache holds the history)."""
     bad = out_of_vocab(prompt_ids, settings.vocab_size)
     if bad is not None:  # never sent: SGLang 0.5.23 does not range-check input ids, and one kills the server
-        _reject(checkpointer, progress, answer_id, Reason.PROMPT_ID_OUT_OF_VOCAB, bad)
-        return None
+        return _reject(checkpointer, progress, answer_id, Reason.PROMPT_ID_OUT_OF_VOCAB, bad)
     try:
         generation = await client.generate(prompt_ids, params, answer_id, prefer)
     except PermanentError as e:
         detail = f"{redact_url(e.endpoint)}: {e}" if e.endpoint else str(e)
-        _reject(checkpointer, progress, answer_id, Reason.SERVER_REJECTED, detail, e.endpoint)
-        return None
+        return _reject(checkpointer, progress, answer_id, Reason.SERVER_REJECTED, detail, e.endpoint)
     except TransientError as e:
         if e.cause not in RECORD_FAULTS:
             raise  # the fleet, not this sample: the task fails and Airflow retries it
-        _reject(checkpointer, progress, answer_id, RECORD_FAULT_REASONS[e.cause], f"last attempt: {e}", e.endpoint)
-        return None
+        reason = RECORD_FAULT_REASONS[e.cause]
+        return _reject(checkpointer, progress, answer_id, reason, f"last attempt: {e}", e.endpoint)
     answer = raw_answer(answer_id, generation)
     if keep:
         answer = msgspec.structs.replace(answer, prompt_ids=prompt_ids)
@@ -131,35 +129,15 @@ RECORD_FAULT_REASONS = {
 }
 
 
-# The rejections the backstop counts: a sample the servers refused (400 on a second server too), aborted on every
-# attempt (retraction or memory storms, a router that keeps picking one sick worker) or answered with counts that do
-# not add up on every attempt. Any one of them may be the sample's; many in one shard are the fleet's. A sample that
-# timed out on servers answering others is left out: the poison prompt is the data's, whatever the share.
-FLEET_FAULTS = SERVER_SIDE - {Reason.SAMPLE_TIMEOUT}
-
-
-class TooManyServerRejections(FinalError):
-    """A shard whose samples the servers rejected (FLEET_FAULTS) past `max_server_rejected_share`: the fleet is at
-    fault, not the data, so the shard fails red instead of publishing what is left. The next run asks those samples
-    again (checkpoints.SERVER_SIDE)."""
-
-
-def check_server_rejections(shard: ShardManifest, total: int, done: Checkpoints, share: float) -> None:
-    """Every server-side rejection counts (a 400, an abort or a count mismatch on every attempt), a sample timeout
-    not: each alone is kept with its reason, but past the share (one alone never) they fail the shard."""
-    rejected = [r for r in done.rejected.values() if r["reason"] in FLEET_FAULTS]
-    if len(rejected) <= max(1, int(share * total)):  # one rejected prompt alone never fails a shard
-        return
-    endpoints = Counter(r.get("endpoint") or "unknown" for r in rejected)
-    reasons = Counter(str(r["reason"]) for r in rejected)
-    raise TooManyServerRejections(
-        f"{shard.location.dataset} {shard.name}: the servers rejected {len(rejected)} of {total} samples, past "
-        f"max_server_rejected_share {share:.0%}; by endpoint: {dict(endpoints.most_common())}; by reason: "
-        f"{dict(reasons.most_common())} (server_rejected: HTTP 400, from a second server too where there is one; "
-        "server_aborted: finish_reason abort on every attempt; count_mismatch: completion_tokens != "
-        "len(output_ids) on every attempt). Look at those endpoints (their logs: retractions, out of memory; a "
-        "router's sick worker), fix or remove them and run again: these samples are asked again, the answers kept"
+def check_server_rejections(shard: ShardManifest, answers: int, done: Checkpoints, share: float) -> None:
+    """Fails the shard early (red, its checkpoints kept) when its own fleet losses (regen.fleet_losses) are past what
+    its dataset version of `answers` answers may keep: no version could be published then. Fewer are kept with
+    their reason, and publish counts them over the whole version."""
+    then = (
+        "Look at those endpoints (their logs: retractions, out of memory; a router's sick worker), fix or remove "
+        "them and run again: these answers are asked again, the others kept"
     )
+    check_losses(f"{shard.location.dataset} {shard.name}", fleet_losses(done.rejected), answers, share, then)
 
 
 def out_of_vocab(prompt_ids: list[int], vocab_size: int | None) -> str | None:
@@ -186,9 +164,11 @@ def _reject(
     reason: Reason,
     detail: str,
     endpoint: str | None = None,
-) -> None:
-    checkpointer.add(rejection_line(answer_id, reason, detail, endpoint and redact_url(endpoint)))
+    ended_by: dict[str, str] | None = None,
+) -> Reason:
+    checkpointer.add(rejection_line(answer_id, reason, detail, endpoint and redact_url(endpoint), ended_by))
     progress.done += 1
+    return reason
 
 
 async def _worker(
@@ -203,7 +183,7 @@ async def _worker(
         prompt_ids = prompts.prompt_ids(sample_id).tolist()
         params = {**settings.sampling_params, **prompts.sampling(sample_id)}  # a sample's temperature and seed
         answer = await _ask(client, sample_id, prompt_ids, params, settings, checkpointer, progress)
-        if answer is not None and isinstance(queue, LengthOrder):
+        if isinstance(answer, RawAnswer) and isinstance(queue, LengthOrder):
             queue.observe(sample_id, len(answer.output_ids))
 
 
@@ -225,7 +205,9 @@ async def _generate_missing(
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     targets = [Endpoint.parse(url) for url in settings.endpoints]
     async with settings.api_keys.session(targets, connector=connector) as session:
-        pool = EndpointPool([t.base for t in targets], session, fleet_wait_s=settings.fleet_wait_s)
+        pool = EndpointPool(
+            [t.base for t in targets], session, fleet_wait_s=settings.fleet_wait_s, hints=progress.hints
+        )
         client = SGLangClient(
             pool,
             session,
@@ -294,7 +276,7 @@ def run_generate(
     if prompts.on_policy and renderer is None:
         raise ValueError(f"{shard.name} holds on-policy conversations: generating them needs the profile's renderer")
     ids = prompts.answer_ids(turn_count)
-    if storage.exists(raw_key):  # an earlier attempt finished this shard
+    if storage.exists(raw_key) and not reopen(storage, shard):  # an earlier attempt finished this shard
         _remove_checkpoints(storage, shard)  # (it may have died removing them)
         return _summarize_existing(storage, shard, raw_key, ids)
     done = load_checkpoints(storage, shard)
@@ -319,15 +301,17 @@ def run_generate(
         if prompts.on_policy:
             assert renderer is not None
             conversations = Conversations(prompts, renderer, done, affinity=settings.endpoint_affinity)
-            todo = longest_first(todo)
-        order = LengthOrder(prompts, todo) if conversations is None else todo  # longest first, re-ranked as it goes
+            todo = conversation_order(todo, progress.hints)  # the most turns first: a hint
+        longest = settings.sampling_params.get("max_new_tokens")  # no answer is longer, nor any prediction
+        order = LengthOrder(prompts, todo, progress.hints, longest) if conversations is None else todo  # a hint
         try:
             asyncio.run(_generate_missing(settings, prompts, order, checkpointer, progress, conversations))
         finally:
             if conversations is not None:
                 conversations.render_thread.shutdown()
         done = load_checkpoints(storage, shard)
-    check_server_rejections(shard, len(ids), done, settings.max_server_rejected_share)
+    answers = version_answers(storage, shard.location) or len(ids)  # the allowance is the version's
+    check_server_rejections(shard, answers, done, settings.max_server_rejected_share)
     report = GenerationReport.combined(list(done.tries.values()))
     if report is not None:  # beside the raw file, for a try that finds the shard already done
         storage.put_bytes(shard.keys.generation, msgspec.json.encode(dataclasses.asdict(report)))
@@ -363,7 +347,8 @@ def _write_raw(
         raise AssertionError(f"{shard.name}: {len(missing)} samples neither answered nor rejected, e.g. {missing[:3]}")
     with RejectionWriter(storage, shard.keys.rejected("generate")) as rejections:
         for sample_id, rejected in done.rejected.items():
-            rejections.add(sample_id, Reason.of(rejected["reason"]), rejected["detail"])
+            kept = {k: rejected[k] for k in ("endpoint", "ended_by") if k in rejected}  # whose loss (fleet_losses)
+            rejections.add(sample_id, Reason.of(rejected["reason"]), rejected["detail"], **kept)
         files = rejections.upload()
     with tempfile.TemporaryDirectory(prefix="regen-raw-") as tmp:  # streamed: a shard's raw file can be large
         path = Path(tmp) / "raw.jsonl.zst"

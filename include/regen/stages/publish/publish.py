@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.errors import FinalError
+from regen.fleet_losses import DEFAULT_SHARE, check_version
 from regen.layout import DatasetLocation, dataset_prefix, is_derived_file, is_report_file
 from regen.manifest import GenerationReport, PreparedDataset, PublishedManifest, ShardManifest, StageStats
 from regen.profiles import Profile
@@ -295,16 +296,19 @@ def run_publish(
     run_id: str | None = None,
     cost: dict[str, Any] | None = None,
     vocab_sizes: VocabSizes | None = None,
+    max_server_rejected_share: float = DEFAULT_SHARE,
 ) -> dict[str, Any]:
     """`sampling_params`: exactly what every /generate request of this version sent, recorded in the manifest.
     `verified`: what `verify_contents` returned for this version (the DAG verifies in a task of its own); without it,
     the version is verified here. Either way no manifest names data the verifier has not read back. `vocab_sizes`: the
-    draft and target vocabularies of vocab/ (None: the profile's default draft size over the tokenizer's ids).
+    draft and target vocabularies of vocab/ (None: the profile's default draft size over the tokenizer's ids). A
+    version the fleet lost more answers of than `max_server_rejected_share` is refused (regen.fleet_losses).
 
     A version is immutable: publishing into one that has a manifest already is a no-op when its data files are the
     same (a retried publish), and refused when they differ, unless `overwrite`."""
     location = prepared.location
     shards, data_files = version_contents(prepared, storage)
+    fleet_losses = check_version(storage, location, shards, max_server_rejected_share)  # red: TooManyServerRejections
     if verified is None:
         verified = _verify(prepared, storage, shards, data_files)
     stamps = stamps_of(storage, list(data_files))
@@ -380,4 +384,5 @@ def run_publish(
         # however many shards there are: what the run report's utilization and cost are computed from.
         "generation": [dataclasses.asdict(generation)] if generation else [],
         "generated_shards": len(generations),
+        **({"fleet_losses": fleet_losses} if fleet_losses else {}),  # kept within the share; all in its list
     }

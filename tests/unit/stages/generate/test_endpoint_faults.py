@@ -138,7 +138,7 @@ def test_a_shard_the_servers_reject_too_much_of_fails_red_and_a_mended_fleet_ans
     ):
         run_generate(prompts, storage, settings(short_context.url))
     message = str(failed.value)
-    assert f"rejected {prompts.num_prompts} of {prompts.num_prompts} samples" in message
+    assert f"lost {prompts.num_prompts} of {prompts.num_prompts} answers" in message
     assert short_context.url in message and "max_server_rejected_share" in message
     assert not storage.exists(prompts.keys.raw)  # nothing to publish
     manifest = run_generate(prompts, storage, settings(simulator.url))  # the fleet mended: asked again
@@ -195,7 +195,7 @@ def test_a_shard_whose_samples_a_sick_worker_aborts_on_every_attempt_fails_red_n
     with SickWorker(simulator.url, doomed) as router, pytest.raises(TooManyServerRejections) as failed:
         run_generate(prompts, storage, settings(router.url))
     message = str(failed.value)
-    assert f"4 of {prompts.num_prompts} samples" in message
+    assert f"lost 4 of {prompts.num_prompts} answers" in message
     assert router.url in message and "'server_aborted': 4" in message and "max_server_rejected_share" in message
     assert router.aborted == 4 * 5  # every attempt of each
     assert not storage.exists(prompts.keys.raw)  # nothing to publish
@@ -227,7 +227,7 @@ def test_a_shard_the_server_miscounts_on_every_attempt_fails_red_naming_it_and_t
             run_generate(prompts, storage, settings(miscounting.url, concurrency=1, max_attempts=3))
         miscounted = {r["rid"].split("-")[0] for r in miscounting.records() if r["defect"] == "count_mismatch"}
     message = str(failed.value)
-    assert len(miscounted) > 1 and f"rejected {len(miscounted)} of {prompts.num_prompts} samples" in message
+    assert len(miscounted) > 1 and f"lost {len(miscounted)} of {prompts.num_prompts} answers" in message
     assert miscounting.url in message and f"'count_mismatch': {len(miscounted)}" in message
 
 
