@@ -1,10 +1,13 @@
-"""Every crash point of a small complete run (tools/crash_points.py), on the local root and on S3 through the fault
-proxy: every mutating storage operation of every task x the three faults (before it lands, its reply lost after it
-landed, the task SIGKILLed after it landed), each run on as Airflow would and checked after. Prints, per root and
-fault, the crash points run, the faults that fired, the runs that ended red and were resumed, and the violations;
-and the enumeration's time against the fault-free run's, measured in the same run (the baseline).
+"""Every crash point of a small complete run (tools/crash_points/), on the local root and on S3 through the fault
+proxy: every mutating storage operation of every task's first try, and of its second after the first was killed
+(halfway, or once its result landed), each named by what it is, x the faults (before it lands, its reply lost after
+it landed, the task SIGKILLed after it landed, and on the local root a write killed before its rename), each run on
+as Airflow would and checked after. Prints, per root and fault, the crash points run, the faults that met their
+operation and those that missed it (the harness's failures), the runs that ended red and were resumed, and the
+violations; and the enumeration's time against the fault-free run's, measured in the same run (the baseline: the
+stack, the traced run and the second tries' recording).
 
-    .venv/bin/python bench/bench_crashpoints.py                      # both roots, every point (about an hour here)
+    .venv/bin/python bench/bench_crashpoints.py                      # both roots, every point (hours here)
     .venv/bin/python bench/bench_crashpoints.py --root s3 --sample 50 --seed 3
     .venv/bin/python bench/bench_crashpoints.py --root s3 --part 0/2 & ... --part 1/2    # two processes, two cores
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report_file import save
-from tools.crash_points import harness, sample, summary
+from tools.crash_points import harness, result_line, sample, summary
 
 
 def enumerate_root(
@@ -29,19 +32,24 @@ def enumerate_root(
 ) -> dict[str, object]:
     started = time.monotonic()
     with harness(root) as running:
-        baseline_s = time.monotonic() - started  # starting the stack and the traced fault-free run
+        every = running.points()  # (the second tries recorded)
+        baseline_s = time.monotonic() - started  # the stack, the traced fault-free run, the second tries recorded
         index, parts = part
-        points = sample(running.points(), count, seed)[index::parts]
+        points = sample(every, count, seed)[index::parts]
+        second = sum(p.after is not None for p in every)
         print(
-            f"{root}: {len(running.points())} crash points ({len(running._reference_ops)} tasks); running {len(points)}"
+            f"{root}: {len(every)} crash points ({len(running._reference_ops)} tasks, {second} in second tries); "
+            f"running {len(points)}"
         )
         outcomes, began = [], time.monotonic()
         for number, point in enumerate(points, 1):
             outcomes.append(outcome := running.run(point))
             if log is not None:  # a line a point as it is run: an enumeration cut short still counts what it ran
                 with log.open("a") as lines:
-                    line = {"point": str(point), "fired": outcome.fired is not None, "resumed": outcome.resumed}
+                    line = {"point": str(point), "missed": outcome.missed, "resumed": outcome.resumed}
                     print(json.dumps({**line, "violations": outcome.violations}), file=lines)
+            if outcome.missed:
+                print(f"  MISSED {point}: {outcome.missed}")
             if outcome.violations:
                 print(f"  VIOLATION {point}: {outcome.violations}")
             elif outcome.resumed:
@@ -52,18 +60,20 @@ def enumerate_root(
     table = summary(outcomes)
     for fault, row in table.items():
         print(f"  {fault:>10}: {row}")
+    print(f"  {result_line(root, outcomes)}")
     per_point = elapsed / max(len(points), 1)
     print(
         f"  {elapsed:.0f} s for {len(points)} points: {per_point:.2f} s a point, {per_point / baseline_s:.2f}x the "
-        f"fault-free run with its stack ({baseline_s:.1f} s)"
+        f"fault-free run with its stack and recording ({baseline_s:.1f} s)"
     )
     return {
-        "points": len(running.points()),
+        "points": len(every),
         "run": len(points),
         "by_fault": table,
         "seconds": elapsed,
         "baseline_s": baseline_s,
         "violations": sum(bool(o.violations) for o in outcomes),
+        "missed": sum(bool(o.missed) for o in outcomes),
     }
 
 
@@ -82,7 +92,7 @@ def main() -> int:
     figures = {root: enumerate_root(root, args.sample, args.seed, (index, parts), args.log) for root in roots}
     if args.report:
         save(args.report, figures)
-    return 1 if any(f["violations"] for f in figures.values()) else 0
+    return 1 if any(f["violations"] or f["missed"] for f in figures.values()) else 0
 
 
 if __name__ == "__main__":

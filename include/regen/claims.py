@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 RENEW_S = 30.0
 EXPIRES_S = 120.0  # four renewals missed: the run holding it is gone
+# A claim this try renewed less than this share of RENEW_S ago is left as it is: a run's shard tasks starting together
+# do not queue on one key. (tools/crash_points sets it to 0: a task replayed from a restored root finds the claim old.)
+FRESH_SHARE = 1 / 6
 ROUNDS = 20  # reads of a claim that keeps changing under one claimant before it gives up
 
 
@@ -79,7 +82,7 @@ def claim(storage: Storage, location: DatasetLocation, run_id: str, token: str =
                 storage.create(key, body)
                 return
             holder, tag = found
-            if (holder.run_id, holder.token) == (run_id, token) and now - holder.renewed_at < RENEW_S / 6:
+            if (holder.run_id, holder.token) == (run_id, token) and now - holder.renewed_at < RENEW_S * FRESH_SHARE:
                 return  # another task of this try renewed it just now: a run's shard tasks do not queue on one key
             if (holder.run_id, holder.token) != (run_id, token):
                 age = now - holder.renewed_at

@@ -1,6 +1,7 @@
 """The verifier's checks of what trainers take from a version besides its records: each record on its source prompt's
 side (regen.holdout), each shard's token counts and the version's vocab/ files against a count of the records
-themselves (regen.vocab). Used by regen.verify, record file by record file, then once over the version."""
+themselves (regen.vocab), and the hand-off's SpecForge copy of the mapping, where it wrote one. Used by regen.verify,
+record file by record file, then once over the version."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from regen.holdout import Sides
 from regen.layout import VOCAB_FILES, DatasetLocation, is_vocab_file
 from regen.records import ShardPrompts
 from regen.storage import Storage, read_table
+from regen.torch_file import read_tensors
 from regen.vocab import counts_from_table, counts_under_mask, vocab_mapping
 
 
@@ -76,4 +78,22 @@ def vocab_problems(manifest: dict[str, Any], storage: Storage, counted: np.ndarr
                 f"{key}: not the draft vocabulary of the train records' counts (draft {sizes['draft_vocab_size']} "
                 f"of {sizes['target_vocab_size']} ids)"
             )
-    return problems
+    return problems + specforge_problems(storage, location.specforge_mapping, {"d2t": d2t, "t2d": t2d})
+
+
+def specforge_problems(storage: Storage, key: str, mapping: dict[str, np.ndarray]) -> list[str]:
+    """vocab/specforge.pt (the hand-off writes it after the version verified; a trainer loads it instead of the
+    .npy pair) against the mapping, read without torch: a copy left from another mapping (a version overwritten),
+    damaged or not torch's is named."""
+    if not storage.exists(key):
+        return []
+    try:
+        tensors = read_tensors(storage.get_bytes(key))
+    except ValueError as e:
+        return [f"{key}: unreadable ({e})"]
+    wrong = [
+        name
+        for name, expected in mapping.items()
+        if (found := tensors.get(name)) is None or found.dtype != expected.dtype or not np.array_equal(found, expected)
+    ]
+    return [f"{key}: its {' and '.join(wrong)} are not the version's draft vocabulary"] if wrong else []

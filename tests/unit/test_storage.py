@@ -155,6 +155,55 @@ def test_local_files_honour_the_umask_and_deletes_leave_no_empty_folder(tmp_path
     assert (tmp_path / "root").is_dir()  # never the root itself
 
 
+def _killed_mid_write(storage: LocalStorage, key: str) -> None:
+    """A writer SIGKILLed after its temporary file was written and before its rename (a task killed mid-write)."""
+    import os
+    import signal
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.replace = lambda *_: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[assignment]
+            storage.put_bytes(key, b"half of a shard")
+        finally:
+            os._exit(1)
+    os.waitpid(pid, 0)
+
+
+def test_what_a_writer_killed_mid_write_left_is_removed_and_a_live_writer_s_is_kept(tmp_path: Path) -> None:
+    """A killed writer's temporary file is invisible to listings but stays on disk until removed: named by its
+    process, it goes once that process is gone. Kept: a live writer's (this process's), one of another host's
+    writer or of a writer that named no process, until untouched for an hour; then they go too."""
+    import os
+    import time
+
+    from regen.storage import local
+
+    storage = LocalStorage(tmp_path / "root")
+    storage.put_bytes("v/train/a.parquet", b"a")
+    _killed_mid_write(storage, "v/train/b.parquet")
+    [left] = (tmp_path / "root" / "v" / "train").glob(".tmp-*")
+    assert storage.list_keys("v") == ["v/train/a.parquet"]
+    folder = tmp_path / "root" / "v" / "raw"
+    folder.mkdir()
+    live, elsewhere, unnamed = (
+        folder / f".tmp-{os.getpid()}-{local._HOST}-x1",
+        folder / ".tmp-1-other-x2",
+        folder / ".tmp-x3",
+    )
+    for path in (live, elsewhere, unnamed):
+        path.write_bytes(b"being written")
+    (tmp_path / "root" / ".tmp-1-beside-x4").write_bytes(b"")  # outside the prefix
+    assert storage.remove_stale_temporaries("v") == [left.relative_to(tmp_path / "root").as_posix()]
+    assert not left.exists() and live.exists() and elsewhere.exists() and unnamed.exists()
+    an_hour_ago = time.time() - local.STALE_TEMPORARY_S - 1
+    for path in (elsewhere, unnamed):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    assert storage.remove_stale_temporaries("v", recursive=False) == []  # only v/'s own files
+    assert storage.remove_stale_temporaries("v") == ["v/raw/.tmp-1-other-x2", "v/raw/.tmp-x3"]
+    assert live.exists() and storage.list_keys("") == ["v/train/a.parquet"]
+
+
 def test_a_conditional_replace_or_delete_acts_only_on_what_was_read(storage: Storage) -> None:
     """`replace` and `delete_if` take the tag `get_tagged` gave (S3's ETag, sent as If-Match; locally the file's
     sha256, compared under the folder's lock): a change made since, or a key gone since, is Changed, and the

@@ -27,6 +27,7 @@ from regen.samples import sample_of
 from regen.verify import verify_version
 from regen.vocab import coverage, dense_counts, vocab_mapping
 from tests.conftest import ROOT, Simulator, each_shard
+from tests.torch_format import torch_saved
 
 SHARE = 0.5  # half the prompts: both sides hold many rows of a small dataset
 
@@ -315,9 +316,34 @@ def test_without_torch_the_handoff_writes_no_specforge_file_and_the_version_stil
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError, whatever is installed
     published = run_stages("v1", simulator, datasets=["temperatures"])["temperatures"]
     assert write_specforge_mapping(published["manifest"]) is None
-    assert not (Path(published["manifest"]).parent / "vocab" / "specforge.pt").exists()
-    (Path(published["manifest"]).parent / "vocab" / "specforge.pt").write_bytes(b"torch's bytes")
+    vocab = Path(published["manifest"]).parent / "vocab"
+    assert not (vocab / "specforge.pt").exists()
+    mapping = {name: np.load(vocab / f"{name}.npy") for name in ("d2t", "t2d")}
+    (vocab / "specforge.pt").write_bytes(torch_saved(mapping))  # as the hand-off writes it where torch is
     assert verify_version(published["manifest"]).problems == []  # the hand-off's copy is no stray
+
+
+def test_verify_reads_the_handoff_s_specforge_copy_and_names_one_of_another_mapping(
+    deployment: Path, simulator: Simulator
+) -> None:
+    """A trainer loads vocab/specforge.pt instead of the .npy pair: a copy left from another mapping (a version
+    overwritten since), or one that is not torch's file, is named (read without torch: regen.torch_file)."""
+    published = run_stages("v1", simulator, datasets=["temperatures"])["temperatures"]
+    vocab = Path(published["manifest"]).parent / "vocab"
+    d2t, t2d = np.load(vocab / "d2t.npy"), np.load(vocab / "t2d.npy")
+    key = f"{vocab.relative_to(deployment / 'storage')}/specforge.pt"
+    other = np.roll(t2d, 1)
+    (vocab / "specforge.pt").write_bytes(
+        torch_saved({"d2t": np.flatnonzero(other) - np.arange(len(d2t)), "t2d": other})
+    )
+    assert verify_version(published["manifest"]).problems == [
+        f"{key}: its d2t and t2d are not the version's draft vocabulary"
+    ]
+    (vocab / "specforge.pt").write_bytes(b"torch's bytes")
+    [problem] = verify_version(published["manifest"]).problems
+    assert problem.startswith(f"{key}: unreadable (not a torch file of plain tensors")
+    (vocab / "specforge.pt").write_bytes(torch_saved({"d2t": d2t, "t2d": t2d}))
+    assert verify_version(published["manifest"]).problems == []
 
 
 def test_a_version_with_prompts_tokenized_before_source_keys_publishes_and_verifies(

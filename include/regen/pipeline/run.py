@@ -11,7 +11,7 @@ from typing import Any
 
 from regen.chat import ChatRenderer
 from regen.config import ConfigError, load_config
-from regen.layout import write_check_key
+from regen.layout import run_report_key, write_check_key
 from regen.pipeline.run_storage import RunStorage
 from regen.profiles import Profile
 from regen.run_params import RunSpec
@@ -44,7 +44,9 @@ def plan(
         raise ConfigError(str(e)) from e
     load_suites(run.decontamination, run.resolve, s3_client)  # a missing suite or a bad field path: ConfigError
     try:
-        check_writable(RunStorage.open(run, s3_client).storage, write_check_key(run.profile, uuid.uuid4().hex))
+        storage = RunStorage.open(run, s3_client).storage
+        storage.remove_stale_temporaries(run.profile, recursive=False)  # a killed plan's probe, half written
+        check_writable(storage, write_check_key(run.profile, uuid.uuid4().hex))
     except PermissionError as e:
         raise ConfigError(f"{e}: give a storage_root this worker can write to") from e
     log.info("plan: %s", run.to_dict())
@@ -95,4 +97,5 @@ def report(
     at = RunStorage.open(run, s3_client)
     for dataset in run.datasets:
         at.release(run.location(dataset))
+    at.storage.remove_stale_temporaries(run_report_key(run.profile, run.version).rsplit("/", 1)[0], recursive=False)
     return write_run_report(at.storage, run.to_dict(), run.datasets, published, fleet, run.cost)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from regen.claims import held, release
 from regen.errors import FinalError
-from regen.layout import DatasetLocation
+from regen.layout import DatasetLocation, dataset_prefix
 from regen.manifest import PreparedDataset
 from regen.run_params import RunSpec
 from regen.storage import S3ClientFactory, Storage, get_json, open_storage
@@ -41,6 +41,12 @@ class RunStorage:
     def writing(self, location: DatasetLocation) -> Iterator[Storage]:
         with held(self.storage, location, self.run.run_id, self.run.try_token):
             yield self.storage
+
+    def remove_stale_temporaries(self, location: DatasetLocation) -> None:
+        """What writers killed mid-write left in the version's folder and beside its latest.json (a local root's
+        temporary files), removed before the version is read back whole and published."""
+        self.storage.remove_stale_temporaries(location.prefix)
+        self.storage.remove_stale_temporaries(dataset_prefix(location.profile, location.dataset), recursive=False)
 
     def release(self, location: DatasetLocation) -> None:
         release(self.storage, location, self.run.run_id, self.run.try_token)

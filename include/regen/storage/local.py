@@ -1,7 +1,10 @@
 """A storage root on a local (or mounted) file system. A file appears whole by an atomic rename of a synced
 temporary file beside it; `create` links it into place, which fails if a file of that name exists. A conditional
 `replace` or `delete_if` compares and changes the file holding an exclusive lock on its folder (flock, which the kernel
-drops when its holder dies: a crashed writer never leaves the folder locked); its tag is the file's sha256."""
+drops when its holder dies: a crashed writer never leaves the folder locked); its tag is the file's sha256.
+
+A writer killed before its rename leaves its temporary file (`.tmp-{pid}-{host}-*`, which listings skip); a run's
+delivery removes those of writers that are gone from the version it publishes (`remove_stale_temporaries`)."""
 
 from __future__ import annotations
 
@@ -10,13 +13,23 @@ import fcntl
 import glob
 import hashlib
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
+from regen.scratch import process_gone
 from regen.storage.base import CHUNK, Changed, KeyExists, StoredObject, sha256_file
+
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "_"
+_TEMPORARY = re.compile(r"\.tmp-(?P<pid>\d+)-(?P<host>[A-Za-z0-9._]+)-[a-z0-9_]+")
+# A temporary file untouched this long has no writer (a live one writes it, then renames it): what a writer on
+# another host left, whose pid cannot be asked about here, or one named before temporary files named their writer.
+STALE_TEMPORARY_S = 3600.0
 
 
 def _staged(target: Path, chunks: Iterable[bytes]) -> tuple[str, str]:
@@ -42,11 +55,23 @@ def _temporary_beside(target: Path) -> tuple[int, str]:
     for attempt in range(3):
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            return tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+            return tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-{_HOST}-", dir=target.parent)
         except FileNotFoundError:
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
+
+
+def _abandoned(entry: os.DirEntry[str], now: float) -> bool:
+    """A temporary file whose writer is gone: named by a process of this host that no longer runs, or untouched for
+    STALE_TEMPORARY_S. A writer at work keeps its own: its pid runs, and it writes the file as it goes."""
+    named = _TEMPORARY.fullmatch(entry.name)
+    if named and named["host"] == _HOST and process_gone(int(named["pid"])):
+        return True
+    try:
+        return now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMPORARY_S
+    except FileNotFoundError:
+        return False  # renamed into place (or removed) as it was looked at
 
 
 def _file_mode() -> int:
@@ -216,6 +241,21 @@ class LocalStorage:
             stat = base.stat()
             found.append(StoredObject(prefix, stat.st_size, stat.st_mtime))
         return sorted(found)
+
+    def remove_stale_temporaries(self, prefix: str, recursive: bool = True) -> list[str]:
+        """The temporary files killed writers left under `prefix` (in its folder alone unless `recursive`), removed:
+        their keys. Safe beside writers at work (`_abandoned`)."""
+        base = self._path(prefix) if prefix else self.root
+        folders, removed, now = [base] if base.is_dir() else [], [], time.time()
+        while folders:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        folders += [Path(entry.path)] if recursive else []
+                    elif entry.name.startswith(".tmp-") and _abandoned(entry, now):
+                        Path(entry.path).unlink(missing_ok=True)
+                        removed.append(Path(entry.path).relative_to(self.root).as_posix())
+        return sorted(removed)
 
     def delete(self, key: str) -> None:
         """The file, and the folders it leaves empty (a shard's checkpoints, once merged), up to the root."""

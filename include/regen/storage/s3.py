@@ -257,6 +257,11 @@ class S3Storage:
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
+    def remove_stale_temporaries(self, prefix: str, recursive: bool = True) -> list[str]:
+        """None to remove: an object lands whole or not at all (the parts of an unfinished multipart upload are no
+        object, and a bucket's AbortIncompleteMultipartUpload rule drops them)."""
+        return []
+
     def size(self, key: str) -> int:
         return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
 

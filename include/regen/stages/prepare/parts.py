@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import closing
@@ -28,10 +27,12 @@ from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.on_policy import dataset_turns
 from regen.rejections import RejectionWriter
+from regen.scratch import scratch_folder
 from regen.stages.prepare.normalize import Conversation
 from regen.stages.prepare.reader import Origin, Tally, decontamination_record
 from regen.stages.prepare.settings import PrepareSettings
 from regen.stages.prepare.shards import PROMPT_FIELDS, PROMPT_SCHEMA, ShardWriter, record_prepared
+from regen.stages.prepare.spill import remove_abandoned_spills
 from regen.stages.prepare.tokenize import Rendered, render_ordered
 from regen.storage import Storage, get_json, sha256_file
 
@@ -302,8 +303,9 @@ def prepare_part(
     index = PartsIndex.read(storage, location)
     entry = index.parts[part]
     started = time.monotonic()
+    remove_abandoned_spills()  # what killed prepares left on this machine's disk
     rejections = RejectionWriter(storage, location.prepare_part_rejections(part))
-    with tempfile.TemporaryDirectory(prefix="regen-part-") as tmp, rejections:
+    with scratch_folder("part") as tmp, rejections:
         path = Path(tmp) / "part.parquet"
         storage.get_file(entry.key, path)
         if sha256_file(path) != entry.sha256:

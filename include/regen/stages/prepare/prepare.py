@@ -27,7 +27,6 @@ regen.stages.prepare.shards.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Iterable
 from contextlib import closing
 from pathlib import Path
@@ -38,6 +37,7 @@ from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, StageStats
 from regen.rejections import RejectionWriter
 from regen.samples import samples_of
+from regen.scratch import scratch_folder
 from regen.stages.prepare.normalize import Conversation, Rejection
 from regen.stages.prepare.parts import (
     PART_SCHEMA,
@@ -58,6 +58,7 @@ from regen.stages.prepare.reader import Origin, SeenIds, Tally, candidates, deco
 from regen.stages.prepare.settings import PrepareSettings
 from regen.stages.prepare.shards import PROMPT_SCHEMA, ShardWriter, record_prepared
 from regen.stages.prepare.sources import iter_rows
+from regen.stages.prepare.spill import remove_abandoned_spills
 from regen.stages.prepare.tokenize import Rendered, available_cores, render_ordered
 from regen.storage import Storage, get_json
 
@@ -123,12 +124,13 @@ def run_prepare(
     # not this version's prompts, and a source fixed since may give fewer shards.
     for stale in storage.list_keys(location.prompts_folder):
         storage.delete(stale)
+    remove_abandoned_spills()  # what killed prepares left on this machine's disk
     tally = Tally(location.dataset)
     rejections = RejectionWriter(storage, location.prepare_rejections)
     on_policy = config.turns == "on_policy"
     workers = settings.workers or available_cores()
     with (
-        tempfile.TemporaryDirectory(prefix="regen-prepare-") as tmp,
+        scratch_folder("prepare") as tmp,
         rejections,
         ShardWriter(
             location, storage, settings.shard_size, config, 0, settings.expected_tokens, Path(tmp), settings.by_length

@@ -8,10 +8,15 @@ the file (8 bytes) and its expected answer length (4 bytes and a known flag): 28
 (bench/bench_prepare.py writer). At the end the order is computed on those arrays and the rows are read back a shard
 at a time with plain reads. Not a memory map: read at random (the order scatters a shard's rows over the whole
 file), a mapping of it on a kernel that keeps large page-cache folios brought most of the file into the task's RSS
-for a single shard."""
+for a single shard.
+
+The file (GBs at 10^6 rows) is in its prepare's scratch folder; a task killed without its `finally` (OOM) leaves both,
+named by its pid and no longer locked, and the next prepare on the machine removes them (`remove_abandoned_spills`).
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from array import array
@@ -23,6 +28,10 @@ import msgspec
 import numpy as np
 import zstandard
 
+from regen.scratch import remove_abandoned, scratch_prefix
+
+# A prepare's scratch (regen.scratch): its folder, a part's, and a spill file made outside them.
+SCRATCH_KINDS = ("prepare", "part", "longest-first")
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(dict[str, Any])
 
@@ -80,7 +89,9 @@ class LongestFirstSpill:
         self._starts, self._lengths, self._known, self._end = array("q"), array("i"), bytearray(), 0
 
     def _open(self) -> BinaryIO:
-        descriptor, name = tempfile.mkstemp(prefix="regen-longest-first-", suffix=".msgpack.zst", dir=self.directory)
+        prefix = scratch_prefix("longest-first")
+        descriptor, name = tempfile.mkstemp(prefix=prefix, suffix=".msgpack.zst", dir=self.directory)
+        fcntl.flock(descriptor, fcntl.LOCK_EX)  # held until closed, or until the process dies
         self.path = Path(name)
         self._file = os.fdopen(descriptor, "wb+", buffering=1 << 20)
         return self._file
@@ -102,6 +113,12 @@ class LongestFirstSpill:
             row["prompt_ids"] = np.frombuffer(row["prompt_ids"], dtype=np.int32)
             rows[at] = row
         return rows
+
+
+def remove_abandoned_spills(folder: Path | None = None) -> list[Path]:
+    """What prepares killed on this machine left in `folder` (the system's temporary one): their scratch folders and
+    spill files, whose processes are gone. Their paths."""
+    return remove_abandoned(SCRATCH_KINDS, folder)
 
 
 def longest_first_positions(lengths: np.ndarray, known: np.ndarray) -> np.ndarray:

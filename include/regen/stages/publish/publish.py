@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -247,6 +248,7 @@ def _write_manifest(
         theirs = _published_before(storage, location.manifest, data_files, overwrite=False)
         if theirs is None:
             raise
+        _discard(storage, _unnamed_reports(storage, location, theirs[1].files))  # (the winner may have died first)
         log.warning(
             "%s %s: another publisher published it first (run %s), with the same data; its manifest stands, and "
             "this publisher's report is removed",
@@ -257,17 +259,21 @@ def _write_manifest(
         return *theirs, report_of(storage, location, theirs[1])
     # Won: reports of earlier tries that died before their manifest are named by nothing (a loser still writing
     # removes its own as it loses).
-    _discard(storage, [k for k in storage.list_keys(location.report_folders) if k not in report_files])
+    _discard(storage, _unnamed_reports(storage, location, report_files))
     return body, manifest, report
 
 
+def _unnamed_reports(storage: Storage, location: DatasetLocation, named: Collection[str]) -> list[str]:
+    """The report files no manifest will name: of publishers that lost, or died before their manifest, or whose
+    winner died before removing them (found by a retry, or by the loser, of a version published already)."""
+    return [key for key in storage.list_keys(location.report_folders) if key not in named]
+
+
 def _discard(storage: Storage, keys: list[str]) -> None:
-    """Files no manifest names (a losing publisher's report): removed, and a failure only logged."""
+    """Files no manifest names (a losing publisher's report), removed. A delete that fails fails the task: left, the
+    file would be a stray of the published version, and the retry, finding the version published, removes it."""
     for key in keys:
-        try:
-            storage.delete(key)
-        except Exception as e:
-            log.warning("%s: not removed (%s); no manifest names it", storage.uri(key), e)
+        storage.delete(key)
 
 
 def report_of(storage: Storage, location: DatasetLocation, manifest: PublishedManifest) -> dict[str, Any]:
@@ -333,6 +339,7 @@ def run_publish(
     else:  # a retried publish: the version stands as it is, report included
         log.info("%s %s is already published with the same data: nothing to do", location.dataset, location.version)
         body, manifest = published
+        _discard(storage, _unnamed_reports(storage, location, manifest.files))
         report = report_of(storage, location, manifest)
     manifest_uri = storage.uri(location.manifest)
     latest = {

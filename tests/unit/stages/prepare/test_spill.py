@@ -44,3 +44,54 @@ def test_rows_come_back_as_they_went_in_a_shard_at_a_time(tmp_path: Path) -> Non
         }
     spill.close()
     assert list(tmp_path.iterdir()) == [] and len(spill) == 0 and list(spill.dealt(2)) == []
+
+
+def _killed_while_spilling(folder: Path) -> tuple[Path, Path]:
+    """A prepare's process, SIGKILLed (as by the OOM killer) with a row spilled in its scratch folder and another
+    spill file beside it (no folder given): both left behind, as its `finally` never ran."""
+    import os
+    import signal
+    import tempfile
+
+    from regen.scratch import scratch_folder
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the prepare's process
+        try:
+            tempfile.tempdir = str(folder)
+            with scratch_folder("prepare") as scratch:
+                inside, beside = LongestFirstSpill(scratch), LongestFirstSpill()
+                for spill in (inside, beside):
+                    spill.add({"id": "a", "prompt_ids": [1, 2]}, 3)
+                os.write(write, f"{scratch}\n{beside.path}".encode())
+                os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        scratch, beside = answer.read().splitlines()
+    os.waitpid(pid, 0)
+    return Path(scratch), Path(beside)
+
+
+def test_what_a_killed_prepare_spilled_is_removed_by_the_next_and_a_live_one_s_is_kept(tmp_path: Path) -> None:
+    """Removed: a scratch folder and a spill file whose process is gone. Kept: this live process's, one locked by a
+    process of a pid this machine does not know (another pid namespace sharing the folder), and what is not named
+    by a pid."""
+    from regen.scratch import locked, scratch_folder
+    from regen.stages.prepare.spill import remove_abandoned_spills
+
+    scratch, beside = _killed_while_spilling(tmp_path)
+    assert any(scratch.glob("regen-longest-first-*.msgpack.zst")) and beside.exists()
+    elsewhere, unnamed = tmp_path / "regen-part-999999999-abc", tmp_path / "regen-prepare-unrelated"
+    elsewhere.mkdir()
+    unnamed.mkdir()
+    with scratch_folder("prepare") as live, locked(elsewhere):
+        spill = LongestFirstSpill(live)
+        spill.add({"id": "b", "prompt_ids": [3]}, None)
+        assert sorted(remove_abandoned_spills(tmp_path)) == sorted([scratch, beside])
+        assert spill.path is not None and spill.path.exists() and elsewhere.exists() and unnamed.exists()
+        assert not scratch.exists() and not beside.exists()
+        spill.close()
+    assert remove_abandoned_spills(tmp_path) == [elsewhere]  # its lock dropped: its process is gone
