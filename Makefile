@@ -30,8 +30,8 @@ test: $(BIN)/.installed lint sglang-env  ## everything: unit, DAG and end-to-end
 	bash tools/prerequisites.sh postgres redis chromium
 	$(BIN)/python -m pytest -n $(WORKERS)
 
-test-fast: $(BIN)/.installed  ## the fast tier: no Airflow scheduler, no SGLang oracle, no crash points
-	$(BIN)/python -m pytest -n 4 -m "not e2e and not parity and not crashpoints"
+test-fast: $(BIN)/.installed  ## the fast tier: no Airflow scheduler, no SGLang oracle, no crash points, no generated runs
+	$(BIN)/python -m pytest -n 4 -m "not e2e and not parity and not crashpoints and not generated"
 
 test-parity: $(BIN)/.installed sglang-env  ## production parity: prompts and answers against SGLang's own code
 	$(BIN)/python -m pytest -m parity

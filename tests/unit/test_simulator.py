@@ -233,3 +233,15 @@ def test_heavy_tailed_answer_lengths_are_lognormal_reproducible_and_bounded(rend
     assert flat[359] / statistics.median(flat) < 1.6
     assert heavy[-1] <= 2 * 3000 + 2 and heavy[0] >= 2 * 8
     assert [len(tailed.answer(p).ids) for p in prompts[:20]] == [len(tailed.answer(p).ids) for p in prompts[:20]]
+
+
+def test_a_prompt_the_fleet_aborts_is_aborted_on_every_attempt_and_is_not_a_hanging_one() -> None:
+    from regen.simulator.faults import FaultModel
+
+    faults = FaultModel(hang_prompt_rate=0.3, abort_prompt_rate=0.3)
+    prompts = [[i, i + 1, 7] for i in range(2000)]
+    aborted = [p for p in prompts if faults.aborts(p)]
+    assert 500 < len(aborted) < 700 and all(faults.aborts(list(p)) for p in aborted)  # the same on every attempt
+    both = sum(faults.hangs(p) for p in aborted)
+    assert 120 < both < 240  # drawn apart: about 0.3 of the aborted ones also hang, not all or none
+    assert not any(FaultModel().aborts(p) for p in prompts)

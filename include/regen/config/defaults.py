@@ -187,7 +187,7 @@ class Defaults(BaseModel):
         ge=0,
         le=0.5,
         description="share of source prompts held out in validation/, the same ones in every version (regen.holdout); "
-        "0: no validation split",
+        "0: no validation split; at most 0.5",
     )
     validation: ValidationConfig = Field(ValidationConfig(), description="the sampled checks at validate")
     s3: S3Config = Field(

@@ -85,6 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="share of prompts (drawn from their ids) that hang for --hang-s on every attempt, on every server",
     )
+    faults.add_argument(
+        "--abort-prompt-rate",
+        type=float,
+        default=0.0,
+        help="share of prompts (drawn from their ids) aborted on every attempt, on every server (a sick fleet)",
+    )
     faults.add_argument("--fault-seed", type=int, default=0)
     _add_defect_flags(parser)
     served = parser.add_argument_group("the served model, as /model_info and /server_info report it")

@@ -1,7 +1,8 @@
 """Faults the simulator injects, each shaped the way SGLang (or the network) produces it.
 
 Faults are drawn per HTTP request from their own random stream, so a prompt is not doomed to fail on every attempt;
-except `hang_prompt_rate`'s, drawn from the prompt itself: such a prompt hangs on every attempt, on every server.
+except `hang_prompt_rate`'s and `abort_prompt_rate`'s, drawn from the prompt itself: such a prompt hangs (or is
+aborted, as a sick worker retracts it) on every attempt, on every server.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ class FaultModel:
     slow_s: float = 2.0
     hang_s: float = 3600.0
     hang_prompt_rate: float = 0.0  # of prompts (by their ids), each hanging for hang_s on every attempt
+    abort_prompt_rate: float = 0.0  # of prompts (by their ids), each aborted on every attempt
 
     def hangs(self, prompt_ids: list[int]) -> bool:
         """Whether this prompt is one that never gets an answer in time: drawn from its ids, the same everywhere."""
-        if not self.hang_prompt_rate:
-            return False
-        digest = hashlib.sha256(str(prompt_ids).encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2**64 < self.hang_prompt_rate
+        return _drawn(prompt_ids, self.hang_prompt_rate, "")
+
+    def aborts(self, prompt_ids: list[int]) -> bool:
+        """Whether this prompt is one the fleet aborts on every attempt (a stream of its own: not the hanging ones)."""
+        return _drawn(prompt_ids, self.abort_prompt_rate, "abort")
 
     def __post_init__(self) -> None:
         rates = [getattr(self, f"{kind}_rate") for kind in FAULT_KINDS]
@@ -50,6 +53,13 @@ class FaultModel:
                 return kind
             x -= rate
         return None
+
+
+def _drawn(prompt_ids: list[int], rate: float, stream: str) -> bool:
+    if not rate:
+        return False
+    digest = hashlib.sha256(f"{stream}{prompt_ids}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < rate
 
 
 def server_error(status: int, message: str) -> web.Response:

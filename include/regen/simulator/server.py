@@ -319,6 +319,10 @@ async def _stream(request: web.Request, state: SimulatorState, items: list[Item]
     return response
 
 
+async def _aborted(rid: str, now: float) -> dict[str, Any]:
+    return abort_answer(rid, now, now)
+
+
 async def _answer(request: web.Request, state: SimulatorState, items: list[Item], is_batch: bool) -> web.Response:
     fault = state.faults.draw(state.fault_rng)
     if fault:
@@ -333,10 +337,13 @@ async def _answer(request: web.Request, state: SimulatorState, items: list[Item]
         return web.Response(status=500)
     if fault == "hang" or any(state.faults.hangs(item[0]) for item in items):
         await asyncio.sleep(state.faults.hang_s)  # cancelled when the client gives up and disconnects
-    if fault == "abort":
-        now = time.monotonic()
-        results = [abort_answer(item[2], now, now) for item in items]
-    else:
-        extra_s = state.faults.slow_s if fault == "slow" else 0.0
-        results = await asyncio.gather(*(_one(state, p, params, rid, i, extra_s) for p, params, rid, i in items))
+    now, extra_s = time.monotonic(), state.faults.slow_s if fault == "slow" else 0.0
+    results = await asyncio.gather(
+        *(
+            _aborted(rid, now)
+            if fault == "abort" or state.faults.aborts(p)
+            else _one(state, p, params, rid, i, extra_s)
+            for p, params, rid, i in items
+        )
+    )
     return web.json_response(results if is_batch or len(results) > 1 else results[0])

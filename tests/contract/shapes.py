@@ -1,0 +1,71 @@
+"""Datasets of every shape a real one has (DATASETS.md, "what goes wrong in the wild"), drawn by Hypothesis: system
+prompts, assistant greetings that open a conversation, conversations that wait for the assistant, rows with no user
+turn, exact duplicates, conversations that open alike, empty and long turns, unicode whitespace, tools in any order.
+Every row's text names its dataset, so two datasets never share a sample."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+TURN_MODES = ("final", "every_assistant_turn", "on_policy")
+OPENINGS = ((), ("system",), ("greeting",), ("system", "greeting"))
+FUNCTIONS = ("get_weather", "convert_currency", "search_flights")
+# Reference answers: short, empty, long, and two lengths a token apart (a length fit on them is near-collinear)
+ANSWERS = ("Sure.", "", "An answer. " * 40, "word " * 200, "word " * 199)
+FILLERS = ("", " ", "\u3000", "\u00a0tab\tand\nnewline", "longer " * 300)  # empty, unicode space, long
+
+
+def function(name: str) -> dict[str, Any]:
+    parameters = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    return {"type": "function", "function": {"name": name, "description": f"{name} for q", "parameters": parameters}}
+
+
+@st.composite
+def conversation(draw: st.DrawFn, label: str) -> dict[str, Any]:
+    """One row: an opening, one to four exchanges (the last maybe waiting for the answer), maybe tools."""
+    messages: list[dict[str, Any]] = []
+    for part in draw(st.sampled_from(OPENINGS)):
+        text = "Be brief." if part == "system" else "Hello! How can I help?"
+        messages.append({"role": "system" if part == "system" else "assistant", "content": text})
+    for turn in range(draw(st.integers(1, 4))):
+        words = draw(st.text(st.characters(codec="utf-8", categories=("L", "N", "Zs")), max_size=8))
+        question = f"{label} turn {turn}: {words}"
+        messages.append({"role": "user", "content": question + draw(st.sampled_from(FILLERS))})
+        messages.append({"role": "assistant", "content": draw(st.sampled_from(ANSWERS))})
+    if draw(st.booleans()):
+        messages.pop()  # waits for the assistant: the row ends on a user turn
+    tools = [function(name) for name in draw(st.permutations(FUNCTIONS))[: draw(st.integers(0, 2))]]
+    return {"messages": messages, "tools": tools} if tools else {"messages": messages}
+
+
+@st.composite
+def dataset_rows(draw: st.DrawFn, name: str) -> list[dict[str, Any]]:
+    """8 to 30 rows, with duplicates, rows that open alike and rows with no user turn among them."""
+    rows: list[dict[str, Any]] = []
+    for i in range(draw(st.integers(8, 30))):
+        kind = draw(st.sampled_from(("new", "new", "new", "new", "duplicate", "opens_alike", "no_user")))
+        if kind == "duplicate" and rows:
+            rows.append(draw(st.sampled_from(rows)))
+        elif kind == "opens_alike" and rows:
+            earlier = draw(st.sampled_from(rows))
+            user = next((j for j, m in enumerate(earlier["messages"]) if m["role"] == "user"), None)
+            if user is None:
+                continue
+            rest = [{"role": "assistant", "content": f"{name} a different answer {i}"}]
+            rows.append({**earlier, "messages": [*earlier["messages"][: user + 1], *rest]})
+        elif kind == "no_user":
+            rows.append({"messages": [{"role": "system", "content": f"{name} nothing to answer {i}"}]})
+        else:
+            rows.append(draw(conversation(f"{name} row {i}")))
+    return rows
+
+
+@st.composite
+def dataset(draw: st.DrawFn, name: str) -> dict[str, Any]:
+    """A dataset entry of the config (with its rows under `rows`, written to a file by the test)."""
+    entry: dict[str, Any] = {"format": "openai_messages", "turns": draw(st.sampled_from(TURN_MODES))}
+    if draw(st.integers(0, 3)) == 0:
+        entry["temperatures"] = [0.3, 1.0]
+    return {**entry, "rows": draw(dataset_rows(name))}
