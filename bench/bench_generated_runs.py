@@ -15,7 +15,6 @@ import os
 import re
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 os.environ["REGEN_GENERATED_COLLECT"] = "1"
