@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report_file import save
-from tools.crash_points import harness, result_line, sample, summary
+from tools.crash_points import harness, outcome_lines, result_line, sample, summary
 
 
 def enumerate_root(
@@ -48,12 +48,8 @@ def enumerate_root(
                 with log.open("a") as lines:
                     line = {"point": str(point), "missed": outcome.missed, "resumed": outcome.resumed}
                     print(json.dumps({**line, "violations": outcome.violations}), file=lines)
-            if outcome.missed:
-                print(f"  MISSED {point}: {outcome.missed}")
-            if outcome.violations:
-                print(f"  VIOLATION {point}: {outcome.violations}")
-            elif outcome.resumed:
-                print(f"  red, then resumed green: {point}: {outcome.errors}")
+            for line in outcome_lines(root, outcome):
+                print(f"  {line}")
             if number % 50 == 0:
                 print(f"  {number}/{len(points)} in {time.monotonic() - began:.0f} s")
         elapsed = time.monotonic() - began

@@ -22,7 +22,7 @@ from regen.profiles import lookup
 from regen.records import ShardPrompts, read_raw
 from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.storage import LocalStorage, Storage, read_table
-from tools.devstack import Simulator, free_port, start_simulator
+from tools.devstack import Simulator, free_port, moto_client, start_simulator
 
 pytest_plugins = ["tests.real_sglang"]  # the real SGLang server fixtures
 
@@ -226,16 +226,8 @@ def s3_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture
-def s3_client(s3_endpoint: str):  # type: ignore[no-untyped-def]
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+def s3_client(s3_endpoint: str) -> Any:
+    return moto_client(s3_endpoint)
 
 
 def finish_shards(

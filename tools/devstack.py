@@ -50,6 +50,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def moto_client(endpoint: str, max_attempts: int | None = None) -> Any:
+    """A boto3 client of a moto server (or of the fault proxy in front of one), with moto's test credentials;
+    `max_attempts`: botocore's retries, else botocore's defaults."""
+    import boto3
+
+    from regen.storage import s3_client_config
+
+    config = None if max_attempts is None else s3_client_config("standard", max_attempts)
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=config,
+    )
+
+
 def port_to_hold() -> int:
     """A free port below the kernel's ephemeral range, for a server started on it later, and again after a kill: a
     port from free_port is in that range, where any process's next outgoing connection may be given it meanwhile."""
@@ -378,15 +396,7 @@ class Stack:
         return dict(requests.get(f"{self.s3_tasks_endpoint}/__faults", timeout=5).json()["injected"])
 
     def s3_client(self) -> Any:
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.s3_endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+        return moto_client(self.s3_endpoint)
 
     # --- the Airflow REST API, as a person's scripts would use it ---
     def _headers(self) -> dict[str, str]:

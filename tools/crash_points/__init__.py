@@ -31,7 +31,7 @@ as fired.
 """
 
 from tools.crash_points.checks import write_deployment
-from tools.crash_points.harness import Harness, Outcome, harness, result_line, sample, summary
+from tools.crash_points.harness import Harness, Outcome, harness, outcome_lines, result_line, sample, summary
 from tools.crash_points.points import CrashPoint, Operation, parse_point
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "Operation",
     "Outcome",
     "harness",
+    "outcome_lines",
     "parse_point",
     "result_line",
     "sample",

@@ -7,7 +7,7 @@ import argparse
 import json
 import logging
 
-from tools.crash_points import harness, parse_point, result_line, sample, summary
+from tools.crash_points import harness, outcome_lines, parse_point, result_line, sample, summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,13 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         outcomes = []
         for point in points:
             outcomes.append(outcome := running.run(point))
-            again = f"--point '{point}'"
-            if outcome.missed:
-                print(f"MISSED {point}: {outcome.missed} ({again})")
-            if outcome.violations:
-                print(f"VIOLATION {point}: {outcome.violations} (errors: {outcome.errors}) ({again})")
-            elif outcome.resumed:
-                print(f"red, then resumed green: {point}: {outcome.errors}")
+            for line in outcome_lines(args.root, outcome):
+                print(line)
         print(json.dumps(summary(outcomes)))
         print(result_line(args.root, outcomes))
     return 1 if any(o.violations or o.missed for o in outcomes) else 0

@@ -37,8 +37,8 @@ from tools.crash_points.points import (
     Operation,
     installed,
 )
-from tools.crash_points.store import s3_client
 
+S3_ATTEMPTS = 5  # botocore's, of every client of the harness
 MEET_TRIES = 3  # runs of a point whose operation was not made (a checkpoint part follows the clock) before it fails
 
 
@@ -94,7 +94,7 @@ class Harness:
     def _start_s3(self) -> None:
         from moto.server import ThreadedMotoServer
 
-        from tools.devstack import free_port
+        from tools.devstack import free_port, moto_client
         from tools.s3_fault_proxy import run_in_thread
 
         moto = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port())
@@ -105,8 +105,8 @@ class Harness:
         _, stop = run_in_thread(upstream, proxy_port, 0.0)
         self.stack.callback(stop)
         INJECTOR.proxy = f"http://127.0.0.1:{proxy_port}"
-        self.s3_client = lambda: s3_client(INJECTOR.proxy or "")
-        direct = s3_client(upstream)
+        self.s3_client = lambda: moto_client(INJECTOR.proxy or "", S3_ATTEMPTS)
+        direct = moto_client(upstream, S3_ATTEMPTS)
         direct.create_bucket(Bucket="crashpoints")
         self.store = (direct, "crashpoints", "run")
 
@@ -278,6 +278,19 @@ def summary(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
         row["resumed"] += outcome.resumed
         row["violations"] += bool(outcome.violations)
     return {fault: dict(row) for fault, row in table.items()}
+
+
+def outcome_lines(backend: str, outcome: Outcome) -> list[str]:
+    """What a point's run has to say, if anything: its operation missed, its violations (with the run's errors), or
+    its run ended red and its Resume green; a failure's line ends with the command that runs the point again."""
+    point = outcome.point
+    again = f".venv/bin/python -m tools.crash_points --root {backend} --point '{point}'"
+    lines = [f"MISSED {point}: {outcome.missed} ({again})"] if outcome.missed else []
+    if outcome.violations:
+        lines.append(f"VIOLATION {point}: {outcome.violations} (errors: {outcome.errors}) ({again})")
+    elif outcome.resumed:
+        lines.append(f"red, then resumed green: {point}: {outcome.errors}")
+    return lines
 
 
 def result_line(backend: str, outcomes: list[Outcome]) -> str:

@@ -1,24 +1,9 @@
-"""The S3 side of the harness: a client of moto (directly, or through the fault proxy), and a run's prefix saved and
-restored by server-side copies (which keep each object's ETag, its stamp, and metadata)."""
+"""The S3 side of the harness: a run's prefix saved and restored by server-side copies (which keep each object's
+ETag, its stamp, and metadata)."""
 
 from __future__ import annotations
 
 from typing import Any
-
-
-def s3_client(endpoint: str) -> Any:
-    import boto3
-
-    from regen.storage import s3_client_config
-
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        config=s3_client_config("standard", 5),
-    )
 
 
 def etags(client: Any, bucket: str, prefix: str) -> dict[str, str]:

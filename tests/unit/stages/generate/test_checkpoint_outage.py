@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,25 +18,13 @@ from regen.config import Sampling
 from regen.manifest import ShardManifest
 from regen.stages.generate.checkpoints import CheckpointsUnwritable, load_checkpoints
 from regen.stages.generate.generate import GenerateSettings, run_generate
-from regen.storage import S3Storage, s3_client_config
+from regen.storage import S3Storage
 from tests.conftest import Simulator, prepare_sample, raw_answers, start_simulator
-from tools.devstack import free_port
+from tools.devstack import free_port, moto_client
 from tools.s3_fault_proxy import FaultProxy, run_in_thread
 
 SAMPLES = 48  # B2_opencodeinstruct keeps 48 prompts
-
-
-def client(endpoint: str) -> Any:
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        config=s3_client_config("standard", 2),  # botocore gives up fast: the outage reaches the checkpointer
-    )
+ATTEMPTS = 2  # botocore's: it gives up fast, and the outage reaches the checkpointer
 
 
 @pytest.fixture
@@ -54,12 +41,12 @@ def shard(
 ) -> tuple[S3Storage, S3Storage, ShardManifest]:
     """One prepared shard on S3: storage through the proxy (what generate uses), and straight to moto."""
     bucket = f"outage-{tmp_path.name.lower().replace('_', '-')}"[:60]
-    client(s3_endpoint).create_bucket(Bucket=bucket)
+    moto_client(s3_endpoint, ATTEMPTS).create_bucket(Bucket=bucket)
     prepared, local = prepare_sample(tmp_path / "root", renderer, "B2_opencodeinstruct", 100)
-    direct = S3Storage(bucket, "runs", client(s3_endpoint))
+    direct = S3Storage(bucket, "runs", moto_client(s3_endpoint, ATTEMPTS))
     for key in local.list_keys(""):
         direct.put_bytes(key, local.get_bytes(key))
-    return S3Storage(bucket, "runs", client(proxy[1])), direct, prepared.shards[0]
+    return S3Storage(bucket, "runs", moto_client(proxy[1], ATTEMPTS)), direct, prepared.shards[0]
 
 
 @pytest.fixture
