@@ -253,18 +253,25 @@ def fleet_loss_problems(version: Version, share: float = 0.02) -> list[str]:
     return []
 
 
-def held_out_share_problems(version: Version) -> list[str]:
-    """The held-out sources are a fair draw at the share: within 5 standard deviations of a binomial's mean (a false
-    alarm about once in three million versions)."""
+def held_out_share_problems(version: Version, alarm: float = 1e-6) -> list[str]:
+    """The held-out sources are a fair draw at the share (docs/data.md: a digest of each, read as a fraction): the
+    count held out of n distinct sources is binomial, and one whose tail probability is below `alarm` is a problem
+    (a false alarm about once in a million versions)."""
     sides = version.sides()
     n, share = len(sides), version.share
-    if n < 20 or share in (0.0, 1.0):
+    if share in (0.0, 1.0):
         return [] if share != 1.0 or not version.rows["train"] else ["share 1, yet train records"]
     held = sum("validation" in s for s in sides.values())
-    bound = 5 * math.sqrt(n * share * (1 - share)) + 1
-    if abs(held - n * share) > bound:
-        return [f"{held} of {n} distinct source prompts held out at share {share} (expected {n * share:.1f})"]
+    tail = min(binomial_tail(n, share, held, upper=True), binomial_tail(n, share, held, upper=False))
+    if tail < alarm:
+        return [f"{held} of {n} distinct source prompts held out at share {share} (tail probability {tail:.1e})"]
     return []
+
+
+def binomial_tail(n: int, p: float, k: int, upper: bool) -> float:
+    """P(K >= k) (upper) or P(K <= k) for K ~ Binomial(n, p)."""
+    counts = range(k, n + 1) if upper else range(k + 1)
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in counts)
 
 
 def between_versions_problems(a: Version, b: Version) -> list[str]:

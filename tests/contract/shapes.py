@@ -14,6 +14,7 @@ OPENINGS = ((), ("system",), ("greeting",), ("system", "greeting"))
 FUNCTIONS = ("get_weather", "convert_currency", "search_flights")
 # Reference answers: short, empty, long, and two lengths a token apart (a length fit on them is near-collinear)
 ANSWERS = ("Sure.", "", "An answer. " * 40, "word " * 200, "word " * 199)
+NEAR_CONSTANT = ("word " * 200, "word " * 200, "word " * 200, "word " * 199, "Sure.")
 FILLERS = ("", " ", "\u3000", "\u00a0tab\tand\nnewline", "longer " * 300)  # empty, unicode space, long
 
 
@@ -23,17 +24,19 @@ def function(name: str) -> dict[str, Any]:
 
 
 @st.composite
-def conversation(draw: st.DrawFn, label: str) -> dict[str, Any]:
-    """One row: an opening, one to four exchanges (the last maybe waiting for the answer), maybe tools."""
+def conversation(draw: st.DrawFn, label: str, style: dict[str, Any]) -> dict[str, Any]:
+    """One row: an opening, one to four exchanges (the last maybe waiting for the answer), maybe tools. `style`: its
+    dataset's opening (or None: each row its own) and reference answers."""
     messages: list[dict[str, Any]] = []
-    for part in draw(st.sampled_from(OPENINGS)):
+    opening = style["opening"] if style["opening"] is not None else draw(st.sampled_from(OPENINGS))
+    for part in opening:
         text = "Be brief." if part == "system" else "Hello! How can I help?"
         messages.append({"role": "system" if part == "system" else "assistant", "content": text})
     for turn in range(draw(st.integers(1, 4))):
         words = draw(st.text(st.characters(codec="utf-8", categories=("L", "N", "Zs")), max_size=8))
         question = f"{label} turn {turn}: {words}"
         messages.append({"role": "user", "content": question + draw(st.sampled_from(FILLERS))})
-        messages.append({"role": "assistant", "content": draw(st.sampled_from(ANSWERS))})
+        messages.append({"role": "assistant", "content": draw(st.sampled_from(style["answers"]))})
     if draw(st.booleans()):
         messages.pop()  # waits for the assistant: the row ends on a user turn
     tools = [function(name) for name in draw(st.permutations(FUNCTIONS))[: draw(st.integers(0, 2))]]
@@ -42,9 +45,15 @@ def conversation(draw: st.DrawFn, label: str) -> dict[str, Any]:
 
 @st.composite
 def dataset_rows(draw: st.DrawFn, name: str) -> list[dict[str, Any]]:
-    """8 to 30 rows, with duplicates, rows that open alike and rows with no user turn among them."""
+    """8 to 40 rows, with duplicates, rows that open alike and rows with no user turn among them. Rows of a real
+    dataset look alike: most datasets drawn here give every row one opening (one system prompt, one greeting), and
+    some give near-constant reference answers (a length fit on them is near-collinear)."""
+    style = {
+        "opening": draw(st.sampled_from((None, *OPENINGS))),
+        "answers": draw(st.sampled_from((ANSWERS, NEAR_CONSTANT))),
+    }
     rows: list[dict[str, Any]] = []
-    for i in range(draw(st.integers(8, 30))):
+    for i in range(draw(st.integers(8, 40))):
         kind = draw(st.sampled_from(("new", "new", "new", "new", "duplicate", "opens_alike", "no_user")))
         if kind == "duplicate" and rows:
             rows.append(draw(st.sampled_from(rows)))
@@ -58,7 +67,7 @@ def dataset_rows(draw: st.DrawFn, name: str) -> list[dict[str, Any]]:
         elif kind == "no_user":
             rows.append({"messages": [{"role": "system", "content": f"{name} nothing to answer {i}"}]})
         else:
-            rows.append(draw(conversation(f"{name} row {i}")))
+            rows.append(draw(conversation(f"{name} row {i}", style)))
     return rows
 
 

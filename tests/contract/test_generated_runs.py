@@ -72,13 +72,20 @@ class GeneratedRuns(RuleBasedStateMachine):
         self.versions: dict[str, dict[str, Any]] = {}  # "dataset/version" -> what made it, and its manifest
         self.clock = datetime(2026, 1, 1, tzinfo=UTC)
         self.red: list[RunOutcome] = []  # red runs with a version to resume
+        self.shard_size = 6
         self.problems: list[str] = []
         self.steps: list[str] = []
         self.compared: set[tuple[str, str]] = set()
 
     # -- the deployment ---------------------------------------------------------------------------------------
-    @initialize(entries=st.lists(st.integers(0, 2**16), min_size=1, max_size=3, unique=True), data=st.data())
-    def deploy(self, entries: list[int], data: st.DataObject) -> None:
+    @initialize(
+        entries=st.lists(st.integers(0, 2**16), min_size=1, max_size=3, unique=True),
+        shard_size=st.sampled_from((6, 24)),
+        data=st.data(),
+    )
+    def deploy(self, entries: list[int], shard_size: int, data: st.DataObject) -> None:
+        """The deployment's datasets and its default shard size (24: a shard that fits its answer lengths)."""
+        self.shard_size = shard_size
         for i in entries:
             name = f"d{i}"
             entry = data.draw(dataset(name), label=name)
@@ -95,7 +102,7 @@ class GeneratedRuns(RuleBasedStateMachine):
             "defaults": {
                 "storage_root": str(self.folder / "storage"),
                 "endpoints": [fleet("sound").url],
-                "shard_size": 6,
+                "shard_size": self.shard_size,
                 "tokenize_workers": 1,
                 "validation_share": d["validation_share"],
                 "sampling": {"temperature": d["temperature"]},
@@ -140,6 +147,41 @@ class GeneratedRuns(RuleBasedStateMachine):
         given = {"validation_share": share, "temperature": temperature, "export": export, "shard_size": shard_size}
         params |= {k: v for k, v in given.items() if v is not None}
         self.run(params, on, stop_after)
+
+    @rule(
+        data=st.data(),
+        share=st.sampled_from(SHARES[1:-1]),
+        temperature=st.sampled_from((None, 0.0, 0.7)),
+        export=st.sampled_from((None, {"review_text": True})),
+        stop_after=st.sampled_from((0, 1)),
+        new_defaults=st.booleans(),
+        upgrade=st.booleans(),
+    )
+    def stopped_then_resumed(
+        self,
+        data: st.DataObject,
+        share: float,
+        temperature: float | None,
+        export: dict[str, bool] | None,
+        stop_after: int,
+        new_defaults: bool,
+        upgrade: bool,
+    ) -> None:
+        """The sequence a red night makes: a run stopped part-way, maybe the config's defaults changed or the
+        pipeline upgraded before anyone looks, then the page's Resume."""
+        self.trigger(data, share, temperature, export, "sound", stop_after, None)
+        if not self.red or self.red[-1] is not self.runs[-1]:
+            return  # it had nothing left to stop, or was refused at plan
+        if new_defaults:
+            self.change_defaults(
+                data.draw(st.sampled_from((0.0, 0.02, 0.3, 0.5)), label="default share"),
+                data.draw(st.sampled_from((0.7, 1.0)), label="default temperature"),
+                data.draw(st.booleans(), label="default review_text"),
+                data.draw(st.booleans(), label="default longest_first"),
+            )
+        if upgrade:
+            self.upgrade_mid_version()
+        self.resume(len(self.red) - 1)
 
     @precondition(lambda self: bool(self.red))
     @rule(pick=st.integers(0, 10))

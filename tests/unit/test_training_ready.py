@@ -409,7 +409,7 @@ def resumed(simulator: Simulator, dataset: str, **first: Any) -> dict[str, Any]:
 
 
 def test_a_resumed_version_is_made_with_its_own_settings_not_the_resuming_runs(
-    deployment: Path, simulator: Simulator
+    deployment: Path, simulator: Simulator, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Prepared at share 0 and temperature 0.7 with review text, resumed at the config's share 0.5 and temperature
     1.0 without: every shard split, sampled and exported as the version says (a Resume once took today's: a
@@ -426,6 +426,8 @@ def test_a_resumed_version_is_made_with_its_own_settings_not_the_resuming_runs(
         r["sampling"]["temperature"] for r in simulator.records()[earlier:] if r["rid"].split("-")[0] in version_ids
     ]
     assert len(sent) >= len(rows["train"]) and set(sent) == {0.7}
+    said = "every_turn version v1 is made with its own settings, not this run's: review_text: True (not False); "
+    assert said + "temperature: 0.7 (not 1.0); validation_share: 0.0 (not 0.5)" in caplog.text
     assert verify_version(published["manifest"]).problems == []
 
 

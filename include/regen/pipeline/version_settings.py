@@ -33,17 +33,22 @@ class VersionSettings:
             return cls(run.sampling, run.validation_share, run.export)
         export = {name: bool(inputs.get("export", {}).get(name)) for name in run.export}
         settings = cls(inputs["sampling"], float(inputs.get("validation_share", 0.0)), export)
-        if (run.sampling, run.validation_share, run.export) != (settings.sampling, settings.validation_share, export):
+        differ = settings.differences(cls(run.sampling, run.validation_share, run.export))
+        if differ:
             log.warning(
-                "%s version %s: made with its own settings, not this run's (sampling %s, validation_share %s, "
-                "export %s; this run: %s, %s, %s): a version's shards are all made alike",
+                "%s version %s is made with its own settings, not this run's: %s",
                 prepared.location.dataset,
                 prepared.location.version,
-                settings.sampling,
-                settings.validation_share,
-                export,
-                run.sampling,
-                run.validation_share,
-                run.export,
+                "; ".join(differ),
             )
         return settings
+
+    def differences(self, other: VersionSettings) -> list[str]:
+        """What `other` sets otherwise, each as `name: ours (not theirs)`."""
+        ours = {**self.sampling, "validation_share": self.validation_share, **self.export}
+        theirs = {**other.sampling, "validation_share": other.validation_share, **other.export}
+        return [
+            f"{k}: {ours.get(k)} (not {theirs.get(k)})"
+            for k in sorted({*ours, *theirs})
+            if ours.get(k) != theirs.get(k)
+        ]
