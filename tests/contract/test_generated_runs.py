@@ -220,8 +220,8 @@ class GeneratedRuns(RuleBasedStateMachine):
         root = self.folder / "storage" / "kimi-k2.5-mini"
         for name in red.params.get("datasets") or sorted(self.datasets):
             prepared = root / name / str(red.version) / "prompts" / "prepare.json"
-            if not prepared.exists():
-                continue
+            if not prepared.exists() or (prepared.parent.parent / "manifest.json").exists():
+                continue  # not prepared, or published whole: an upgrade changes no published file
             record = json.loads(prepared.read_text())
             for shard in record["shards"]:
                 path = prepared.parent / f"shard-{shard['shard']:05d}.parquet"
