@@ -76,9 +76,8 @@ def test_every_task_s_points_include_its_claim_and_the_claim_s_renewal(running: 
     assert {t for t in writers if not t.startswith("verify_dataset")} <= renewals
 
 
+@pytest.mark.parametrize("running", ["local"], indirect=True)  # the harness's own rule: one root shows it
 def test_a_point_whose_operation_no_try_makes_fails_the_harness_and_is_not_fired(running: Harness) -> None:
-    if running.backend == "s3":
-        pytest.skip("the harness's own rule: one root shows it")
     outcome = running.run(CrashPoint("report", Operation("put_bytes", "crashpoint-mini/runs/nowhere.json"), "crash"))
     assert outcome.missed and outcome.reruns == MEET_TRIES - 1 and not outcome.violations
     assert summary([outcome])["crash"]["fired"] == 0 and result_line("local", [outcome]).startswith("local: red")
@@ -102,13 +101,12 @@ def test_second_tries_reach_what_only_a_retry_does(running: Harness) -> None:
         assert not outcome.missed and not outcome.violations, outcome
 
 
+@pytest.mark.parametrize("running", ["local"], indirect=True)  # an S3 object lands whole or not at all
 def test_a_write_killed_before_its_rename_leaves_no_temporary_file_in_the_root(
     running: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A local write killed mid-write leaves its temporary file; the version's delivery removes it, and the harness
     checks every point's root for one."""
-    if running.backend == "s3":
-        pytest.skip("an S3 object lands whole or not at all")
     from regen.pipeline.run_storage import RunStorage
 
     [point] = [
