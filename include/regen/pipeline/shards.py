@@ -68,7 +68,7 @@ def generate_group(
 def validate_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
     """A generated group's shards validated in turn, each one's manifest kept in storage for export; the group."""
     at = RunStorage.open(run, s3_client)
-    for shard in _kept_stage_manifests(at, group, "generate"):
+    for shard in _kept_stage_manifests(at, at.prepared(group["dataset"]), group, "generate"):
         _keep_stage_manifest(at, _validate(at, shard), "validate")
     return _range(group)
 
@@ -77,8 +77,9 @@ def export_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory
     """A validated group's shards exported in turn (each writes its final manifest, reports/shard-*.json, which
     verify reads); the group."""
     at = RunStorage.open(run, s3_client)
-    version = VersionSettings.of(at.prepared(group["dataset"]), run)
-    for shard in _kept_stage_manifests(at, group, "validate"):
+    prepared = at.prepared(group["dataset"])  # read once: the version's settings and the group's shards
+    version = VersionSettings.of(prepared, run)
+    for shard in _kept_stage_manifests(at, prepared, group, "validate"):
         _export(at, shard, version)
     return _range(group)
 
@@ -93,11 +94,13 @@ def _keep_stage_manifest(at: RunStorage, shard: dict[str, Any], stage: str) -> N
     at.storage.put_bytes(manifest.keys.stage_manifest(stage), json.dumps(shard).encode())
 
 
-def _kept_stage_manifests(at: RunStorage, group: dict[str, Any], stage: str) -> list[dict[str, Any]]:
+def _kept_stage_manifests(
+    at: RunStorage, prepared: PreparedDataset, group: dict[str, Any], stage: str
+) -> list[dict[str, Any]]:
     """The manifests `stage` kept of a group's shards. Raises FinalError when one is missing: that stage's task
     did not finish it (cleared alone, or its files deleted), so it is the task to run again."""
     manifests = []
-    for shard in _group(at.prepared(group["dataset"]), group):
+    for shard in _group(prepared, group):
         key = shard.keys.stage_manifest(stage)
         if not at.storage.exists(key):
             raise FinalError(f"{at.storage.uri(key)} is missing: run {stage}_shard for this group again")
