@@ -1,5 +1,6 @@
 """eagle3-regen's Airflow plugin: a task process of its DAGs never outlives its supervisor
-(regen_airflow.supervision) and logs what it cost the machine when it ends (regen_airflow.usage); and the
+(regen_airflow.supervision), logs what it cost the machine when it ends (regen_airflow.usage) and pushes its live
+series to the config's Pushgateway (regen_airflow.metrics); and the
 "Drafter data" page in the UI's navigation (regen_airflow.drafter_ui)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
-from regen_airflow import supervision, usage
+from regen_airflow import metrics, supervision, usage
 
 DRAFTER_URL = "/drafter"
 
@@ -25,7 +26,7 @@ class _DrafterApp:
 
 class Eagle3RegenPlugin(AirflowPlugin):
     name = "eagle3_regen"
-    listeners = [supervision, usage]  # noqa: RUF012 (AirflowPlugin declares its lists as class attributes)
+    listeners = [supervision, usage, metrics]  # noqa: RUF012 (AirflowPlugin declares its lists as class attributes)
     fastapi_apps = _DrafterApp()  # type: ignore[assignment]
     # Shown inside Airflow's UI, in a frame, under "Drafter data" in the navigation.
     external_views = [  # noqa: RUF012

@@ -153,6 +153,35 @@ def reset_database(name: str) -> str:
     return f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
 
 
+def stop_processes(processes: list[subprocess.Popen[bytes]], kill: bool = False) -> None:
+    """The components, their process groups, and every process below them: task runners sit in process groups
+    of their own (and rename themselves), so they are found as descendants, before their parents go. With
+    `kill`, SIGKILL at once: a crash, nothing cleaned up."""
+    import psutil
+
+    below: list[psutil.Process] = []
+    for process in processes:
+        try:
+            below += psutil.Process(process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL if kill else signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+    for child in below:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            continue
+
+
 @dataclass
 class Stack:
     home: Path  # AIRFLOW_HOME, logs and the simulator's record live here
@@ -280,7 +309,9 @@ class Stack:
 
     def use_executor(self, executor: str) -> None:
         """Restart the scheduler (and workers) on another executor; the metadata DB, API and DAGs stay."""
-        self._stop([self.processes.pop(n) for n in list(self.processes) if n == "scheduler" or n.startswith("celery-")])
+        stop_processes(
+            [self.processes.pop(n) for n in list(self.processes) if n == "scheduler" or n.startswith("celery-")]
+        )
         self.executor = executor
         self._start_executor()
 
@@ -293,7 +324,7 @@ class Stack:
     def restart(self, name: str, kill: bool = False) -> None:
         """Stop a component (SIGTERM, or SIGKILL with `kill`: a crash) with every process below it, and start it
         again as it was started."""
-        self._stop([self.processes.pop(name)], kill)
+        stop_processes([self.processes.pop(name)], kill)
         argv, env = self.argv[name]
         self._spawn(name, argv, **env)
 
@@ -353,37 +384,8 @@ class Stack:
     def stop(self) -> None:
         for simulator in self.fleet:
             simulator.stop()
-        self._stop(list(self.processes.values()))
+        stop_processes(list(self.processes.values()))
         self.processes.clear()
-
-    @staticmethod
-    def _stop(processes: list[subprocess.Popen[bytes]], kill: bool = False) -> None:
-        """The components, their process groups, and every process below them: task runners sit in process groups
-        of their own (and rename themselves), so they are found as descendants, before their parents go. With
-        `kill`, SIGKILL at once: a crash, nothing cleaned up."""
-        import psutil
-
-        below: list[psutil.Process] = []
-        for process in processes:
-            try:
-                below += psutil.Process(process.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                continue
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL if kill else signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
-        for child in below:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                continue
 
     def __enter__(self) -> Stack:
         return self.start()

@@ -246,7 +246,12 @@ def test_what_travels_between_tasks_does_not_grow_with_the_dataset(deployment: P
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "shard_size": 4}, "bounded"))
     [prepared] = [pipeline.prepare_dataset(run, run.datasets[0])]
     record = pipeline.prepared_version(run, run.datasets[0])
-    assert prepared == {"dataset": run.datasets[0], "shard_count": len(record.shards), "prompts": record.stats.kept}
+    assert prepared == {
+        "dataset": run.datasets[0],
+        "shard_count": len(record.shards),
+        "prompts": record.stats.kept,
+        "answers": record.stats.kept,  # one answer a prompt
+    }
     assert len(record.shards) > 3
     [group] = pipeline.shard_groups([prepared], 1)
     assert pipeline.group_shards(run, group) == [s.to_dict() for s in record.shards]
@@ -337,7 +342,7 @@ def test_a_dataset_in_parts_waits_for_every_part_and_then_publishes(deployment: 
         pipeline.verify_dataset(run, summary)
     pipeline.prepare_dataset_part(run, parts[-1])  # the failed part, cleared and run again
     [prepared] = pipeline.finish_prepared(run, [summary])
-    assert prepared == {"dataset": DATASET, "shard_count": 9, "prompts": 36}
+    assert prepared == {"dataset": DATASET, "shard_count": 9, "prompts": 36, "answers": 36}
     for shard in each_shard(run, [prepared]):
         pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
     published = pipeline.publish_dataset(run, prepared, [], pipeline.verify_dataset(run, prepared))

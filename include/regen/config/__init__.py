@@ -90,10 +90,22 @@ class AlertsConfig(BaseModel):
     smtp_conn_id: str = Field("smtp_default", description="the Airflow SMTP connection the mail goes through")
 
 
+class MetricsConfig(BaseModel):
+    """Live metrics (regen.metrics, docs/operations.md#metrics): each task pushes its series to a Prometheus
+    Pushgateway. None: nothing is pushed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    pushgateway: str | None = Field(
+        None, pattern=r"^https?://[^/\s]+/?$", description="the Pushgateway's URL, e.g. http://pushgateway:9091"
+    )
+    push_interval_s: float = Field(5.0, gt=0, le=60, description="a running task pushes this often")
+
+
 class RegenConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     defaults: Defaults = Field(Defaults(), description="a run's settings where its params leave them out")
     alerts: AlertsConfig = Field(AlertsConfig(), description="failure mail")
+    metrics: MetricsConfig = Field(MetricsConfig(), description="live metrics for Prometheus (a Pushgateway)")
     governance: Governance = Field(Governance(), description="what a run may choose: checked at plan")
     decontamination: DecontaminationConfig = Field(
         DecontaminationConfig(), description="eval suites whose items no prompt may hold: checked at prepare"

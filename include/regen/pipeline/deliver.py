@@ -8,6 +8,7 @@ from typing import Any
 from regen.errors import FinalError
 from regen.hints import hint_warnings
 from regen.manifest import GenerationReport
+from regen.metrics import current as metrics
 from regen.pipeline.run_storage import RunStorage
 from regen.pipeline.version_settings import VersionSettings
 from regen.run_params import RunSpec
@@ -64,6 +65,9 @@ def publish_dataset(
             run.max_server_rejected_share,
         )
     at.release(prepared_dataset.location)  # a published version is never written again
+    metrics().published.labels(dataset).inc()
+    if isinstance(spearman := (published.get("length_prediction") or {}).get("spearman"), int | float):
+        metrics().spearman.labels(dataset).set(spearman)
     warnings = [*prepared.get("warnings", []), *generate_warnings(dataset, published.get("generation", []))]
     return {**published, "warnings": warnings} if warnings else published
 

@@ -13,6 +13,7 @@ from regen.errors import FinalError
 from regen.hints import LAST_LENGTHS, Hints
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset
+from regen.metrics import current as metrics
 from regen.pipeline.run import renderer_for
 from regen.pipeline.run_storage import RunStorage
 from regen.run_params import RunSpec
@@ -89,7 +90,15 @@ def prepare_dataset(
     noted = {"warnings": warnings} if warnings else {}
     if isinstance(prepared, PreparedParts):
         return {"dataset": dataset, "parts": prepared.parts, "prompts": prepared.prompts, **noted}
-    return {"dataset": dataset, "shard_count": len(prepared.shards), "prompts": prepared.stats.kept, **noted}
+    return {**_summary(prepared), **noted}
+
+
+def _summary(prepared: PreparedDataset) -> dict[str, Any]:
+    """A prepared dataset's counts for the tasks after it; its rejections counted (regen.metrics)."""
+    dataset = prepared.location.dataset
+    metrics().rejected(dataset, "prepare", prepared.stats.dropped_by_reason)
+    answers = sum(s.num_prompts if s.num_answers is None else s.num_answers for s in prepared.shards)
+    return {"dataset": dataset, "shard_count": len(prepared.shards), "prompts": prepared.stats.kept, "answers": answers}
 
 
 def lengths_from(latest: dict[str, Any] | None, uses_lengths: bool) -> dict[str, Any]:
@@ -179,9 +188,11 @@ def finish_prepared(
         except FinalError as e:
             log.error("%s", e)
             continue
-        finished.append(
-            {"dataset": summary["dataset"], "shard_count": len(dataset.shards), "prompts": dataset.stats.kept}
-        )
+        finished.append(_summary(dataset))
+    for summary in finished:  # the run's planned work (list_shards' task): what its remaining work is counted from
+        if "answers" in summary:  # (not an unchanged dataset's, nor a summary written before the field)
+            metrics().planned_shards.labels(summary["dataset"]).set(summary["shard_count"])
+            metrics().planned_answers.labels(summary["dataset"]).set(summary["answers"])
     return finished
 
 

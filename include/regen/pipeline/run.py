@@ -12,6 +12,7 @@ from typing import Any
 from regen.chat import ChatRenderer
 from regen.config import ConfigError, load_config
 from regen.layout import run_report_key, write_check_key
+from regen.metrics import current as metrics
 from regen.pipeline.run_storage import RunStorage
 from regen.profiles import Profile
 from regen.run_params import RunSpec
@@ -50,6 +51,7 @@ def plan(
     except PermissionError as e:
         raise ConfigError(f"{e}: give a storage_root this worker can write to") from e
     log.info("plan: %s", run.to_dict())
+    metrics().loss_allowance(run.max_server_rejected_share)
     return run.to_dict()
 
 
@@ -83,7 +85,13 @@ def preload() -> None:
 
 
 def check_server(run: RunSpec, api_keys: ApiKeys = NO_KEYS) -> list[dict[str, Any]]:
-    return check_fleet(run.endpoints, renderer_for(run), run.sampling, api_keys=api_keys)
+    fleet = check_fleet(run.endpoints, renderer_for(run), run.sampling, api_keys=api_keys)
+    for endpoint in fleet:  # what the fleet can hold: utilisation's and GPU-hours' denominators
+        if isinstance(slots := endpoint.get("max_running_requests"), int):
+            metrics().fleet_slots.labels(endpoint["url"]).set(slots)
+        if isinstance(gpus := endpoint.get("gpus"), int):
+            metrics().fleet_gpus.labels(endpoint["url"]).set(gpus)
+    return fleet
 
 
 def report(

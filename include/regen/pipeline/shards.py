@@ -15,6 +15,7 @@ from typing import Any
 
 from regen.errors import FinalError
 from regen.manifest import PreparedDataset, ShardManifest
+from regen.metrics import current as metrics
 from regen.pipeline.run import renderer_for
 from regen.pipeline.run_storage import RunStorage
 from regen.pipeline.version_settings import VersionSettings
@@ -138,7 +139,7 @@ def _generate(at: RunStorage, shard: dict[str, Any], api_keys: ApiKeys, version:
     # tokenizer here.
     renderer = renderer_for(run) if manifest.num_answers is not None else None
     with at.writing(manifest.location) as storage:
-        return run_generate(manifest, storage, settings, renderer).to_dict()
+        return _counted(run_generate(manifest, storage, settings, renderer), "generate")
 
 
 def _validate(at: RunStorage, shard: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +147,7 @@ def _validate(at: RunStorage, shard: dict[str, Any]) -> dict[str, Any]:
     settings = ValidateSettings(**at.run.validation)
     manifest = ShardManifest.from_dict(shard)
     with at.writing(manifest.location) as storage:
-        return run_validate(manifest, storage, renderer, settings).to_dict()
+        return _counted(run_validate(manifest, storage, renderer, settings), "validate")
 
 
 def _export(at: RunStorage, shard: dict[str, Any], version: VersionSettings) -> dict[str, Any]:
@@ -154,4 +155,11 @@ def _export(at: RunStorage, shard: dict[str, Any], version: VersionSettings) -> 
     decode = renderer_for(at.run).decode if settings.review_text else None
     manifest = ShardManifest.from_dict(shard)
     with at.writing(manifest.location) as storage:
-        return run_export(manifest, storage, settings, decode).to_dict()
+        return _counted(run_export(manifest, storage, settings, decode), "export")
+
+
+def _counted(shard: ShardManifest, stage: str) -> dict[str, Any]:
+    """A shard through `stage`, counted with its rejections there (regen.metrics)."""
+    done = shard.to_dict()
+    metrics().stage_done(shard.location.dataset, stage, done["stats"].get(stage) or {})
+    return done

@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,8 +147,10 @@ class SGLangClient:
         backoff_max_s: float = 30.0,
         sample_timeouts: int = 2,
         priority: int | None = None,
+        observe: Callable[[str, str, float], None] | None = None,
     ) -> None:
         self.pool = pool
+        self.observe = observe  # each attempt's endpoint, outcome ("answered", "refused", a fault) and seconds
         self.priority = priority  # SGLang's request priority, sent only when set (docs/scaling.md)
         self.session = session
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
@@ -164,6 +167,7 @@ class SGLangClient:
         endpoint = await self.pool.acquire(avoid, prefer)
         self.stats.requests += 1
         cause: str | None = "other"  # None once the endpoint has answered (a refusal of the request included)
+        outcome: str | None = None  # "answered", "refused"; else the fault's cause
         sent = time.monotonic()
         try:
             async with self.session.post(
@@ -171,13 +175,13 @@ class SGLangClient:
             ) as resp:
                 body = await resp.read()
             if resp.status == 400:
-                cause = None  # the endpoint works; the request is wrong
+                cause, outcome = None, "refused"  # the endpoint works; the request is wrong
                 raise PermanentError(error_message(body.decode("utf-8", "replace")), endpoint.url)
             if resp.status != 200:  # the endpoint's fault, whatever it is (module docstring)
                 message = error_message(body.decode("utf-8", "replace"))
                 raise TransientError(f"http_{resp.status}", f"{endpoint.url}: {message}", endpoint.url)
             data = check_response(body)
-            cause = None
+            cause, outcome = None, "answered"
         except TimeoutError as e:
             waited = time.monotonic() - sent
             cause = "sample_timeout" if await self._alive(endpoint, sent) else "timeout"
@@ -189,8 +193,11 @@ class SGLangClient:
             cause, e.endpoint = e.cause, endpoint.url
             raise
         finally:
-            self.stats.request_seconds += time.monotonic() - sent
+            seconds = time.monotonic() - sent
+            self.stats.request_seconds += seconds
             self.pool.release(endpoint, cause)
+            if self.observe is not None:
+                self.observe(endpoint.url, outcome or cause or "other", seconds)
         assert data.output_ids is not None
         return Generation(data.output_ids, data.meta_info, data.text, endpoint.url, rid, 0)
 

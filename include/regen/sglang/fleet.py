@@ -30,6 +30,7 @@ import aiohttp
 
 from regen.endpoints import redact_url
 from regen.hints import ENDPOINT_AFFINITY, Hints
+from regen.metrics import current as metrics
 from regen.redaction import describe
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,8 @@ class EndpointPool:
         if not urls:
             raise ValueError("at least one SGLang endpoint is needed")
         self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
+        for endpoint in self.endpoints:  # a series from the start, at 0 until an ejection
+            metrics().ejections.labels(redact_url(endpoint.url)).inc(0)
         self.session = session
         self.policy = policy
         self.probe_interval_s = probe_interval_s
@@ -255,6 +258,7 @@ class EndpointPool:
     def _eject(self, endpoint: Endpoint, why: str) -> None:
         endpoint.ejected = True
         endpoint.ejections += 1
+        metrics().ejections.labels(redact_url(endpoint.url)).inc()
         seconds = min(self.policy.base_ejection_s * endpoint.ejections, self.policy.max_ejection_s)
         log.warning("ejected %s for %.0fs: %s; then probing /health", redact_url(endpoint.url), seconds, why)
         probe = asyncio.create_task(self._probe(endpoint, seconds))

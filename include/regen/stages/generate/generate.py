@@ -29,6 +29,7 @@ from regen.endpoints import Endpoint, redact_url
 from regen.fleet_losses import DEFAULT_SHARE, check_losses, fleet_losses, version_answers
 from regen.fleet_losses import TooManyServerRejections as TooManyServerRejections  # what a shard fails with
 from regen.manifest import GenerationReport, ShardManifest, StageStats
+from regen.metrics import current as metrics
 from regen.on_policy import turn_count
 from regen.reasons import Reason
 from regen.records import RawAnswer, ShardPrompts, encode_answer, iter_raw_file, read_prompts, text_digest, write_raw
@@ -104,6 +105,8 @@ async def _ask(
     bad = out_of_vocab(prompt_ids, settings.vocab_size)
     if bad is not None:  # never sent: SGLang 0.5.23 does not range-check input ids, and one kills the server
         return _reject(checkpointer, progress, answer_id, Reason.PROMPT_ID_OUT_OF_VOCAB, bad)
+    in_flight = progress.metrics.in_flight.labels(progress.dataset)
+    in_flight.inc()
     try:
         generation = await client.generate(prompt_ids, params, answer_id, prefer)
     except PermanentError as e:
@@ -114,6 +117,8 @@ async def _ask(
             raise  # the fleet, not this sample: the task fails and Airflow retries it
         reason = RECORD_FAULT_REASONS[e.cause]
         return _reject(checkpointer, progress, answer_id, reason, f"last attempt: {e}", e.endpoint)
+    finally:
+        in_flight.dec()
     answer = raw_answer(answer_id, generation)
     if keep:
         answer = msgspec.structs.replace(answer, prompt_ids=prompt_ids)
@@ -167,7 +172,7 @@ def _reject(
     ended_by: dict[str, str] | None = None,
 ) -> Reason:
     checkpointer.add(rejection_line(answer_id, reason, detail, endpoint and redact_url(endpoint), ended_by))
-    progress.done += 1
+    progress.settle()
     return reason
 
 
@@ -216,6 +221,7 @@ async def _generate_missing(
             settings.backoff_max_s,
             settings.sample_timeouts,
             settings.priority,
+            observe=progress.request,
         )
         queue = iter(todo)  # shared by the workers: each sample is taken exactly once
         work = (
@@ -278,6 +284,7 @@ def run_generate(
     ids = prompts.answer_ids(turn_count)
     if storage.exists(raw_key) and not reopen(storage, shard):  # an earlier attempt finished this shard
         _remove_checkpoints(storage, shard)  # (it may have died removing them)
+        metrics().settled.labels(shard.location.dataset).inc(len(ids))
         return _summarize_existing(storage, shard, raw_key, ids)
     done = load_checkpoints(storage, shard)
     asked_again = done.ask_again()
@@ -310,7 +317,10 @@ def run_generate(
             if conversations is not None:
                 conversations.render_thread.shutdown()
         done = load_checkpoints(storage, shard)
+    else:  # every answer checkpointed by a try before this one: settled
+        metrics().settled.labels(shard.location.dataset).inc(len(ids))
     answers = version_answers(storage, shard.location) or len(ids)  # the allowance is the version's
+    metrics().fleet_losses.labels(shard.location.dataset).inc(len(fleet_losses(done.rejected)))
     check_server_rejections(shard, answers, done, settings.max_server_rejected_share)
     report = GenerationReport.combined(list(done.tries.values()))
     if report is not None:  # beside the raw file, for a try that finds the shard already done

@@ -7,8 +7,10 @@ import logging
 import time
 from typing import Any
 
+from regen.endpoints import redact_url
 from regen.hints import Hints
 from regen.manifest import GenerationReport, ShardManifest
+from regen.metrics import current as metrics
 from regen.sglang.client import Generation, SGLangClient
 
 log = logging.getLogger(__name__)
@@ -24,17 +26,38 @@ class Progress:
         self.request_seconds = self.slot_seconds = 0.0
         self.slot_timed = 0
         self.hints = Hints()  # the task's hints (regen.hints): those that failed go into its report
+        self.metrics, self.dataset = metrics(), shard.location.dataset
+        self.metrics.settled.labels(self.dataset).inc(already)
 
     def answer(self, generation: Generation) -> None:
-        self.done += 1
+        self.settle()
         self.answered += 1
-        self.output_tokens += len(generation.output_ids)
-        self.prompt_tokens += int(generation.meta_info.get("prompt_tokens") or 0)
+        output = len(generation.output_ids)
+        prompt = int(generation.meta_info.get("prompt_tokens") or 0)
+        self.output_tokens += output
+        self.prompt_tokens += prompt
         self.cached_tokens += int(generation.meta_info.get("cached_tokens") or 0)
         held = slot_seconds(generation.meta_info)
         if held is not None:
             self.slot_seconds += held
             self.slot_timed += 1
+        where = (self.dataset, redact_url(generation.endpoint))
+        self.metrics.answers.labels(*where).inc()
+        self.metrics.output_tokens.labels(*where).inc(output)
+        self.metrics.prompt_tokens.labels(*where).inc(prompt)
+        if held is not None:
+            self.metrics.slot_seconds.labels(*where).inc(held)
+
+    def settle(self) -> None:
+        """One more of the shard's answers answered or rejected."""
+        self.done += 1
+        self.metrics.settled.labels(self.dataset).inc()
+
+    def request(self, endpoint: str, outcome: str, seconds: float) -> None:
+        """One /generate attempt (SGLangClient's observer)."""
+        where = (self.dataset, redact_url(endpoint))
+        self.metrics.requests.labels(*where, outcome).inc()
+        self.metrics.request_seconds.labels(*where).inc(seconds)
 
     def log_line(self, client: SGLangClient) -> None:
         elapsed = max(time.monotonic() - self.started, 1e-9)
