@@ -27,10 +27,11 @@ ui: $(BIN)/.installed  ## Airflow's UI on http://127.0.0.1:8080 (admin/admin) wi
 # real servers of their own, and more workers than cores starve their timing.
 WORKERS ?= 2
 test: $(BIN)/.installed lint sglang-env  ## everything: unit, DAG and end-to-end tests
-	bash tools/prerequisites.sh postgres redis chromium
+	bash tools/prerequisites.sh postgres redis chromium prometheus
 	$(BIN)/python -m pytest -n $(WORKERS)
 
 test-fast: $(BIN)/.installed  ## the fast tier: no Airflow scheduler, no SGLang oracle, no crash points, no generated runs
+	bash tools/prerequisites.sh prometheus
 	$(BIN)/python -m pytest -n 4 -m "not e2e and not parity and not crashpoints and not generated"
 
 test-parity: $(BIN)/.installed sglang-env  ## production parity: prompts and answers against SGLang's own code

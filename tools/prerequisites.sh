@@ -4,10 +4,13 @@
 #   postgres   PostgreSQL on 127.0.0.1:5432 with trust auth: Airflow's metadata database (demo, e2e tests)
 #   redis      Redis on 127.0.0.1:6379: the Celery broker of the distributed e2e test
 #   chromium   Debian's headless Chromium: the browser test of the "Drafter data" page
+#   prometheus promtool, Prometheus and the Pushgateway (Debian's prometheus and prometheus-pushgateway): the alert
+#              rules' tests (monitoring/prometheus) and the live metrics' test. Installed only, never started: the
+#              tests start their own on free ports, and a server the package's install started (9090, 9091) is stopped.
 # Each is installed from Debian's packages when missing and the user may (root, apt-get), then started. A PostgreSQL
 # cluster installed here gets trust auth for TCP connections from 127.0.0.1 and ::1 (as tools/devstack.py connects:
 # user postgres, no password); the auth of a cluster the machine already had is never changed.
-# Usage: tools/prerequisites.sh postgres [redis chromium]
+# Usage: tools/prerequisites.sh postgres [redis chromium prometheus]
 # REGEN_PG_PORT, REGEN_REDIS_PORT and REGEN_PG_ETC (default /etc/postgresql) exist for tests/unit/test_prerequisites.py.
 set -euo pipefail
 
@@ -25,10 +28,10 @@ wait_for() {  # wait_for PORT NAME
 
 may_install() { [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; }
 
-apt_install() {  # apt_install PACKAGE: quietly; the package lists are updated only when a first try fails
+apt_install() {  # apt_install PACKAGE [OPTION...]: quietly; the package lists are updated only when a first try fails
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q "$1" >/dev/null 2>&1 && return 0
-  apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "$1" >/dev/null 2>&1 && return 0
+  apt-get install -y -q "${@:2}" "$1" >/dev/null 2>&1 && return 0
+  apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "${@:2}" "$1" >/dev/null 2>&1 && return 0
   echo "prerequisites: 'apt-get install $1' failed: run it to see why, then run this again." >&2
   exit 1
 }
@@ -115,9 +118,35 @@ need_chromium() {
   exit 1
 }
 
+prometheus_missing() {  # prints the Debian packages whose commands are not on PATH
+  { command -v promtool >/dev/null && command -v prometheus >/dev/null; } || echo prometheus
+  command -v prometheus-pushgateway >/dev/null || echo prometheus-pushgateway
+}
+
+need_prometheus() {
+  local missing package
+  missing=$(prometheus_missing)
+  [[ -z $missing ]] && return 0
+  if may_install; then
+    for package in $missing; do
+      echo "prerequisites: installing Debian's $package (the tests of the alert rules and of the live metrics)"
+      apt_install "$package" --no-install-recommends
+      # Its init script or unit may have started a system server (9090, 9091): the tests start their own on free
+      # ports, and one left running here would only collide with an operator's. Where nothing started, a no-op.
+      service "$package" stop >/dev/null 2>&1 || true
+    done
+    missing=$(prometheus_missing)
+    [[ -z $missing ]] && return 0
+  fi
+  echo "prerequisites: promtool, prometheus and prometheus-pushgateway are not all installed and cannot be" \
+    "installed from here: run 'sudo apt-get install prometheus prometheus-pushgateway' (Debian), then run this" \
+    "again." >&2
+  exit 1
+}
+
 for need in "$@"; do
   case "$need" in
-    postgres|redis|chromium) "need_$need" ;;
+    postgres|redis|chromium|prometheus) "need_$need" ;;
     *) echo "prerequisites: unknown prerequisite $need" >&2; exit 2 ;;
   esac
 done

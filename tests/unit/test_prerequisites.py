@@ -1,8 +1,9 @@
 """tools/prerequisites.sh on a bare Debian machine: PostgreSQL and Redis installed from Debian's packages when the user
-may (root, apt-get), a new cluster given trust auth for loopback TCP, both started; otherwise one line saying what to
-run. No real install: the script runs with a PATH of stubs (apt-get, id, pg_ctlcluster, redis-server) that record
-their calls and, where they "start" a server, listen on a free port the script is pointed at (REGEN_PG_PORT,
-REGEN_REDIS_PORT), so the machine's own PostgreSQL, Redis and /etc/postgresql (REGEN_PG_ETC) are never touched."""
+may (root, apt-get), a new cluster given trust auth for loopback TCP, both started; Prometheus's binaries installed
+and left stopped; otherwise one line saying what to run. No real install: the script runs with a PATH of stubs
+(apt-get, id, pg_ctlcluster, redis-server, service) that record their calls and, where they "start" a server, listen
+on a free port the script is pointed at (REGEN_PG_PORT, REGEN_REDIS_PORT), so the machine's own PostgreSQL, Redis and
+/etc/postgresql (REGEN_PG_ETC) are never touched."""
 
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ class Machine:
     def apt_get(self, *, stale_lists: bool = False, package_starts: bool = False) -> None:
         """Debian's apt-get: `install postgresql` creates cluster 16/main and puts pg_ctlcluster on PATH (and, with
         package_starts, starts it as the package's init script does); `install redis-server` puts redis-server on
-        PATH. With stale_lists, an install fails until `apt-get update` has run."""
+        PATH; `install prometheus` promtool and prometheus, `install prometheus-pushgateway` prometheus-pushgateway.
+        With stale_lists, an install fails until `apt-get update` has run."""
         self.stub(
             "pg_ctlcluster", 'if [[ ${@: -1} == start ]]; then listen "$REGEN_PG_PORT"; fi', where=self.tmp / "pkg"
         )
@@ -117,6 +119,8 @@ class Machine:
             'while (($#)); do [[ $1 == --port ]] && listen "$2"; shift; done',
             where=self.tmp / "pkg",
         )
+        for binary in ("promtool", "prometheus", "prometheus-pushgateway"):
+            self.stub(binary, where=self.tmp / "pkg")
         (self.tmp / "debian-pg_hba.conf").write_text(DEBIAN_PG_HBA)
         stale = "[[ -e $T/updated ]] || exit 100" if stale_lists else ""
         start = 'listen "$REGEN_PG_PORT"' if package_starts else ""
@@ -132,6 +136,8 @@ class Machine:
                     cp $T/pkg/pg_ctlcluster {self.bin}/
                     {start} ;;
                   redis-server) cp $T/pkg/redis-server {self.bin}/ ;;
+                  prometheus) cp $T/pkg/promtool $T/pkg/prometheus {self.bin}/ ;;
+                  prometheus-pushgateway) cp $T/pkg/prometheus-pushgateway {self.bin}/ ;;
                   *) exit 100 ;;
                 esac ;;
             esac
@@ -256,3 +262,27 @@ def test_servers_already_listening_call_nothing(machine: Machine) -> None:
     assert done.returncode == 0, done.stderr
     assert machine.calls() == []
     assert done.stdout == ""
+
+
+def test_prometheus_is_installed_without_recommends_and_what_the_package_started_is_stopped(machine: Machine) -> None:
+    machine.root()
+    machine.apt_get()
+    machine.stub("service")
+    for _ in range(2):  # the second run finds it all installed
+        done, _ = machine.run("prometheus")
+        assert done.returncode == 0, done.stderr
+    assert [c for c in machine.calls() if c != "id -u"] == [
+        "apt-get install -y -q --no-install-recommends prometheus",
+        "service prometheus stop",
+        "apt-get install -y -q --no-install-recommends prometheus-pushgateway",
+        "service prometheus-pushgateway stop",
+    ]
+
+
+def test_prometheus_names_its_packages_when_it_cannot_be_installed(machine: Machine) -> None:
+    machine.root(uid=1000)
+    machine.apt_get()
+    done, _ = machine.run("prometheus")
+    assert done.returncode != 0
+    assert "apt-get install prometheus prometheus-pushgateway" in done.stderr
+    assert not any(c.startswith("apt-get") for c in machine.calls())
