@@ -79,12 +79,16 @@ class TaskMetrics:
         self.fleet_gpus = gauge("fleet_gpus", "an endpoint's GPUs", "endpoint")
         # every task
         self.succeeded = gauge("task_succeeded", "1 once this try succeeded")
+        self._allowance: Gauge | None = None
 
     def loss_allowance(self, share: float) -> None:
         """plan's: the run's max_server_rejected_share. Registered only here: a gauge without labels is exported from
         its creation, and every other task would say 0."""
-        allowance = Gauge(PREFIX + "fleet_loss_allowance_ratio", "max_server_rejected_share", registry=self.registry)
-        allowance.set(share)
+        if self._allowance is None:  # (plan run twice in one process: outside Airflow, the same registry)
+            self._allowance = Gauge(
+                PREFIX + "fleet_loss_allowance_ratio", "max_server_rejected_share", registry=self.registry
+            )
+        self._allowance.set(share)
 
     def stage_done(self, dataset: str, stage: str, stats: Mapping[str, Any]) -> None:
         """A shard through `stage`, with its stage stats (StageStats.to_dict()): its rejections by reason."""

@@ -178,6 +178,9 @@ def test_a_retry_settles_what_its_killed_try_had_checkpointed(
 def test_no_pushgateway_configured_pushes_nothing() -> None:
     task = metrics.begin_task(None, metrics.grouping_key("run-n", "plan", None, 1))
     task.loss_allowance(0.5)
+    task.loss_allowance(0.3)  # plan twice in one process (a CLI, `airflow dags test`): one series, the last value
+    [allowance] = [f for f in task.registry.collect() if f.name == "eagle3_regen_fleet_loss_allowance_ratio"]
+    assert [s.value for s in allowance.samples] == [0.3]
     metrics.end_task(True)
     assert metrics._pusher is None
     assert json.dumps(metrics.grouping_key("r", "t", None, None)) == (
