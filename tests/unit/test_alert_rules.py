@@ -23,8 +23,7 @@ SCRAPE = PROMETHEUS / "scrape.yml"
 
 # The series a task try pushes (regen.metrics), as Prometheus names them: a counter's with _total.
 PUSHED_SERIES = frozenset(
-    f"{family.name}_total" if family.type == "counter" else family.name
-    for family in TaskMetrics().registry.collect()
+    f"{family.name}_total" if family.type == "counter" else family.name for family in TaskMetrics().registry.collect()
 )
 RECORDED = {
     "eagle3_regen:remaining_answers",
