@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlparse
 
 import requests
@@ -182,8 +182,24 @@ def stop_processes(processes: list[subprocess.Popen[bytes]], kill: bool = False)
             continue
 
 
+class Started:
+    """A set of processes as a context manager: started on entry (`start` returns self), stopped on exit."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 @dataclass
-class Stack:
+class Stack(Started):
     home: Path  # AIRFLOW_HOME, logs and the simulator's record live here
     purpose: str = "dev"  # names the stack's database and broker keys, with the checkout (stack_name)
     with_s3: bool = False
@@ -386,12 +402,6 @@ class Stack:
             simulator.stop()
         stop_processes(list(self.processes.values()))
         self.processes.clear()
-
-    def __enter__(self) -> Stack:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def s3_faults(self) -> dict[str, int]:
         """What the fault proxy injected so far, by kind."""

@@ -24,7 +24,7 @@ from typing import Any
 import requests
 import yaml
 
-from tools.devstack import free_port, stop_processes
+from tools.devstack import Started, free_port, stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "monitoring" / "prometheus" / "rules.yml"
@@ -60,7 +60,7 @@ class QueryError(RuntimeError):
 
 
 @dataclass
-class PrometheusStack:
+class PrometheusStack(Started):
     folder: Path  # the config, the TSDB and both logs
     # The recording rules and alerts loaded: the project's when it has them; None: none.
     rules: Path | None = field(default_factory=lambda: RULES if RULES.exists() else None)
@@ -120,12 +120,6 @@ class PrometheusStack:
     def stop(self) -> None:
         stop_processes(list(self.processes.values()))
         self.processes.clear()
-
-    def __enter__(self) -> PrometheusStack:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # --- Prometheus's HTTP API ---
     def _api(self, path: str, params: dict[str, Any] | None = None) -> Any:
