@@ -2,17 +2,16 @@
 no network (the validate stage, regen.stages.validate, reads and writes around it; on-policy turns and the fleet
 check ask it too).
 
-`judge` It finds the output's structural tokens (EOS, turn markers, reasoning and tool-call tokens) in one
-vectorized lookup, then walks only those positions through a small state machine:
+`judge` finds the output's structural tokens (EOS, turn markers, reasoning and tool-call tokens) in one vectorized
+lookup, then walks only those positions through a small state machine:
 
     [reasoning_start at 0, if the prompt did not open reasoning]  reasoning ... reasoning_end
     answer, and tool calls in the profile's grammar (regen.tool_calls)   EOS
 
 with calls as `section_begin (call_begin ID argument_begin {JSON} call_end)+ section_end` (Kimi's sections), or as
 `(call_begin BODY call_end)+` whose body is read as SGLang's detector reads it (tagged JSON or XML, Qwen's).
-An answer is judged by what SGLang's chat layer makes of it (sglang 0.5.23: its reasoning parser and tool-call
-detector; tests/parity/ runs them): what it reads into a usable message is kept, flagged where it reads it only
-leniently; what it loses or garbles is rejected.
+An answer is judged by what SGLang 0.5.23's reasoning parser and tool-call detector make of it (tests/parity/): a
+usable message is kept, flagged where they read it only leniently; what they lose or garble is rejected.
 - Tool calls right after the reasoning with no reasoning_end (Kimi-K2.5 emits them; the first section ends the
   reasoning): kept, `tool_call_without_reasoning_end`. A reasoning end after such a section: rejected
   (`tool_call_in_reasoning`), since SGLang then reads the calls as reasoning.
@@ -20,9 +19,9 @@ leniently; what it loses or garbles is rejected.
 - A section left open at EOS, an empty section: kept, `tool_call_section_unclosed` / `tool_call_section_empty`.
 - Call ids SGLang reads leniently (whitespace around, no `functions.` prefix, a bare counter): kept, flagged
   (regen.tool_calls); one it skips: rejected.
+- A marker spelt in ordinary tokens: rejected (`markup_as_text`): SGLang's parsers read the text, so read markup.
 An answer cut by `max_new_tokens` that is valid so far goes to the flagged `truncated/` split, by where the cut fell.
-The server must agree with itself: `text == decode(output_ids)` (the pipeline asks for special tokens and the stop
-token in the text) and `prompt_tokens` == the prompt sent.
+The server must agree with itself: `text == decode(output_ids)` and `prompt_tokens` == the prompt sent.
 """
 
 from __future__ import annotations
@@ -351,7 +350,7 @@ def judge(
     judgement = judge_output(output, roles, tools, decode, roles.opening_phase, schemas, answer.truncated, ids)
     if judgement.split is None:
         return judgement
-    decoded = decode(output)
+    decoded = judgement.decoded if judgement.decoded is not None else decode(output)
     problem = _text_problem(answer, decoded)
     if problem is not None:
         return _reject(Reason.TEXT_MISMATCH, problem)
@@ -377,7 +376,21 @@ def judge_output(
         rejected = walk.step(pos, int(marks[pos]))
         if rejected is not None:
             return rejected
-    return walk.finish(truncated)
+    judgement = walk.finish(truncated)
+    if judgement.split is None:
+        return judgement
+    decoded = decode(output)
+    for token in _markup_ids(roles):  # SGLang's parsers read the text: a marker spelt in ordinary tokens is markup
+        marker = decode([token])
+        if marker and decoded.count(marker) > int(np.count_nonzero(ids == token)):
+            return _reject(Reason.MARKUP_AS_TEXT, f"{marker!r} spelt in ordinary tokens: SGLang reads it as markup")
+    return dataclasses.replace(judgement, decoded=decoded)
+
+
+@cache
+def _markup_ids(roles: TokenRoles) -> tuple[int, ...]:
+    """The reasoning and tool-call markers' ids (not EOS, not turn markers: no parser reads those in an answer)."""
+    return tuple(int(t) for t in np.flatnonzero(mark_table(roles) >= Mark.REASONING_START))
 
 
 def declared_tools(tools_json: str) -> frozenset[str] | None:

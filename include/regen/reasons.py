@@ -81,6 +81,7 @@ class Reason(StrEnum):
     TOOL_CALL_UNBALANCED = "tool_call_unbalanced", VALIDATE  # section and call tokens out of order or unclosed
     TOOL_CALL_BAD_ID = "tool_call_bad_id", VALIDATE
     TOOL_CALL_MALFORMED = "tool_call_malformed", VALIDATE  # a tagged call that names no function, or holds stray text
+    MARKUP_AS_TEXT = "markup_as_text", VALIDATE  # a reasoning or tool-call marker spelt in ordinary tokens
     TOOL_CALL_BAD_ARGUMENTS = "tool_call_bad_arguments", VALIDATE
     # a reasoning end after the calls: SGLang reads them as reasoning
     TOOL_CALL_IN_REASONING = "tool_call_in_reasoning", VALIDATE

@@ -127,3 +127,53 @@ def test_qwen_answers_read_as_sglang_reads_them(qwen_renderers: dict[bool, ChatR
     check()
     print(f"answer parity, qwen: {dict(sorted(seen.items()))}")
     assert seen["with calls"] + seen["without calls"] >= CASES and seen["kept"] and seen["with calls"]
+
+
+def spelt(text: str, markers: tuple[str, ...], encode: Any) -> list[int]:
+    """`text`'s ids with every marker spelt in ordinary tokens (as a model may write it: its last character apart, so
+    the tokenizer never matches the marker's special token); decoded, the same text."""
+    ids: list[int] = []
+    rest = text
+    while rest:
+        at = min(((rest.find(m), m) for m in markers if m in rest), default=(-1, ""))
+        if at[0] < 0:
+            return ids + encode(rest)
+        position, marker = at
+        ids += encode(rest[:position]) if position else []
+        ids += encode(marker[:-1]) + encode(marker[-1:])
+        rest = rest[position + len(marker) :]
+    return ids
+
+
+def test_answers_with_markers_spelt_in_ordinary_tokens_read_and_judged_as_sglang_reads_them(
+    kimi_renderers: dict[bool, ChatRenderer], kimi_oracle: Oracle
+) -> None:
+    """SGLang reads a decoded answer's text, so a marker the model spelt with ordinary tokens is a marker to it: the
+    project's reading and verdict must agree with that, not with the ids' specialness."""
+    seen: Counter[str] = Counter()
+    markers = (*MARKERS, "</think>", "<think>")
+
+    @DIFFERENTIAL
+    @given(answer())
+    def check(case: dict[str, Any]) -> None:
+        renderer = kimi_renderers[case["thinking"]]
+        roles, tools = renderer.roles, case["tools"]
+        encode = renderer.tokenizer.encode
+        output_ids = [*spelt(case["text"], markers, encode), min(roles.eos_ids)]
+        assert renderer.decode(output_ids[:-1], False) == case["text"]
+        sglang = sglang_message(case, output_ids, kimi_oracle)
+        text = renderer.decode(output_ids[:-1], not tools)
+        ours = read_message(text, case["thinking"], renderer.profile, case["messages"], tools)
+        assert as_sglang_returns(ours) == {k: sglang[k] for k in ("content", "reasoning_content", "tool_calls")}
+        lost = loses_something(case["text"], sglang, CALL, MARKERS, arguments_shown=True)
+        tail, messages = list(roles.generation_suffix), case["messages"]
+
+        def reads_back() -> bool:
+            again = assistant_message(output_ids, tail, roles, renderer.profile, renderer.decode, messages, tools)
+            return again == ours
+
+        tally(seen, verdict_of(output_ids, renderer, tools), lost, sglang, reads_back)
+
+    check()
+    print(f"answer parity, kimi, markers spelt: {dict(sorted(seen.items()))}")
+    assert seen["with calls"] + seen["without calls"] >= CASES

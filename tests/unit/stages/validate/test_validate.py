@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 import msgspec
@@ -289,6 +290,7 @@ def test_every_reason_code_is_exercised() -> None:
         Reason.EMPTY_OUTPUT,
         Reason.UNEXPECTED_REASONING_END,
         Reason.TOOL_CALL_MALFORMED,  # tagged grammars only: tests/unit/test_tool_call_grammars.py
+        Reason.MARKUP_AS_TEXT,  # below
     }
     validate_reasons = {r for r in Reason if r.stage == "validate"}
     assert validate_reasons == covered, sorted(validate_reasons - covered)
@@ -307,3 +309,29 @@ def test_decode_of_ids_outside_the_vocabulary_follows_the_tokenizer(renderer: Ch
         renderer.tokenizer.decode([39, -1])
     with pytest.raises(OverflowError):
         renderer.decode([39, -1])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(f"Need the tool.</think>{CALL}", id="a-call"),
+        pytest.param('Need the tool.</think>It is <|tool_calls_section_begin|>{"city": "Par', id="a-section-opened"),
+        pytest.param("Thinking.</think>Done, and </think> again.", id="a-reasoning-end"),
+    ],
+)
+def test_markup_spelt_in_ordinary_tokens_is_rejected(renderer: ChatRenderer, prompt: list[int], text: str) -> None:
+    """SGLang's parsers read the decoded text: a marker the model spelt in ordinary tokens is markup to them, though
+    no marker id is there. Found by the answer-parity test (tests/parity): a call spelt so was kept as prose while
+    SGLang read the text away."""
+    encode = renderer.tokenizer.encode
+    spelt_from = text.index("</think>") + len("</think>")  # the reasoning's end as its marker id, the rest spelt
+    ids = encode(text[:spelt_from], add_special_tokens=False)
+    for piece in re.split(r"(?<=<\|)|(?<=</)", text[spelt_from:]):  # "<|" and "</" apart: no marker matches whole
+        ids += encode(piece, add_special_tokens=False)
+    ids += encode("<|im_end|>", add_special_tokens=False)
+    assert renderer.decode(ids, False) == text + "<|im_end|>"
+    meta = {"finish_reason": STOP, "prompt_tokens": len(prompt), "completion_tokens": len(ids)}
+    spelt = RawAnswer("s1", ids, meta, *text_digest(renderer.decode(ids)))
+    assert verdict_of(renderer, prompt, spelt) == Reason.MARKUP_AS_TEXT
+    whole = answer(renderer, prompt, text + "<|im_end|>")  # the same text, its markers as marker ids
+    assert verdict_of(renderer, prompt, whole) != Reason.MARKUP_AS_TEXT
