@@ -15,6 +15,9 @@ FUNCTIONS = ("get_weather", "convert_currency", "search_flights")
 # Reference answers: short, empty, long, and two lengths a token apart (a length fit on them is near-collinear)
 ANSWERS = ("Sure.", "", "An answer. " * 40, "word " * 200, "word " * 199)
 NEAR_CONSTANT = ("word " * 200, "word " * 200, "word " * 200, "word " * 199, "Sure.")
+# Capped: most references at one length (a dataset cut at its generator's max_new_tokens), one a token short, a few
+# short ones (which a longest-first order leaves for last): the length fit sees one x and must not extrapolate wild.
+CAPPED = ("word " * 200,) * 8 + ("word " * 199, "Sure.")
 FILLERS = ("", " ", "\u3000", "\u00a0tab\tand\nnewline", "longer " * 300)  # empty, unicode space, long
 
 
@@ -47,10 +50,10 @@ def conversation(draw: st.DrawFn, label: str, style: dict[str, Any]) -> dict[str
 def dataset_rows(draw: st.DrawFn, name: str) -> list[dict[str, Any]]:
     """8 to 40 rows, with duplicates, rows that open alike and rows with no user turn among them. Rows of a real
     dataset look alike: most datasets drawn here give every row one opening (one system prompt, one greeting), and
-    some give near-constant reference answers (a length fit on them is near-collinear)."""
+    some give near-constant or capped reference answers (a length fit on them is near-collinear)."""
     style = {
         "opening": draw(st.sampled_from((None, *OPENINGS))),
-        "answers": draw(st.sampled_from((ANSWERS, NEAR_CONSTANT))),
+        "answers": draw(st.sampled_from((ANSWERS, NEAR_CONSTANT, CAPPED))),
     }
     rows: list[dict[str, Any]] = []
     for i in range(draw(st.integers(8, 40))):

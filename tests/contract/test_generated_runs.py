@@ -263,15 +263,20 @@ class GeneratedRuns(RuleBasedStateMachine):
         }
         self.write_config()
 
-    @rule(data=st.data(), path=st.sampled_from(sorted(SETTINGS)), back=st.booleans())
-    def change_setting(self, data: st.DataObject, path: str, back: bool) -> None:
-        """Any other default of the config changed (or set back), as a deployment does between nightlies."""
-        if back:
-            self.settings.pop(path, None)
-        else:
-            self.settings[path] = data.draw(st.sampled_from(SETTINGS[path]), label=path)
-        self.steps.append(f"change_setting {path}={self.settings.get(path, 'default')}")
-        COVERED.update([f"setting:{path}"])
+    @rule(
+        data=st.data(),
+        paths=st.lists(st.sampled_from(sorted(SETTINGS)), min_size=1, max_size=4, unique=True),
+        back=st.booleans(),
+    )
+    def change_settings(self, data: st.DataObject, paths: list[str], back: bool) -> None:
+        """Other defaults of the config changed (or set back), as a deployment does between nightlies."""
+        for path in paths:
+            if back:
+                self.settings.pop(path, None)
+            else:
+                self.settings[path] = data.draw(st.sampled_from(SETTINGS[path]), label=path)
+            self.steps.append(f"change_setting {path}={self.settings.get(path, 'default')}")
+            COVERED.update([f"setting:{path}"])
         self.write_config()
 
     @precondition(lambda self: bool(self.red))
