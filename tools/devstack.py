@@ -116,7 +116,7 @@ class Simulator:
         self.stop()
 
 
-def start_simulator(folder: Path, *args: str, port: int | None = None) -> Simulator:
+def start_simulator(folder: Path, *args: str, port: int | None = None, env: dict[str, str] | None = None) -> Simulator:
     port = port or free_port()
     record = folder / f"record-{port}.jsonl"
     record.touch()
@@ -124,6 +124,7 @@ def start_simulator(folder: Path, *args: str, port: int | None = None) -> Simula
         [sys.executable, "-m", "regen.simulator", "--port", str(port), "--record", str(record), *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=env,
     )
     url = f"http://127.0.0.1:{port}"
     try:

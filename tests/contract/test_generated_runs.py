@@ -102,7 +102,9 @@ def fleet(name: str) -> Any:
     if name not in _fleet:
         from tools.devstack import start_simulator
 
-        _fleet[name] = start_simulator(Path(tempfile.mkdtemp(prefix=f"regen-fleet-{name}-")), *FLEETS[name])
+        # This checkout's simulator, even where PYTHONPATH points the library at an older one (bench_generated_runs)
+        here = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "include")}
+        _fleet[name] = start_simulator(Path(tempfile.mkdtemp(prefix=f"regen-fleet-{name}-")), *FLEETS[name], env=here)
         atexit.register(_fleet[name].stop)
     return _fleet[name]
 
