@@ -37,7 +37,9 @@ pytestmark = pytest.mark.generated
 
 FLEETS = {  # simulator flags of each fleet a run may be sent to
     "sound": ("--omit-think-end-rate", "0"),
-    "defects": ("--omit-think-end-rate", "0", "--defect-rate", "0.15"),
+    # Answers validation rejects; not count mismatches, which are the fleet's losses (a red run past the allowance:
+    # the losing fleet's part)
+    "defects": ("--omit-think-end-rate", "0", "--defect-rate", "0.15", "--defect-count-mismatch-rate", "0"),
     "flaky": ("--omit-think-end-rate", "0", "--http-503-rate", "0.1", "--abort-rate", "0.1", "--fault-seed", "3"),
     "losing": ("--omit-think-end-rate", "0", "--abort-prompt-rate", "0.05"),  # some prompts aborted on every attempt
 }
