@@ -50,6 +50,8 @@ DEFAULTS = {"validation_share": 0.3, "temperature": 1.0, "review_text": False, "
 # (check_skip). NOT_DRAWN says why each remaining field is not (test_every_setting_is_drawn_or_said_why).
 SETTINGS: dict[str, tuple[Any, ...]] = {
     "prepare_part_prompts": (5, 12),  # a dataset tokenized in parts, of several sizes
+    "in_flight": (1, 4),  # a task asks one or a few at a time: the send order and the length fit decide what is next
+    "shard_tasks": (1, 8),  # (each task's concurrency is in_flight / shard_tasks)
     "tokenize_workers": (2,),
     "shard_task_limit": (1, 2),  # several shards a task
     "sampling.max_new_tokens": (40, 300),  # answers cut (the truncated/ split) or not
@@ -75,8 +77,6 @@ NOT_DRAWN = {
     "export.review_text": "DEFAULTS",
     "validation.render_check_minimum": "as its fraction",
     "validation.retokenize_minimum": "as its fraction",
-    "in_flight": "concurrency only",
-    "shard_tasks": "Airflow's pool: no task function reads it",
     "fleet_pool_slots": "Airflow's pool",
     "request_timeout_s": "no answer of these fleets comes near it",
     "priority": "sent to SGLang, which the simulator ignores",
