@@ -105,7 +105,7 @@ async def _ask(
     bad = out_of_vocab(prompt_ids, settings.vocab_size)
     if bad is not None:  # never sent: SGLang 0.5.23 does not range-check input ids, and one kills the server
         return _reject(checkpointer, progress, answer_id, Reason.PROMPT_ID_OUT_OF_VOCAB, bad)
-    in_flight = progress.metrics.in_flight.labels(progress.dataset)
+    in_flight = progress.in_flight
     in_flight.inc()
     try:
         generation = await client.generate(prompt_ids, params, answer_id, prefer)

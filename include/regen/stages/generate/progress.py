@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from regen.endpoints import redact_url
@@ -14,6 +15,18 @@ from regen.metrics import current as metrics
 from regen.sglang.client import Generation, SGLangClient
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class EndpointSeries:
+    """A shard's live series at one endpoint (regen.metrics)."""
+
+    answers: Any
+    output_tokens: Any
+    prompt_tokens: Any
+    slot_seconds: Any
+    request_seconds: Any
+    requests: dict[str, Any] = field(default_factory=dict)  # by outcome
 
 
 class Progress:
@@ -27,7 +40,10 @@ class Progress:
         self.slot_timed = 0
         self.hints = Hints()  # the task's hints (regen.hints): those that failed go into its report
         self.metrics, self.dataset = metrics(), shard.location.dataset
-        self.metrics.settled.labels(self.dataset).inc(already)
+        self.settled = self.metrics.settled.labels(self.dataset)
+        self.in_flight = self.metrics.in_flight.labels(self.dataset)
+        self.settled.inc(already)
+        self._series: dict[str, EndpointSeries] = {}
 
     def answer(self, generation: Generation) -> None:
         self.settle()
@@ -41,23 +57,38 @@ class Progress:
         if held is not None:
             self.slot_seconds += held
             self.slot_timed += 1
-        where = (self.dataset, redact_url(generation.endpoint))
-        self.metrics.answers.labels(*where).inc()
-        self.metrics.output_tokens.labels(*where).inc(output)
-        self.metrics.prompt_tokens.labels(*where).inc(prompt)
+        series = self.series(generation.endpoint)
+        series.answers.inc()
+        series.output_tokens.inc(output)
+        series.prompt_tokens.inc(prompt)
         if held is not None:
-            self.metrics.slot_seconds.labels(*where).inc(held)
+            series.slot_seconds.inc(held)
 
     def settle(self) -> None:
         """One more of the shard's answers answered or rejected."""
         self.done += 1
-        self.metrics.settled.labels(self.dataset).inc()
+        self.settled.inc()
 
     def request(self, endpoint: str, outcome: str, seconds: float) -> None:
         """One /generate attempt (SGLangClient's observer)."""
-        where = (self.dataset, redact_url(endpoint))
-        self.metrics.requests.labels(*where, outcome).inc()
-        self.metrics.request_seconds.labels(*where).inc(seconds)
+        series = self.series(endpoint)
+        if outcome not in series.requests:
+            series.requests[outcome] = self.metrics.requests.labels(self.dataset, redact_url(endpoint), outcome)
+        series.requests[outcome].inc()
+        series.request_seconds.inc(seconds)
+
+    def series(self, endpoint: str) -> EndpointSeries:
+        """The shard's series at an endpoint, looked up once: a label lookup costs more than the increment."""
+        if endpoint not in self._series:
+            m, where = self.metrics, (self.dataset, redact_url(endpoint))
+            self._series[endpoint] = EndpointSeries(
+                m.answers.labels(*where),
+                m.output_tokens.labels(*where),
+                m.prompt_tokens.labels(*where),
+                m.slot_seconds.labels(*where),
+                m.request_seconds.labels(*where),
+            )
+        return self._series[endpoint]
 
     def log_line(self, client: SGLangClient) -> None:
         elapsed = max(time.monotonic() - self.started, 1e-9)
