@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 from hypothesis import example, given
+from hypothesis import strategies as st
 
 from regen.chat import ChatRenderer
 from regen.on_policy import assistant_message, read_message
@@ -151,14 +152,14 @@ def test_answers_with_markers_spelt_in_ordinary_tokens_read_and_judged_as_sglang
     """SGLang reads a decoded answer's text, so a marker the model spelt with ordinary tokens is a marker to it: the
     project's reading and verdict must agree with that, not with the ids' specialness."""
     seen: Counter[str] = Counter()
-    markers = (*MARKERS, "</think>", "<think>")
 
     @DIFFERENTIAL
-    @given(answer())
-    def check(case: dict[str, Any]) -> None:
+    @given(answer(), st.booleans())
+    def check(case: dict[str, Any], reasoning_too: bool) -> None:
         renderer = kimi_renderers[case["thinking"]]
         roles, tools = renderer.roles, case["tools"]
         encode = renderer.tokenizer.encode
+        markers = (*MARKERS, "</think>", "<think>") if reasoning_too else MARKERS
         output_ids = [*spelt(case["text"], markers, encode), min(roles.eos_ids)]
         assert renderer.decode(output_ids[:-1], False) == case["text"]
         sglang = sglang_message(case, output_ids, kimi_oracle)
@@ -177,3 +178,4 @@ def test_answers_with_markers_spelt_in_ordinary_tokens_read_and_judged_as_sglang
     check()
     print(f"answer parity, kimi, markers spelt: {dict(sorted(seen.items()))}")
     assert seen["with calls"] + seen["without calls"] >= CASES
+    assert seen["kept"] and seen["with calls"] and seen["rejected: markup_as_text"]
