@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from regen import holdout
 from regen.holdout import held_out, source_key
 from regen.stages.prepare.normalize import Conversation, Rejection, select_prompts
 
@@ -72,3 +73,21 @@ def test_a_dataset_of_greeting_first_conversations_is_split_near_its_share() -> 
             assert len(set(found)) == 1000, (opening, turns)
             held = sum(held_out(k, 0.3) for k in found)
             assert 230 < held < 370, (opening, turns, held)  # binomial(1000, 0.3): 300 +- 5 sd
+
+
+def test_the_opening_keeps_every_message_before_the_first_answer_to_a_user() -> None:
+    two_asks = [
+        {"role": "user", "content": "a"},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "x"},
+    ]
+    assert holdout.opening(two_asks) == two_asks[:2]
+    tool_first = [{"role": "user", "content": "a"}, {"role": "tool", "content": "{}"}, {"role": "assistant"}]
+    assert holdout.opening(tool_first) == tool_first[:2]
+
+
+def test_a_digest_at_exactly_the_share_is_train() -> None:
+    """Held out below the share, read as a fraction of 2^64: a key of exactly 2^63 is not below 0.5."""
+    assert held_out("8" + "0" * 63, 0.5) is False
+    assert held_out("7" + "f" * 63, 0.5) is True
+    assert held_out("0" * 64, 0.0) is False

@@ -3,10 +3,14 @@ tokenizer says what it is, and is never widened to a tokenizer that holds more i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from regen.stages.publish.vocab_files import VocabSizes
+from regen.layout import DatasetLocation
+from regen.stages.publish.vocab_files import VocabSizes, version_vocab
+from regen.storage import LocalStorage
 from regen.vocab import dense_counts, vocab_mapping
 
 
@@ -22,3 +26,19 @@ def test_an_answer_id_outside_the_models_vocabulary_fails_the_mapping() -> None:
     counts = dense_counts([np.array([3, 3, 1_100])], size=1_200)
     with pytest.raises(ValueError, match="outside the target vocabulary of 1000"):
         vocab_mapping(counts, sizes.draft, sizes.target)
+
+
+def test_with_no_declared_or_served_size_the_tokenizer_says() -> None:
+    assert VocabSizes.of(32_000, None, [], 1_200) == VocabSizes(1_200, 1_200, "tokenizer")
+    assert VocabSizes.of(32_000, None, [None], 1_200) == VocabSizes(1_200, 1_200, "tokenizer")
+
+
+def test_the_coverage_curve_is_the_sizes_below_the_target_and_the_drafts_own(tmp_path: Path) -> None:
+    """The manifest's coverage_curve: every COVERAGE_SIZES entry smaller than the model's vocabulary, and the draft
+    vocabulary's size (one not among them), each the share of tokens that many ids hold."""
+    storage = LocalStorage(tmp_path)
+    location = DatasetLocation(storage.root_uri, "p", "d", "v1")
+    sizes = VocabSizes.of(3_000, 9_000, [], 9_000)
+    _, summary = version_vocab(storage, location, [], sizes)
+    assert list(summary["coverage_curve"]) == ["1024", "2048", "3000", "4096", "8192"]
+    assert summary["draft_vocab_size"] == 3_000 and summary["target_vocab_size"] == 9_000
