@@ -169,6 +169,9 @@ def assistant_message(
     messages (a `sections` call's id counts the calls in them)."""
     if not output_ids or output_ids[-1] not in roles.eos_ids:
         return Ended(Reason.EARLIER_TURN_UNUSABLE, "the answer does not end with an EOS id")
+    outside = next((i for i in output_ids if not 0 <= i < roles.vocab_size), None)
+    if outside is not None:  # judge_output reads ids inside the vocabulary only (validate rejects it: id_out_of_vocab)
+        return Ended(Reason.EARLIER_TURN_UNUSABLE, f"id {outside} outside the vocabulary of {roles.vocab_size}")
     phase = roles.phase_after(prompt_tail)
     names = frozenset(tool["function"]["name"] for tool in tools) or None
     verdict = judge_output(list(output_ids), roles, names, lambda ids: decode(ids, False), phase, lambda: tools)

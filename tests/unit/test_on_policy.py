@@ -353,3 +353,14 @@ def test_a_conversations_turns_go_back_to_the_server_holding_its_history(
         cached_off,
         cached_on,
     )
+
+
+def test_an_answer_with_an_id_outside_the_vocabulary_ends_its_conversation(renderer: ChatRenderer) -> None:
+    """Found by generated runs on a fleet that answers with defects: an on-policy turn whose answer held an id past
+    the vocabulary failed its generate task on every try (IndexError) instead of ending its conversation."""
+    roles = renderer.roles
+    ids = [*renderer.tokenizer.encode("Fine.", add_special_tokens=False), 2**31 + 1, min(roles.eos_ids)]
+    history = [{"role": "user", "content": "Hi"}]
+    ended = assistant_message(ids, list(roles.generation_suffix), roles, renderer.profile, renderer.decode, history, [])
+    assert isinstance(ended, Ended) and ended.reason == Reason.EARLIER_TURN_UNUSABLE
+    assert f"id {2**31 + 1} outside the vocabulary" in ended.detail
