@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 
 JOB = "eagle3_regen"
 PREFIX = "eagle3_regen_"
-GROUPING = ("run", "task", "map_index", "try")  # a try's Pushgateway group, beside job
 LAST_PUSH_S = 2.0  # a try's last push waits at most this long for a Pushgateway that does not answer
 
 _disable_created_metrics()  # a counter's `_created` twin would only double what the Pushgateway holds per try
@@ -165,7 +164,7 @@ _pusher: Pusher | None = None
 
 
 def begin_task(gateway: Pushgateway | None, grouping: Mapping[str, str]) -> TaskMetrics:
-    """A task try starts: fresh series, pushed to `gateway` (None: kept only) under `grouping` (GROUPING's labels)."""
+    """A task try starts: fresh series, pushed to `gateway` (None: kept only) under `grouping` (grouping_key)."""
     global _current, _pusher
     end_task(False)  # a try that never ended (in one process, `airflow dags test` runs every task in turn)
     _current = TaskMetrics()
