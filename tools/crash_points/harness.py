@@ -39,7 +39,7 @@ from tools.crash_points.points import (
 )
 
 S3_ATTEMPTS = 5  # botocore's, of every client of the harness
-MEET_TRIES = 3  # runs of a point whose operation was not made (a checkpoint part follows the clock) before it fails
+MEET_TRIES = 3  # runs of a point whose operation was not made before it fails (a harness that drifted: see summary)
 
 
 @dataclass

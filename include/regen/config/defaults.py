@@ -162,7 +162,9 @@ class Defaults(BaseModel):
     checkpoint_s: float = Field(
         1.0, gt=0, le=60, description="finished answers are flushed this often: a killed task redoes at most these"
     )
-    checkpoint_every: int = Field(1024, ge=1, description="or as soon as this many wait (bounds the buffer)")
+    checkpoint_every: int = Field(
+        1024, ge=1, description="or as soon as this many are in a part (bounds a part and the buffer)"
+    )
     tokenize_workers: int | None = Field(
         None,
         ge=1,

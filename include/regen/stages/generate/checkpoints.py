@@ -13,7 +13,6 @@ next try (`reopen`), which then asks them again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import tempfile
@@ -113,12 +112,15 @@ def _asked_again(found: Checkpoints, answer_id: str) -> bool:
 
 
 class Checkpointer:
-    """Finished records leave for storage as they arrive: one flusher task writes whatever is waiting as a small part
-    file every `seconds` (or sooner, once `every` records wait), off the event loop. However many requests are in
-    flight, that is one PUT a flush; a killed try loses only its requests in flight and its unflushed answers. Each
-    part ends with the try's counts so far. Every `MERGE_AFTER` parts the try's small parts are merged into one (the
-    merged part is written before the small ones are deleted), so a resume reads dozens of parts, not thousands.
-    After each part, the shard's progress (what the UI shows) is written beside the parts."""
+    """Finished records leave for storage as they arrive, in parts: a part closes once `every` records are in it, or
+    when `seconds` pass, and one flusher task writes the closed parts, off the event loop. However many requests are
+    in flight, that is one PUT a second below `every` records a second; a killed try loses only its requests in
+    flight and its unwritten records. A try of n records that arrive faster than `seconds` writes the same parts
+    however they are timed, and however long its writes take (the crash points name parts by number:
+    tools/crash_points). Each part ends with the try's counts as of its last record. Every `MERGE_AFTER` parts the
+    try's small parts are merged into one (the merged part is written before the small ones are deleted), so a
+    resume reads dozens of parts, not thousands. After each part, the shard's progress (what the UI shows) is written
+    beside the parts."""
 
     def __init__(
         self,
@@ -132,34 +134,40 @@ class Checkpointer:
         self.storage, self.shard, self.part = storage, shard, next_part
         self.try_id = next_part  # unique: part numbers only grow over a shard's tries
         self.every, self.seconds, self.outage_s = every, seconds, outage_s
-        self.pending: list[bytes] = []  # records not in storage yet: they leave only once their part is written
+        self.filling: list[bytes] = []  # the records of the part not closed yet
+        self.closed: list[tuple[list[bytes], GenerationReport]] = []  # closed parts not written yet, oldest first
+        self.counts: Callable[[], GenerationReport] | None = None
+        self.status: Callable[[int], dict[str, Any]] | None = None
         self.unmerged: list[tuple[str, bytes]] = []
         self.wake = asyncio.Event()
         self.stopping = False
         self.flushed = 0  # records (answers and rejections) this try has written to storage
 
-    def add(self, record: bytes) -> None:
-        self.pending.append(record)
-        if len(self.pending) >= self.every:
-            self.wake.set()
+    @property
+    def waiting(self) -> int:
+        """Records not in storage yet."""
+        return len(self.filling) + sum(len(records) for records, _ in self.closed)
 
-    async def run(
+    def start(
         self, counts: Callable[[], GenerationReport], status: Callable[[int], dict[str, Any]] | None = None
-    ) -> None:
-        """Flush until `stop`, then once more: the only writer, so parts never race. `status(flushed)`: the
-        progress to write after each part. Ends early only by raising CheckpointsUnwritable (the caller watches)."""
-        while not self.stopping:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.seconds)
-            self.wake.clear()
-            await self._flush(counts(), status)
-        await self._flush(counts(), status)
+    ) -> asyncio.Task[None]:
+        """The flusher, until `stop`. `counts()`: the try's counts so far, taken as a part closes (after its last
+        record was counted); `status(flushed)`: the progress to write after each part. It is the only writer, so
+        parts never race, and it ends early only by raising CheckpointsUnwritable (the caller watches)."""
+        self.counts, self.status = counts, status
+        return asyncio.create_task(self._run())
+
+    def add(self, record: bytes) -> None:
+        self.filling.append(record)
+        if len(self.filling) >= self.every:
+            self._close()
+            self.wake.set()
 
     def stop(self) -> None:
         self.stopping = True
         self.wake.set()
 
-    async def finish(self, flusher: asyncio.Task[None], counts: Callable[[], GenerationReport]) -> None:
+    async def finish(self, flusher: asyncio.Task[None]) -> None:
         """Stops the flusher and waits for its last part. A flusher that failed is tried once more on the way out
         (storage may be back); what still cannot be written is named, and a retry of the task asks for it again."""
         self.stop()
@@ -168,41 +176,60 @@ class Checkpointer:
         except CheckpointsUnwritable as e:
             log.warning("%s: %s; writing the answers waiting once more before the task fails", self.shard.name, e)
             try:
-                await self._flush(counts())
+                await self._flush()
             except CheckpointsUnwritable:
                 log.error(
                     "%s: %d answers and rejections could not be checkpointed; a retry of this task asks for them "
                     "again (every one that was checkpointed is kept)",
                     self.shard.name,
-                    len(self.pending),
+                    self.waiting,
                 )
             raise
 
-    async def _flush(self, counts: GenerationReport, status: Callable[[int], dict[str, Any]] | None = None) -> None:
-        """The records waiting, as one part. They stay waiting until the part is written: a failed write is retried
-        (the same key and bytes: harmless if an unanswered try landed), and after `outage_s` raises with them kept."""
-        if not self.pending:
-            return
-        taken = len(self.pending)  # records added while this part is written wait for the next one
-        trailer = msgspec.json.encode({"try": self.try_id, "generation": dataclasses.asdict(counts)})
-        body = b"".join(line + b"\n" for line in [*self.pending[:taken], trailer])
-        key = self._next_key()
-        await self._write(key, body)
-        del self.pending[:taken]
-        self.flushed += taken
-        self.unmerged.append((key, body))
-        if len(self.unmerged) >= MERGE_AFTER:
-            merged, self.unmerged = self.unmerged, []
-            try:  # the small parts hold the same records: a merge that fails leaves them to be read as they are
-                await asyncio.to_thread(self._merge, self._next_key(), merged)
-            except Exception as e:
-                log.warning("%s: merging %d parts failed (%s); they stay as they are", self.shard.name, len(merged), e)
-        if status is not None:  # after the part: `done` never counts an answer that is not in storage
-            progress = msgspec.json.encode(status(self.flushed))
-            try:  # what the UI shows: never worth failing the task for
-                await asyncio.to_thread(self.storage.put_bytes, self.shard.keys.progress, progress)
-            except Exception as e:
-                log.warning("%s: progress not written (%s)", self.shard.name, e)
+    async def _run(self) -> None:
+        while not self.stopping:
+            try:
+                await asyncio.wait_for(self.wake.wait(), self.seconds)
+            except TimeoutError:
+                self._close()  # the interval: what finished in it leaves now, however few
+            self.wake.clear()
+            await self._write_closed()
+        await self._flush()
+
+    async def _flush(self) -> None:
+        self._close()
+        await self._write_closed()
+
+    def _close(self) -> None:
+        if self.filling:
+            assert self.counts is not None, "start() binds the counts before records arrive"
+            self.closed.append((self.filling, self.counts()))
+            self.filling = []
+
+    async def _write_closed(self) -> None:
+        """The closed parts, oldest first. A part stays waiting until it is written: a failed write is retried (the
+        same key and bytes: harmless if an unanswered try landed), and after `outage_s` raises with it kept."""
+        while self.closed:
+            records, counts = self.closed[0]
+            trailer = msgspec.json.encode({"try": self.try_id, "generation": dataclasses.asdict(counts)})
+            body = b"".join(line + b"\n" for line in [*records, trailer])
+            key = self._next_key()
+            await self._write(key, body)
+            del self.closed[0]
+            self.flushed += len(records)
+            self.unmerged.append((key, body))
+            if len(self.unmerged) >= MERGE_AFTER:
+                merged, self.unmerged = self.unmerged, []
+                try:  # the small parts hold the same records: a merge that fails leaves them to be read as they are
+                    await asyncio.to_thread(self._merge, self._next_key(), merged)
+                except Exception as e:
+                    log.warning("%s: merging %d parts failed (%s); they stay", self.shard.name, len(merged), e)
+            if self.status is not None:  # after the part: `done` never counts an answer that is not in storage
+                progress = msgspec.json.encode(self.status(self.flushed))
+                try:  # what the UI shows: never worth failing the task for
+                    await asyncio.to_thread(self.storage.put_bytes, self.shard.keys.progress, progress)
+                except Exception as e:
+                    log.warning("%s: progress not written (%s)", self.shard.name, e)
 
     async def _write(self, key: str, body: bytes) -> None:
         """One part, retried with backoff for at most `outage_s` in all, each try cut off at what is left of it (a
@@ -222,7 +249,7 @@ class Checkpointer:
         except Exception as e:
             raise CheckpointsUnwritable(
                 f"storage took no checkpoint for {self.outage_s:g} s ({self.storage.uri(key)}: "
-                f"{type(e).__name__}: {e}); {len(self.pending)} answers and rejections wait in memory"
+                f"{type(e).__name__}: {e}); {self.waiting} answers and rejections wait in memory"
             ) from e
 
     def _log_retry(self, state: RetryCallState) -> None:

@@ -122,8 +122,8 @@ async def _ask(
     answer = raw_answer(answer_id, generation)
     if keep:
         answer = msgspec.structs.replace(answer, prompt_ids=prompt_ids)
+    progress.answer(generation)  # counted first: a part that this record closes carries counts that include it
     checkpointer.add(encode_answer(answer))
-    progress.answer(generation)
     return answer
 
 
@@ -171,8 +171,8 @@ def _reject(
     endpoint: str | None = None,
     ended_by: dict[str, str] | None = None,
 ) -> Reason:
-    checkpointer.add(rejection_line(answer_id, reason, detail, endpoint and redact_url(endpoint), ended_by))
     progress.settle()
+    checkpointer.add(rejection_line(answer_id, reason, detail, endpoint and redact_url(endpoint), ended_by))
     return reason
 
 
@@ -223,6 +223,9 @@ async def _generate_missing(
             settings.priority,
             observe=progress.request,
         )
+        flusher = checkpointer.start(
+            lambda: progress.report(client), lambda flushed: progress.status(client, len(workers), flushed)
+        )
         queue = iter(todo)  # shared by the workers: each sample is taken exactly once
         work = (
             conversations.worker(
@@ -237,11 +240,6 @@ async def _generate_missing(
         )
         workers = [asyncio.create_task(w) for w in work]
         ticker = asyncio.create_task(_ticker(progress, client, settings.progress_s))
-        flusher = asyncio.create_task(
-            checkpointer.run(
-                lambda: progress.report(client), lambda flushed: progress.status(client, len(workers), flushed)
-            )
-        )
         try:
             await _answer_all(workers, flusher)
         except TransientError as e:
@@ -254,7 +252,7 @@ async def _generate_missing(
                 task.cancel()
             await asyncio.gather(*workers, ticker, return_exceptions=True)
             await pool.close()
-            await checkpointer.finish(flusher, lambda: progress.report(client))  # the last answers, final counts
+            await checkpointer.finish(flusher)  # the last answers, with the final counts
             progress.log_line(client)
         return progress.report(client)
 

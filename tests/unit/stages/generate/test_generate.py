@@ -30,8 +30,7 @@ def test_rerun_after_a_crash_requests_only_the_missing_samples(
         with pytest.raises(SystemExit):
             run_generate(shard, storage, settings)
     parts = [k for k in storage.list_keys(location.shard(0).checkpoints) if "/part-" in k]
-    # Flushed as they finished, not at the end: a first part once 5 answers waited, whatever the machine's load
-    # (the answers that come while a part is written go into the next, so how many parts there are varies).
+    # Flushed as they finished, not at the end: a part once 5 answers were in it, whatever the machine's load.
     assert len(parts) >= 2
     assert not storage.exists(shard.keys.raw)
 
@@ -84,7 +83,7 @@ def test_answers_are_flushed_within_the_interval_even_when_no_more_arrive(tmp_pa
 
     async def scenario() -> tuple[list[str], list[str]]:
         checkpointer = Checkpointer(storage, shard, next_part=7, every=1000, seconds=0.02)
-        flusher = asyncio.create_task(checkpointer.run(lambda: counts))
+        flusher = checkpointer.start(lambda: counts)
         checkpointer.add(b'{"id": "a", "output_ids": [1]}')
         for _ in range(1000):  # nothing else arrives (1000 records would wake it): only the interval flushes it
             if checkpointer.flushed:
@@ -106,6 +105,53 @@ def test_answers_are_flushed_within_the_interval_even_when_no_more_arrive(tmp_pa
     found = load_checkpoints(storage, shard)
     assert set(found.answers) == {"a", *(f"s{n}" for n in range(MERGE_AFTER + 3))}
     assert found.tries == {7: counts} and found.next_part > 7 + MERGE_AFTER
+
+
+def test_parts_are_whole_parts_of_every_records_however_answers_and_writes_are_timed(tmp_path: Path) -> None:
+    """Answers that arrive in bursts while a slow write is under way, or one at a time: the same parts (the crash
+    points name a try's parts by their number, so a replay must write the ones the traced run wrote)."""
+    import asyncio
+    import random
+    import time
+
+    from regen.layout import DatasetLocation
+    from regen.manifest import GenerationReport, ShardManifest
+    from regen.stages.generate.checkpoints import Checkpointer
+    from regen.storage import LocalStorage
+
+    class SlowStorage(LocalStorage):
+        def put_bytes(self, key: str, data: bytes) -> None:
+            time.sleep(delays.uniform(0, 0.03))
+            super().put_bytes(key, data)
+
+    counts = GenerationReport(time.time(), time.time(), requests=1, answered=1, request_seconds=0.1, output_tokens=5)
+
+    def parts(seed: int) -> list[list[str]]:
+        root = tmp_path / str(seed)
+        storage = SlowStorage(root)
+        shard = ShardManifest(DatasetLocation(str(root), "p", "d", "v1"), 0, "", "", 100)
+        arrivals = random.Random(seed)
+
+        async def scenario() -> None:
+            checkpointer = Checkpointer(storage, shard, next_part=0, every=3, seconds=60)
+            flusher = checkpointer.start(lambda: counts)
+            for n in range(11):
+                checkpointer.add(answer_line(f"s{n}"))
+                await asyncio.sleep(arrivals.choice([0, 0, 0.001, 0.02]))
+            checkpointer.stop()
+            await flusher
+
+        asyncio.run(scenario())
+        found = []
+        for key in storage.list_keys("p/d/v1/raw/shard-00000/"):
+            if key.endswith(".jsonl"):
+                lines = [json.loads(line) for line in storage.get_bytes(key).splitlines()]
+                found.append([line["id"] for line in lines if "id" in line])
+        return found
+
+    delays = random.Random(0)
+    expected = [["s0", "s1", "s2"], ["s3", "s4", "s5"], ["s6", "s7", "s8"], ["s9", "s10"]]
+    assert [parts(seed) for seed in range(6)] == [expected] * 6
 
 
 def answer_line(sample_id: str) -> bytes:
