@@ -235,6 +235,26 @@ def test_heavy_tailed_answer_lengths_are_lognormal_reproducible_and_bounded(rend
     assert [len(tailed.answer(p).ids) for p in prompts[:20]] == [len(tailed.answer(p).ids) for p in prompts[:20]]
 
 
+def test_a_hinted_answer_length_is_the_one_its_last_user_turn_spells(renderer: ChatRenderer) -> None:
+    """`--length-hint`: a benchmark's on-policy turn gets the length its own prompt asks for, whatever the earlier
+    turns (and their hints) in the conversation; a prompt without one, the lognormal's."""
+    from regen.simulator.model import ModelBehaviour, SimulatedModel
+
+    model = SimulatedModel(renderer.profile, ModelBehaviour(min_tokens=8, max_tokens=3000, length_hint=True))
+    first = [{"role": "user", "content": "Question one. [[answer 400 tokens]]"}]
+    later = [
+        *first,
+        {"role": "assistant", "content": "An answer."},
+        {"role": "user", "content": "[[answer 60 tokens]]"},
+    ]
+    for messages, length in ((first, 400), (later, 60)):
+        ids = model.answer(renderer.render_ids(messages, None)).ids
+        assert len(ids) == length + 2  # reasoning and answer, half each, then the reasoning's end and EOS
+    plain = renderer.render_ids([{"role": "user", "content": "No hint."}], None)
+    unhinted = SimulatedModel(renderer.profile, ModelBehaviour(min_tokens=8, max_tokens=3000))
+    assert model.answer(plain).ids == unhinted.answer(plain).ids
+
+
 def test_a_prompt_the_fleet_aborts_is_aborted_on_every_attempt_and_is_not_a_hanging_one() -> None:
     from regen.simulator.faults import FaultModel
 

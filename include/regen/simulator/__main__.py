@@ -43,6 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "up to 16,000 tokens); default: each part uniform between them",
     )
     parser.add_argument("--length-sigma", type=float, default=1.0, help="the lognormal's sigma (with --length-median)")
+    parser.add_argument(
+        "--length-hint",
+        action="store_true",
+        help="an answer's whole length is the last '[[answer N tokens]]' at its prompt's end (a benchmark's on-policy "
+        "turns); a prompt with none: as without",
+    )
     parser.add_argument("--tool-call-rate", type=float, default=0.5)
     parser.add_argument("--omit-think-end-rate", type=float, default=0.0)
     parser.add_argument("--prefill-us-per-token", type=float, default=0.0)

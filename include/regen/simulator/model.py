@@ -31,6 +31,8 @@ TOOL_OBJECT = re.compile(r'\{\s*"(?:type|function)"\s*:')  # where a JSON tool d
 TS_FUNCTION = re.compile(r"^type ([A-Za-z_][\w.-]*) = \(")
 TS_PARAMETER = re.compile(r"^\s*([A-Za-z_]\w*)\??:\s*(.*?)[,;]?\s*$")
 ALWAYS = -1  # defect_at of a defect that shows whatever the cut
+LENGTH_HINT = re.compile(r"\[\[answer (\d+) tokens\]\]")  # with `length_hint`: the whole answer's length
+HINT_TAIL = 96  # the prompt's last tokens, where its last user message's hint is (before the generation prompt)
 # Tool defects validation sees when the call ends (its arguments parsed, its name looked up).
 CALL_END_KINDS = frozenset(
     {"tool_call_bad_arguments", "tool_call_undeclared", "tool_call_without_tools", "tool_call_malformed"}
@@ -46,6 +48,9 @@ class ModelBehaviour:
     # it evenly) lognormal around this median, within the parts' bounds. None: each part uniform in them.
     length_median: int | None = None
     length_sigma: float = 1.0
+    # A benchmark's on-policy turns: a later turn's prompt holds the answers before it, which no benchmark can
+    # foresee, so the length a turn is to get is spelt in its own prompt (LENGTH_HINT, in its last user message).
+    length_hint: bool = False
     tool_call_rate: float = 0.5  # among prompts that declare tools
     omit_think_end_rate: float = 0.0  # the known Kimi quirk: no </think> before a tool-call section
     defects: DefectModel = field(default_factory=DefectModel)
@@ -141,9 +146,13 @@ class SimulatedModel:
         """With `length_median`: each prose part's length, from a stream of its own (the same prompt and seed, the
         same length)."""
         b = self.behaviour
-        if b.length_median is None:
+        hinted = LENGTH_HINT.findall(self.tokenizer.decode(prompt_ids[-HINT_TAIL:])) if b.length_hint else []
+        if hinted:
+            total = float(hinted[-1])
+        elif b.length_median is None:
             return None
-        total = b.length_median * math.exp(b.length_sigma * self._rng(prompt_ids, seed, "length").gauss(0.0, 1.0))
+        else:
+            total = b.length_median * math.exp(b.length_sigma * self._rng(prompt_ids, seed, "length").gauss(0.0, 1.0))
         return max(b.min_tokens, min(b.max_tokens, round(total / (2 if thinking else 1))))
 
     def _plant(
