@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
-from regen.samples import sample_of, seed_of, turn_id
+from regen.samples import sample_of, seed_of, turn_id, turn_of
 from regen.storage import Storage, read_table
 
 REPLACEMENT = "\ufffd"  # what a detokenizer writes for an unfinished UTF-8 character
@@ -111,6 +111,7 @@ class ShardPrompts:
         self._expected = table.column("expected_tokens").to_pylist() if "expected_tokens" in names else []
         self._source_key = table.column("source_key").to_pylist() if "source_key" in names else []
         self._reference = table.column("reference_tokens").to_pylist() if "reference_tokens" in names else []
+        self._turn_tokens = table.column("turn_tokens").to_pylist() if "turn_tokens" in names else []
 
     @property
     def on_policy(self) -> bool:
@@ -134,8 +135,17 @@ class ShardPrompts:
         return self.prompt_ids(answer.id)
 
     def expected_tokens(self, answer_id: str) -> int | None:
-        """The answer length prepare expected (the last version's, or the reference's); None: not known."""
-        return self._expected[self.row(answer_id)] if self._expected else None
+        """The answer length prepare expected (the last version's, or the reference's); None: not known. Of an
+        on-policy conversation (its sample id), its turns' together; of one of its turns, that turn's reference."""
+        if answer_id not in self.row_of:
+            return self.turn_tokens(answer_id)
+        return self._expected[self.row_of[answer_id]] if self._expected else None
+
+    def turn_tokens(self, answer_id: str) -> int | None:
+        """An on-policy turn's reference answer length in the target's tokens, as prepare counted it; None: none."""
+        turns = self._turn_tokens[self.row(answer_id)] if self._turn_tokens else None
+        turn = turn_of(answer_id)
+        return turns[turn - 1] if turns and turn is not None and 0 < turn <= len(turns) else None
 
     def reference_tokens(self, answer_id: str) -> int | None:
         """The row's reference answer, in the target's tokens (prepare counted it for a first version); None: none."""
@@ -201,7 +211,15 @@ def longest_first_order(expected: Sequence[int | None]) -> list[int]:
 
 
 # absent from prompts prepared before they existed
-OPTIONAL_COLUMNS = ("temperature", "sampling_seed", "later", "expected_tokens", "source_key", "reference_tokens")
+OPTIONAL_COLUMNS = (
+    "temperature",
+    "sampling_seed",
+    "later",
+    "expected_tokens",
+    "source_key",
+    "reference_tokens",
+    "turn_tokens",
+)
 
 
 def read_prompts(storage: Storage, key: str, columns: list[str], sides: bool = False) -> ShardPrompts:

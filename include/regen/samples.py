@@ -46,6 +46,12 @@ def turn_id(sample_id: str, turn: int) -> str:
     return f"{sample_id}{TURN}{turn}"
 
 
+def turn_of(answer_id: str) -> int | None:
+    """An on-policy turn's number (from 1), or None for any other answer id."""
+    _, sep, turn = answer_id.rpartition(TURN)
+    return int(turn) if sep and turn.isdigit() else None
+
+
 def sample_of(answer_id: str) -> str:
     """The sample (prompts/ row) an answer id belongs to: itself, or the conversation of an on-policy turn."""
     sample, sep, turn = answer_id.rpartition(TURN)

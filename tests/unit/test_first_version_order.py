@@ -110,6 +110,63 @@ def test_a_first_version_deals_its_longest_references_into_the_first_shards(
     assert plain["reference_tokens"].null_count == plain.num_rows  # longest first off: nothing counted
 
 
+@pytest.mark.parametrize("part_prompts", [None, 3])
+def test_on_policy_conversations_count_each_turns_reference_and_deal_the_longest_chain_first(
+    tmp_path: Path, renderer: ChatRenderer, part_prompts: int | None
+) -> None:
+    """A conversation's turns wait on one another: its work is its turns' answers together. Prepared in one task or
+    in parts, each turn's reference is counted, the row's is their sum, the longest chains go to the first shards (of
+    each part), and a turn's expected length (what the run report ranks against its answer) is its own reference's."""
+    from regen.records import ShardPrompts
+    from regen.samples import turn_id
+
+    def turn(i: int, k: int) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": f"Conversation {i}, question {k}."},
+                {"role": "assistant", "content": " ".join(["step"] * ((i * 7 + k * 13) % 40 + 1))}]  # fmt: skip
+
+    rows = [{"messages": [m for k in range(1 + i % 4) for m in turn(i, k)]} for i in range(12)]
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    storage = LocalStorage(tmp_path / "root")
+    location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "d", "v1")
+    config = DatasetConfig(format="openai_messages", paths=[str(source)], turns="on_policy")
+    settings = PrepareSettings(4, workers=1, by_length=True, part_prompts=part_prompts)
+    prepared = pipeline_prepared(config, location, storage, renderer, settings)
+    tables = [pq.read_table(tmp_path / "root" / s.prompts_key) for s in prepared]
+    for table in tables:
+        for row in table.to_pylist():
+            conversation = rows[row["source_index"]]["messages"]
+            answers = [m["content"] for m in conversation[1:] if m["role"] == "assistant"]
+            assert row["turn_tokens"] == [len(renderer.tokenizer.encode(a, add_special_tokens=False)) for a in answers]
+            assert row["reference_tokens"] == row["expected_tokens"] == sum(row["turn_tokens"])
+            prompts = ShardPrompts(table)
+            for k, tokens in enumerate(row["turn_tokens"], 1):
+                assert prompts.expected_tokens(turn_id(row["id"], k)) == tokens
+    dealt = [t["expected_tokens"].to_pylist() for t in tables]
+    assert sum(map(len, dealt)) == len(rows)
+    if part_prompts is None:
+        for earlier, later in itertools.pairwise(dealt):
+            assert min(earlier) >= max(later)
+
+
+def pipeline_prepared(
+    config: DatasetConfig,
+    location: DatasetLocation,
+    storage: LocalStorage,
+    renderer: ChatRenderer,
+    settings: PrepareSettings,
+) -> list[Any]:
+    """The shards of a dataset prepared in one task, or in parts (each part tokenized, then the parts finished)."""
+    from regen.stages.prepare.parts import PreparedParts, finish_parts, prepare_part
+
+    prepared = run_prepare(config, location, storage, renderer, settings)
+    if isinstance(prepared, PreparedParts):
+        for part in range(prepared.parts):
+            prepare_part(config, location, storage, renderer, part, workers=1)
+        prepared = finish_parts(config, location, storage)
+    return list(prepared.shards)
+
+
 @pytest.fixture
 def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Rows with reference answers of many lengths, under the mini profile and a second one declared like it (another
@@ -161,6 +218,37 @@ def test_the_first_version_is_ordered_by_its_references_and_the_report_ranks_the
     pairs = [(expected[i], n) for i, n in answers.items() if expected.get(i) is not None]
     assert prediction["predictor"] == "reference_answers" and prediction["predicted"] == len(pairs) > 10
     ranks = pd.DataFrame(pairs).rank()  # Spearman: Pearson's r of the ranks (ties averaged), computed apart
+    assert prediction["spearman"] == pytest.approx(float(np.corrcoef(ranks[0], ranks[1])[0, 1]), abs=1e-4)
+
+
+def test_an_on_policy_first_version_is_ranked_turn_by_turn_against_each_turns_reference(
+    deployment: Path, simulator: Simulator
+) -> None:
+    from regen.samples import sample_of, turn_of
+
+    rows = [
+        {"messages": [m for k in range(1 + i % 3) for m in (
+            {"role": "user", "content": f"Chat {i}, question {k}?"},
+            {"role": "assistant", "content": " ".join(["word"] * ((i * 11 + k * 29) % 50 + 1))},
+        )]}
+        for i in range(12)
+    ]  # fmt: skip
+    (deployment / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = yaml.safe_load((deployment / "regen.yaml").read_text())
+    config["datasets"] = {"chats": {"format": "openai_messages", "paths": ["chats.jsonl"], "turns": "on_policy"}}
+    (deployment / "regen.yaml").write_text(yaml.safe_dump(config))
+    [published] = run_stages("v1", simulator)["datasets"]
+    prediction = published["length_prediction"]
+    manifest = json.loads(Path(published["manifest"]).read_text())
+    turn_tokens: dict[str, list[int]] = {}
+    for shard in manifest["shards"]:
+        table = pq.read_table(Path(manifest["root"]) / shard["prompts"], columns=["id", "turn_tokens"])
+        turn_tokens |= dict(zip(table["id"].to_pylist(), table["turn_tokens"].to_pylist(), strict=True))
+    _, answers = prompts_and_answers(published["manifest"])
+    pairs = [(turn_tokens[sample_of(i)][turn_of(i) - 1], n) for i, n in answers.items()]  # type: ignore[operator]
+    assert len(answers) == sum(1 + i % 3 for i in range(12))  # every turn answered, each ranked against its own
+    assert prediction["predictor"] == "reference_answers" and prediction["predicted"] == len(pairs)
+    ranks = pd.DataFrame(pairs).rank()
     assert prediction["spearman"] == pytest.approx(float(np.corrcoef(ranks[0], ranks[1])[0, 1]), abs=1e-4)
 
 

@@ -133,9 +133,10 @@ class Defaults(BaseModel):
     longest_first: bool = Field(
         True,
         description="send each shard's prompts longest expected answer first, the lengths taken from the dataset's "
-        "last published version (a first version keeps the source order): a shard task's last minutes then hold "
-        "short answers, not the few longest with most of its share of in_flight idle (docs/scaling.md). Only the "
-        "order of the requests changes, never the data",
+        "last published version, else from the rows' reference answers (on-policy: the longest chain of a "
+        "conversation's turns first): a shard task's last minutes then hold short answers, not the few longest "
+        "with most of its share of in_flight idle (docs/scaling.md). Only the order of the requests changes, never "
+        "the data",
     )
     sample_timeouts: int = Field(
         2,

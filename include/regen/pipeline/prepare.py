@@ -59,11 +59,12 @@ def prepare_dataset(
             return {"dataset": dataset, "unchanged_since": latest}
         inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
     hints = Hints()  # for the run report: an ordering hint that could not be used
-    uses_lengths = run.longest_first and source.turns != "on_policy"  # an on-policy answer is a turn
+    # An on-policy answer is a turn, its length no sample's: on-policy goes by its turns' reference answers alone.
+    uses_lengths = run.longest_first and source.turns != "on_policy"
     if uses_lengths and latest is None and inputs:  # a first version here: another model's answers, if any
         latest = hints.use(LAST_LENGTHS, None, latest_of_another_profile, at.storage, location.profile, dataset)
     if inputs:  # what its send order is predicted from, for the run report (not an input: the digest stands)
-        inputs = {**inputs, "lengths_from": lengths_from(latest, uses_lengths)}
+        inputs = {**inputs, "lengths_from": lengths_from(latest if uses_lengths else None, run.longest_first)}
     with contextlib.ExitStack() as held:
         storage = held.enter_context(at.writing(location))  # VersionBusy before anything is read for the order
         expected = held.enter_context(_last_lengths(storage, latest, location, hints)) if uses_lengths else {}
@@ -83,7 +84,7 @@ def prepare_dataset(
                 part_prompts=run.prepare_part_prompts,
                 decontamination=cleaning,
                 expected_tokens=expected,
-                by_length=uses_lengths,
+                by_length=run.longest_first,
             ),
         )
     warnings = hints.warnings(dataset)

@@ -104,7 +104,7 @@ def run_validate(
         raise ValueError(f"{shard.name} has no raw answers yet: run generate first")
     checks_render = bool(settings.render_check_fraction or settings.render_check_minimum)
     columns_read = ["id", "prompt_ids", "tools", *(["messages"] if checks_render else [])]
-    stored = read_table(storage, shard.prompts_key, columns_read, optional=("expected_tokens",))
+    stored = read_table(storage, shard.prompts_key, columns_read, optional=("expected_tokens", "turn_tokens"))
     if checks_render:
         check_render_drift(stored, renderer, settings.render_check_fraction, settings.render_check_minimum)
     prompts = ShardPrompts(stored)

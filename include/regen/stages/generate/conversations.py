@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -108,8 +107,20 @@ class Conversations:
                 reject(answer_id, ended.reason, f"turn {turn}: {ended.detail}", ended_by=ended_by)
 
 
-def longest_first(todo: list[str]) -> list[str]:
-    """The conversations with unfinished turns, those with the most such turns first: the shard's last requests are
-    then the short conversations', and the fleet stays full until its end."""
-    remaining = Counter(sample_of(answer_id) for answer_id in todo)
-    return sorted(remaining, key=lambda sample_id: -remaining[sample_id])
+def longest_first(todo: list[str], turn_tokens: Callable[[str], int | None] = lambda _: None) -> list[str]:
+    """The conversations with unfinished turns (`todo`: those turns), the longest chain of them first: the sum of
+    their answers' predicted lengths (`turn_tokens`: a turn's reference answer; one with none counts as the median
+    turn's), then the most such turns. A conversation's turns wait on one another, so a long chain started late is
+    the shard's tail alone; started first, the short ones fill the fleet around it to the end."""
+    remaining: dict[str, list[str]] = {}
+    for answer_id in todo:
+        remaining.setdefault(sample_of(answer_id), []).append(answer_id)
+    predicted = {answer_id: turn_tokens(answer_id) for answer_id in todo}
+    known = sorted(n for n in predicted.values() if n is not None)
+    median = known[len(known) // 2] if known else 0
+
+    def work(sample_id: str) -> tuple[int, int]:
+        turns = remaining[sample_id]
+        return sum(median if (n := predicted[t]) is None else n for t in turns), len(turns)
+
+    return sorted(remaining, key=work, reverse=True)

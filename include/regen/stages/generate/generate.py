@@ -306,7 +306,7 @@ def run_generate(
         if prompts.on_policy:
             assert renderer is not None
             conversations = Conversations(prompts, renderer, done, affinity=settings.endpoint_affinity)
-            todo = conversation_order(todo, progress.hints)  # the most turns first: a hint
+            todo = conversation_order(prompts, todo, progress.hints)  # the longest chain first: a hint
         longest = settings.sampling_params.get("max_new_tokens")  # no answer is longer, nor any prediction
         order = LengthOrder(prompts, todo, progress.hints, longest) if conversations is None else todo  # a hint
         try:

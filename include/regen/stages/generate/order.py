@@ -76,10 +76,10 @@ class LengthOrder:
             self.pending = [self.pending[i] for i in order][::-1]
 
 
-def conversation_order(todo: list[str], hints: Hints) -> list[str]:
-    """An on-policy shard's conversations with unfinished turns (`todo`: their turns), those with the most such
-    turns first (conversations.longest_first, a hint); else in the shard's order."""
-    return hints.use(SEND_ORDER, list(dict.fromkeys(map(sample_of, todo))), longest_first, todo)
+def conversation_order(prompts: ShardPrompts, todo: list[str], hints: Hints) -> list[str]:
+    """An on-policy shard's conversations with unfinished turns (`todo`: their turns), the longest chain of
+    predicted answers first (conversations.longest_first, a hint); else in the shard's order."""
+    return hints.use(SEND_ORDER, list(dict.fromkeys(map(sample_of, todo))), longest_first, todo, prompts.turn_tokens)
 
 
 def _features(prompts: ShardPrompts, sample_id: str) -> tuple[float, float | None]:

@@ -28,7 +28,7 @@ from regen.manifest import PreparedDataset, ShardManifest, StageStats
 from regen.on_policy import dataset_turns
 from regen.rejections import RejectionWriter
 from regen.scratch import scratch_folder
-from regen.stages.prepare.normalize import Conversation
+from regen.stages.prepare.normalize import Conversation, reference_text
 from regen.stages.prepare.reader import Origin, Tally, decontamination_record
 from regen.stages.prepare.settings import PrepareSettings
 from regen.stages.prepare.shards import PROMPT_FIELDS, PROMPT_SCHEMA, ShardWriter, record_prepared
@@ -114,10 +114,11 @@ def prompt_row(
     conversation: Conversation,
     on_policy: bool,
     expected_tokens: Mapping[str, int] | None = None,
-    reference_tokens: int | None = None,
+    references: References | None = None,
 ) -> dict[str, Any]:
     """A prompt as a part holds it (PART_SCHEMA), before it is tokenized. `expected_tokens`: its samples' answer
-    lengths in the last version; `reference_tokens`: its reference answer's length (ShardWriter)."""
+    lengths in the last version; `references`: its reference answers' lengths (ShardWriter)."""
+    references = references or References()
     return {
         "sample_id": conversation.sample_id,
         "source_index": origin.index,
@@ -130,15 +131,33 @@ def prompt_row(
         "later": json.dumps(conversation.later, ensure_ascii=False) if on_policy else None,
         "answers": len(dataset_turns(conversation.later)) if on_policy else 1,
         "expected_tokens": json.dumps(expected_tokens) if expected_tokens else None,
-        "reference_tokens": reference_tokens,
+        "reference_tokens": references.tokens,
+        "turn_tokens": references.turns,
     }
 
 
-def reference_tokens(renderer: ChatRenderer, shards: ShardWriter, conversation: Conversation) -> int | None:
-    """The length of a prompt's reference answer in the target's tokens, where it orders a sample (ShardWriter)."""
-    if conversation.reference is None or not shards.needs_reference(conversation.sample_id):
-        return None
-    return len(renderer.tokenizer.encode(conversation.reference, add_special_tokens=False))
+@dataclass(frozen=True)
+class References:
+    """A prompt's reference answer length in the target's tokens (None: none); of an on-policy conversation, each
+    turn's (`turns`) and their sum, the chain of answers its turns wait on one after another."""
+
+    tokens: int | None = None
+    turns: list[int | None] | None = None
+
+
+def references_of(renderer: ChatRenderer, shards: ShardWriter, conversation: Conversation) -> References:
+    """A prompt's reference lengths, where they order its samples (ShardWriter); none where they do not."""
+    if not shards.needs_reference(conversation.sample_id):
+        return References()
+
+    def tokens(text: str | None) -> int | None:
+        return None if text is None else len(renderer.tokenizer.encode(text, add_special_tokens=False))
+
+    if not shards.on_policy:
+        return References(tokens(conversation.reference))
+    turns = [tokens(reference_text(turn.recorded)) for turn in dataset_turns(conversation.later)]
+    known = [n for n in turns if n is not None]
+    return References(sum(known) if known else None, turns)
 
 
 def part_expected_tokens(path: Path) -> dict[str, int]:

@@ -51,7 +51,7 @@ from regen.stages.prepare.parts import (
     part_rows,
     prepare_part,
     prompt_row,
-    reference_tokens,
+    references_of,
     tokenize_part,
 )
 from regen.stages.prepare.reader import Origin, SeenIds, Tally, candidates, decontamination_record, reject
@@ -93,8 +93,8 @@ def _prepare_whole(
         for origin, result in rendered:
             tally.count(origin, result)
             if isinstance(result, Rendered):
-                reference = reference_tokens(renderer, shards, result.conversation)
-                row = prompt_row(origin, result.conversation, shards.on_policy, reference_tokens=reference)
+                references = references_of(renderer, shards, result.conversation)
+                row = prompt_row(origin, result.conversation, shards.on_policy, references=references)
                 shards.add(row, result.prompt_ids)
             else:
                 reject(rejections, origin, result)
@@ -152,8 +152,8 @@ def run_prepare(
                         reject(rejections, origin, outcome)
                     else:
                         known = shards.expected_of(outcome.sample_id)
-                        reference = reference_tokens(renderer, shards, outcome)
-                        spool.add(prompt_row(origin, outcome, on_policy, known, reference))
+                        references = references_of(renderer, shards, outcome)
+                        spool.add(prompt_row(origin, outcome, on_policy, known, references))
         spool.close()
         if len(spool.counts) > 1:  # left in parts, for prepare_part tasks to share
             return leave_in_parts(spool, shards_per_part, tally, rejections, renderer, settings)

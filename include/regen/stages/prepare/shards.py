@@ -37,27 +37,40 @@ PROMPT_SCHEMA = pa.schema(
         # short ones.
         ("expected_tokens", pa.int32()),
         ("reference_tokens", pa.int32()),  # the row's own answer at the cut, in the target's tokens; null: none
+        # on-policy: each turn's recorded answer, in the target's tokens (null: none), where they order the shards;
+        # the row's reference_tokens is then their sum, the chain of answers the conversation waits on
+        ("turn_tokens", pa.list_(pa.int32())),
     ]
 )
 
 
 # A prompt's, the same in each of its samples' rows.
-PROMPT_FIELDS = ("source_index", "source", "messages", "tools", "source_key", "meta", "later", "reference_tokens")
+PROMPT_FIELDS = (
+    "source_index",
+    "source",
+    "messages",
+    "tools",
+    "source_key",
+    "meta",
+    "later",
+    "reference_tokens",
+    "turn_tokens",
+)
 
 
 class ShardWriter:
     """Tokenized prompts -> shards of `shard_size` rows, numbered from `first_shard`, written as they fill.
 
     `expected_tokens`: each sample's answer length in the dataset's last version, by sample id; a sample it does not
-    know takes its prompt's reference length (`reference_tokens`, the dataset's own answer). With `by_length`, the
-    rows wait for the end (`flush`) and are dealt into shards longest first: the first shards hold the longest
-    answers and the last ones the shortest, so the run's last minutes are short answers, not the few longest with
-    most of the fleet idle. Generate then sends each shard's longest first too. The waiting rows are spilled to a
-    local file as they come (regen.stages.prepare.spill), and memory keeps 13 bytes a row (28 while they are dealt),
-    so a task's memory is bounded by a shard, not by its rows (held in memory, a row of a 1,000-token prompt cost
-    about 11.8 KB: 11.8 GB at a limit of 10^6 prompts; bench/bench_prepare.py writer). The file is in `directory`
-    (None: the system's temporary folder); `close`, or the writer used as a context manager, removes it however the
-    writer ends."""
+    know takes its prompt's reference length (`reference_tokens`, the dataset's own answer). With `by_length`, the rows
+    wait for the end (`flush`) and are dealt into shards longest first: the first shards hold the longest answers and
+    the last ones the shortest, so the run's last minutes are short answers, not the few longest with most of the fleet
+    idle. Generate then sends each shard's longest first too. An on-policy row's length is its conversation's: its
+    turns' reference answers together, the chain of answers it waits on. The waiting rows are spilled to a local file as
+    they come (regen.stages.prepare.spill), and memory keeps 13 bytes a row (28 while they are dealt), so a task's
+    memory is bounded by a shard, not by its rows (held in memory, a row of a 1,000-token prompt cost about 11.8 KB:
+    11.8 GB at a limit of 10^6 prompts; bench/bench_prepare.py writer). The file is in `directory` (None: the system's
+    temporary folder); `close`, or the writer used as a context manager, removes it however the writer ends."""
 
     def __init__(
         self,
@@ -78,7 +91,7 @@ class ShardWriter:
         self.shards: list[ShardManifest] = []
         self._rows: list[dict[str, Any]] = []  # the shard being filled (never the rows waiting to be dealt)
         self._answers = 0  # on-policy: the turns of the shard's conversations
-        self.by_length = not self.on_policy and (bool(self.expected_tokens) if by_length is None else by_length)
+        self.by_length = bool(self.expected_tokens) if by_length is None else by_length
         self._waiting = LongestFirstSpill(directory) if self.by_length else None
 
     def __enter__(self) -> Self:

@@ -135,14 +135,25 @@ def test_the_order_never_raises_and_sends_every_sample_once(
     assert sorted(taken) == sorted(prompts.ids)  # a permutation of the pending: each sample sent once
 
 
-def test_an_on_policy_shard_whose_order_fails_sends_its_conversations_in_the_shards_order(
+def test_an_on_policy_shard_sends_the_longest_chain_of_answers_first_and_in_the_shards_order_when_that_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from regen.hints import Hints
+    from regen.samples import turn_id
     from regen.stages.generate import order
 
-    todo = ["a/turn-2", "b/turn-1", "b/turn-2", "b/turn-3", "c/turn-1", "a/turn-3"]
-    assert order.conversation_order(todo, Hints()) == ["b", "a", "c"]  # the most unfinished turns first
-    monkeypatch.setattr(order, "longest_first", lambda todo: 1 / 0)
+    def prompts(turn_tokens: list[list[int | None]] | None) -> ShardPrompts:
+        columns: dict[str, Any] = {"id": ["a", "b", "c", "d"], "prompt_ids": [[1, 2]] * 4, "later": ["[]"] * 4}
+        return ShardPrompts(pa.table({**columns, **({"turn_tokens": turn_tokens} if turn_tokens else {})}))
+
+    todo = [turn_id(*t) for t in [("a", 2), ("b", 1), ("b", 2), ("b", 3), ("c", 1), ("a", 3), ("d", 1)]]
+    # No references (prompts prepared before they were counted): the most unfinished turns first, then the shard's.
+    assert order.conversation_order(prompts(None), todo, Hints()) == ["b", "a", "c", "d"]
+    # Each unfinished turn's reference, summed, a turn without one counted as the median of the unfinished turns'
+    # (5, 5, 5, 40, 100, 900 -> 40); a's finished first turn (3,000) left out: a 900 + 40, d 100, c 40, b 3 x 5.
+    chains = prompts([[3000, 900, None], [5, 5, 5], [40], [100]])
+    assert order.conversation_order(chains, todo, Hints()) == ["a", "d", "c", "b"]
+    monkeypatch.setattr(order, "longest_first", lambda *_: 1 / 0)
     hints = Hints()
-    assert order.conversation_order(todo, hints) == ["a", "b", "c"] and list(hints.failed) == ["send_order"]
+    assert order.conversation_order(chains, todo, hints) == ["a", "b", "c", "d"]
+    assert list(hints.failed) == ["send_order"]
