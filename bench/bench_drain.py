@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_drain.py [--prompts 1280] [--endpoints 4] [--slots 16] [--margin 3]
                                           [--length-median 500] [--decode-ms 4.5] [--report var/bench/drain.json]
+    .venv/bin/python bench/bench_drain.py --on-policy 140 --endpoints 2 --shard-size 20 [--max-turns 8]
 
 Airflow (scheduler, dag-processor, triggerer, api-server; LocalExecutor on PostgreSQL) runs the DAG, a pool of 4
 shard tasks, over two datasets of distinct prompts against `--endpoints` simulators of `--slots` running slots each.
@@ -21,6 +22,12 @@ the run's first request to its last answer; beside it, the run report's two figu
 servers say of each answer with --enable-metrics, and the client-side upper bound). Also: the time from the first
 request to the first published dataset, and the check that both versions hold every prompt's record exactly once,
 and the same training records (the order changes what the fleet does when, never the data).
+
+With `--on-policy N`: one dataset of N on-policy conversations of 1 to `--max-turns` user turns instead, each turn's
+recorded answer (its reference) lognormal around `--length-median` tokens and the answer the target gives it that
+times lognormal(0, 0.5), at most 6,000 tokens (spelt in the turn for the simulators: `--length-hint`); two first
+versions, in roots of their own: the shards' own order, then the longest chain of predicted answers first. Each
+holds every turn's record once, the same records.
 """
 
 from __future__ import annotations
@@ -44,10 +51,14 @@ from report_file import save  # noqa: E402
 from tools.devstack import Stack  # noqa: E402
 
 DATASETS = ("drain_a", "drain_b")
+CHATS = "drain_chat"
 SHARD_TASKS = 4
+LONGEST_ANSWER = 6000  # tokens, of an on-policy turn's answer
 
 
 def write_config(folder: Path, args: argparse.Namespace, longest_first: bool = True) -> Path:
+    if args.on_policy:
+        return write_chat_config(folder, args, longest_first)
     for name in DATASETS:
         rows = [
             {"input": f"{name} task {i}: prove that the {i}th prime exists, then explain."} for i in range(args.prompts)
@@ -73,6 +84,52 @@ def write_config(folder: Path, args: argparse.Namespace, longest_first: bool = T
     path = folder / "regen.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
+
+
+def write_chat_config(folder: Path, args: argparse.Namespace, longest_first: bool) -> Path:
+    """One dataset of `--on-policy` conversations (seeded: the same every run); a turn's answer length is spelt in
+    its user message, for the simulators' --length-hint."""
+    import random
+    from importlib.resources import files
+
+    import yaml
+
+    draw = random.Random(55)
+    rows = []
+    for i in range(args.on_policy):
+        messages = []
+        for k in range(draw.randint(1, args.max_turns)):
+            reference = max(1, min(LONGEST_ANSWER, round(args.length_median * math.exp(draw.gauss(0.0, 1.0)))))
+            answer = max(2, min(LONGEST_ANSWER, round(reference * math.exp(0.5 * draw.gauss(0.0, 1.0)))))
+            messages.append({"role": "user", "content": f"Conversation {i}, question {k}. [[answer {answer} tokens]]"})
+            messages.append({"role": "assistant", "content": " ".join(["step"] * reference)})
+        rows.append({"messages": messages})
+    (folder / f"{CHATS}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    builtin = yaml.safe_load(files("regen").joinpath("builtin_profiles.yaml").read_text())["kimi-k2.5-mini"]
+    config = {
+        "defaults": {
+            "profile": "drain-chat",
+            "storage_root": str(folder / "storage"),
+            "shard_size": args.shard_size,
+            "in_flight": int(args.endpoints * args.slots * args.margin),
+            "shard_tasks": SHARD_TASKS,
+            "tokenize_workers": 1,
+            "longest_first": longest_first,
+            "sampling": {"max_new_tokens": 16_384, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0},
+        },
+        "governance": {"allowed_endpoints": ["127.0.0.1"], "allowed_storage_roots": [str(folder)]},
+        "profiles": {"drain-chat": {**builtin, "max_prompt_tokens": 200_000}},  # every turn's history fits
+        "datasets": {CHATS: {"paths": [f"{CHATS}.jsonl"], "format": "openai_messages", "turns": "on_policy"}},
+    }
+    path = folder / "regen.yaml"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def chat_turns(folder: Path) -> int:
+    """The answers the on-policy dataset asks for: one a user turn."""
+    rows = [json.loads(line) for line in (folder / f"{CHATS}.jsonl").read_text().splitlines()]
+    return sum(1 for row in rows for m in row["messages"] if m["role"] == "user")
 
 
 def with_references(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -151,14 +208,14 @@ def main() -> None:
     parser.add_argument(
         "--reference-noise", type=float, default=None, help="rows carry reference answers, this lognormal sigma off"
     )
+    parser.add_argument("--on-policy", type=int, default=0, help="instead: this many on-policy conversations")
+    parser.add_argument("--max-turns", type=int, default=8, help="user turns of an on-policy conversation, at most")
     parser.add_argument("--report", type=Path, default=None, help="also write the figures here, as JSON")
     args = parser.parse_args()
-    simulator_args = [
-        *("--max-running", str(args.slots), "--decode-ms-per-token", str(args.decode_ms)),
-        *("--length-median", str(args.length_median), "--length-sigma", "1.0"),
-        *("--min-tokens", "25", "--max-tokens", "8000", "--context-length", "32768"),  # answers of 50 to 16,000
-        "--enable-metrics",  # as docs/operations.md launches SGLang: the run report's server-side figure
-    ]
+    if args.on_policy:
+        on_policy(args)
+        return
+    simulator_args = simulators(args)
     with tempfile.TemporaryDirectory(prefix="regen-bench-drain-") as tmp:
         folder = Path(tmp)
         os.environ["REGEN_CONFIG"] = str(write_config(folder, args, longest_first=args.reference_noise is None))
@@ -207,6 +264,58 @@ def main() -> None:
         f"utilization {longest['utilization']:.3f} longest first vs {today['utilization']:.3f} in the shards' order "
         f"(ratio {figures['utilization_ratio']}); run window x{figures['window_ratio']}, first dataset published "
         f"x{figures['first_published_ratio']}; both versions: every record once, the same training records"
+    )
+    save(args.report, figures)
+
+
+def simulators(args: argparse.Namespace, *extra: str) -> list[str]:
+    return [
+        *("--max-running", str(args.slots), "--decode-ms-per-token", str(args.decode_ms)),
+        *("--length-median", str(args.length_median), "--length-sigma", "1.0"),
+        *("--min-tokens", "25", "--max-tokens", "8000", "--context-length", "32768"),  # answers of 50 to 16,000
+        "--enable-metrics",  # as docs/operations.md launches SGLang: the run report's server-side figure
+        *extra,
+    ]
+
+
+def on_policy(args: argparse.Namespace) -> None:
+    """Two first versions of the on-policy dataset: the shards' own order, then the longest chain first."""
+    with tempfile.TemporaryDirectory(prefix="regen-bench-drain-") as tmp:
+        folder = Path(tmp)
+        os.environ["REGEN_CONFIG"] = str(write_config(folder, args, longest_first=False))
+        turns = chat_turns(folder)
+        stack = Stack(
+            folder / "airflow",
+            purpose="bench_drain",
+            simulators=args.endpoints,
+            # a turn as short as its hint; a conversation's history past 32,768 tokens
+            simulator_args=simulators(args, "--length-hint", "--min-tokens", "1", "--context-length", "262144"),
+            pool_slots=SHARD_TASKS,
+        )
+        with stack:
+            own = one_run(stack, "first", storage_root=str(folder / "own-order"))
+            print("on-policy, the shards' own order", json.dumps(own), flush=True)
+            write_config(folder, args, longest_first=True)
+            chains = one_run(stack, "first", storage_root=str(folder / "longest-chain"))
+            print("on-policy, the longest chain first", json.dumps(chains), flush=True)
+            kept = [records(run.pop("manifests")) for run in (own, chains)]
+    for run in (own, chains):
+        if run["records"] != {CHATS: turns}:
+            raise SystemExit(f"{run['version']}: {run['records']} records, not one a turn: {turns}")
+    if kept[0] != kept[1]:
+        raise SystemExit("the versions' training records differ: the order changed the data")
+    figures = {
+        "args": vars(args) | {"report": str(args.report)},
+        "turns": turns,
+        "shards_own_order": own,
+        "longest_chain_first": chains,
+        "utilization_ratio": round(chains["utilization"] / own["utilization"], 3),
+        "window_ratio": round(chains["window_s"] / own["window_s"], 3),
+    }
+    print(
+        f"on-policy first version: utilization {chains['utilization']:.3f} longest chain first vs "
+        f"{own['utilization']:.3f} in the shards' order (ratio {figures['utilization_ratio']}), window "
+        f"x{figures['window_ratio']}; {turns} turns, each once in both, the same training records"
     )
     save(args.report, figures)
 
