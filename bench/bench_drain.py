@@ -67,8 +67,19 @@ def write_config(folder: Path, args: argparse.Namespace, longest_first: bool = T
             rows = with_references(rows, args)
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = {
+        **deployment(folder, args, longest_first, "kimi-k2.5-mini"),
+        "datasets": {name: {"paths": [f"{name}.jsonl"], "format": "input_output"} for name in DATASETS},
+    }
+    path = folder / "regen.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+def deployment(folder: Path, args: argparse.Namespace, longest_first: bool, profile: str) -> dict[str, Any]:
+    """The config's defaults and governance, the same for every dataset the bench makes."""
+    return {
         "defaults": {
-            "profile": "kimi-k2.5-mini",
+            "profile": profile,
             "storage_root": str(folder / "storage"),
             "shard_size": args.shard_size,
             "in_flight": int(args.endpoints * args.slots * args.margin),
@@ -79,11 +90,7 @@ def write_config(folder: Path, args: argparse.Namespace, longest_first: bool = T
         },
         # the bench's simulators, and the roots of the first versions run beside the main one
         "governance": {"allowed_endpoints": ["127.0.0.1"], "allowed_storage_roots": [str(folder)]},
-        "datasets": {name: {"paths": [f"{name}.jsonl"], "format": "input_output"} for name in DATASETS},
     }
-    path = folder / "regen.yaml"
-    path.write_text(json.dumps(config))  # JSON is YAML
-    return path
 
 
 def write_chat_config(folder: Path, args: argparse.Namespace, longest_first: bool) -> Path:
@@ -107,17 +114,7 @@ def write_chat_config(folder: Path, args: argparse.Namespace, longest_first: boo
     (folder / f"{CHATS}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     builtin = yaml.safe_load(files("regen").joinpath("builtin_profiles.yaml").read_text())["kimi-k2.5-mini"]
     config = {
-        "defaults": {
-            "profile": "drain-chat",
-            "storage_root": str(folder / "storage"),
-            "shard_size": args.shard_size,
-            "in_flight": int(args.endpoints * args.slots * args.margin),
-            "shard_tasks": SHARD_TASKS,
-            "tokenize_workers": 1,
-            "longest_first": longest_first,
-            "sampling": {"max_new_tokens": 16_384, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0},
-        },
-        "governance": {"allowed_endpoints": ["127.0.0.1"], "allowed_storage_roots": [str(folder)]},
+        **deployment(folder, args, longest_first, "drain-chat"),
         "profiles": {"drain-chat": {**builtin, "max_prompt_tokens": 200_000}},  # every turn's history fits
         "datasets": {CHATS: {"paths": [f"{CHATS}.jsonl"], "format": "openai_messages", "turns": "on_policy"}},
     }
