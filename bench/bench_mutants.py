@@ -27,6 +27,12 @@ tests that reach it. Files are ordered fastest first so that `-x` stops a killed
 with a per-mutant timeout of --timeout-factor x the baseline's wall time + 10 s (a timeout counts as killed, and is
 reported apart).
 
+Only the tests that run the mutated code, as a mutant cannot change a test that never reaches it: the baseline runs
+under coverage with one context per test (pytest-cov's --cov-context=test), and a mutant runs the tests that executed
+its statement (an `if`'s or a loop's header lines, not its body). A statement run at import time (a default, a
+decorator, a module constant) or found in no statement runs the whole suite; one that no test runs survives without a
+run ("uncovered" in the report). --whole-suite turns the selection off.
+
     nice -n 19 .venv/bin/python bench/bench_mutants.py holdout vocab_files --report var/bench/mutants.json
     .venv/bin/python bench/bench_mutants.py --list            # the modules, their mutants and suites, nothing run
 
@@ -236,6 +242,66 @@ def failed_tests(output: str) -> list[str]:
     return re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
 
 
+def coverage_rc(copy: Path, relative: str) -> Path:
+    rc = copy / ".bench-mutants-coveragerc"
+    rc.write_text(f"[run]\ninclude = {copy / relative}\ndata_file = {copy / '.bench-mutants-coverage'}\n")
+    return rc
+
+
+def tests_by_line(copy: Path, relative: str) -> dict[int, set[str]]:
+    """Line -> the test node ids that executed it in the baseline ("" for import time)."""
+    from coverage import CoverageData
+
+    data = CoverageData(basename=str(copy / ".bench-mutants-coverage"))
+    data.read()
+    filename = next((name for name in data.measured_files() if name.endswith(relative)), None)
+    if filename is None:
+        return {}
+    return {
+        line: {context.rsplit("|", 1)[0] for context in contexts}
+        for line, contexts in data.contexts_by_lineno(filename).items()
+    }
+
+
+def statement_lines(tree: ast.AST, position: tuple[int, int]) -> range | None:
+    """The lines of the innermost statement holding position; for a compound statement, its header only."""
+    found: ast.stmt | None = None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt) or node.end_lineno is None or node.end_col_offset is None:
+            continue
+        holds = (node.lineno, node.col_offset) <= position < (node.end_lineno, node.end_col_offset)
+        if holds and (found is None or (node.lineno, node.col_offset) >= (found.lineno, found.col_offset)):
+            found = node
+    if found is None or found.end_lineno is None:
+        return None
+    body = getattr(found, "body", None)
+    last = body[0].lineno - 1 if isinstance(body, list) and body and body[0].lineno > found.lineno else found.end_lineno
+    return range(found.lineno, max(last, found.lineno) + 1)
+
+
+def covering(by_line: dict[int, set[str]], lines: range | None) -> set[str] | None:
+    """The tests a mutant on these lines needs; None for the whole suite, an empty set when no test runs them."""
+    if lines is None:
+        return None
+    tests: set[str] = set()
+    for line in lines:
+        tests |= by_line.get(line, set())
+    return None if "" in tests else tests
+
+
+def durations(output: str) -> dict[str, float]:
+    """Seconds each test took in a run with --durations=0 (setup, call and teardown summed)."""
+    seconds: dict[str, float] = {}
+    for taken, test in re.findall(r"^([\d.]+)s (?:setup|call|teardown)\s+(\S.*)$", output, re.MULTILINE):
+        seconds[test] = seconds.get(test, 0.0) + float(taken)
+    return seconds
+
+
+def fastest_first(tests: set[str], seconds: dict[str, float]) -> list[str]:
+    """The fastest test first, so that -x stops a killed mutant early."""
+    return sorted(tests, key=lambda test: (seconds.get(test, float("inf")), test))
+
+
 def describe(spec, source_lines: list[str], mutated: str | None) -> str:
     """The mutated line, before -> after."""
     line = spec.start_pos[0]
@@ -270,9 +336,11 @@ def run_module(key: str, args, copy: Path, report: dict, save) -> dict:
     report["modules"][key] = result
 
     # the baseline: the unmutated suite passes (failing tests deselected and named)
+    measure = [] if args.whole_suite else ["--cov", f"--cov-config={coverage_rc(copy, relative)}", "--cov-context=test"]
+    measure += ["--cov-report=", "--durations=0", "--durations-min=0"] if measure else []
     for _ in range(6):  # -x stops at the first failure: deselect it and run again, a few times at most
         extra = [f"--deselect={test}" for test in result["deselected"]]
-        status, baseline, output = run_suite(copy, suite, extra, args.max_baseline)
+        status, baseline, output = run_suite(copy, suite, extra + measure, args.max_baseline)
         broken = [test for test in failed_tests(output) if test not in result["deselected"]]
         if status == "passed" or not broken:
             break
@@ -282,6 +350,13 @@ def run_module(key: str, args, copy: Path, report: dict, save) -> dict:
         save()
         return result
     deselect = [f"--deselect={test}" for test in result["deselected"]]
+    by_line = {} if args.whole_suite else tests_by_line(copy, relative)
+    took = durations(output)
+    if not args.whole_suite and not by_line:
+        result["error"] = f"coverage measured nothing of {relative}: the suite does not load the copy"
+        save()
+        return result
+    tree = ast.parse(source)
     result["baseline_seconds"] = round(baseline, 1)
     timeout = args.timeout_factor * baseline + 10
     print(
@@ -317,10 +392,15 @@ def run_module(key: str, args, copy: Path, report: dict, save) -> dict:
             entry["outcome"] = "no mutation"
         elif in_annotation(spans, spec.start_pos, spec.end_pos):
             entry["outcome"] = "annotation"
+        elif (tests := None if args.whole_suite else covering(by_line, statement_lines(tree, spec.start_pos))) == set():
+            entry["outcome"] = "survived"
+            entry["uncovered"] = True
         else:
+            entry["tests"] = "suite" if tests is None else len(tests)
+            selected = fastest_first(tests, took) if tests else suite
             path.write_text(mutated)
             try:
-                status, seconds, output = run_suite(copy, suite, deselect, timeout)
+                status, seconds, output = run_suite(copy, selected, deselect, timeout)
             finally:
                 path.write_text(source)
             entry["seconds"] = round(seconds, 1)
@@ -410,6 +490,7 @@ def main() -> None:
     parser.add_argument(
         "--source", default="head", help="what is copied and mutated: head (default), worktree, or a commit"
     )
+    parser.add_argument("--whole-suite", action="store_true", help="every mutant runs the whole suite (no coverage)")
     parser.add_argument("--report", type=Path, help="JSON report, rewritten after every mutant")
     parser.add_argument("--resume", action="store_true", help="skip the mutants the --report already has")
     parser.add_argument("--list", action="store_true", help="the modules, their mutant counts and suites; no run")

@@ -323,6 +323,33 @@ def test_without_torch_the_handoff_writes_no_specforge_file_and_the_version_stil
     assert verify_version(published["manifest"]).problems == []  # the hand-off's copy is no stray
 
 
+def test_where_torch_is_the_handoff_writes_the_versions_mapping_and_only_where_the_version_has_vocab(
+    deployment: Path, simulator: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in torch (this environment has none): the hand-off writes vocab/specforge.pt from the version's own .npy
+    pair and verify accepts it; a version whose manifest lists no vocab/ gets none, torch or not."""
+    import sys
+    import types
+
+    from regen.stages.publish import vocab_files
+
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.setattr(vocab_files, "specforge_mapping", lambda d2t, t2d: torch_saved({"d2t": d2t, "t2d": t2d}))
+    published = run_stages("v1", simulator, datasets=["temperatures"])["temperatures"]
+    vocab = Path(published["manifest"]).parent / "vocab"
+    mapping = {name: np.load(vocab / f"{name}.npy") for name in ("d2t", "t2d")}
+    assert vocab_files.write_specforge_mapping(published["manifest"]) == str(vocab / "specforge.pt")
+    assert (vocab / "specforge.pt").read_bytes() == torch_saved(mapping)
+    assert verify_version(published["manifest"]).problems == []
+
+    (vocab / "specforge.pt").unlink()
+    manifest = json.loads(Path(published["manifest"]).read_text())
+    manifest["files"] = {key: digest for key, digest in manifest["files"].items() if "/vocab/" not in key}
+    Path(published["manifest"]).write_text(json.dumps(manifest))
+    assert vocab_files.write_specforge_mapping(published["manifest"]) is None
+    assert not (vocab / "specforge.pt").exists()
+
+
 def test_verify_reads_the_handoff_s_specforge_copy_and_names_one_of_another_mapping(
     deployment: Path, simulator: Simulator
 ) -> None:
