@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ import requests
 
 from regen.simulator.request_checks import SAMPLING_FIELDS
 from tests.conftest import start_simulator
-from tools.real_sglang import CONTEXT, RealServer
+from tools.real_sglang import CONTEXT, RealServer, real_server
 
 pytestmark = pytest.mark.e2e
 PROMPT = [1000, 1001, 1002, 1003]
@@ -145,3 +146,84 @@ def test_abort_request_answers_alike(real_sglang: RealServer, simulator_url: str
 def test_the_simulator_knows_the_real_servers_sampling_fields(real_sglang: RealServer) -> None:
     _, refused = answer_of(real_sglang.url, _body(bogus=1))
     assert refused["error"].endswith(", ".join(f"`{field}`" for field in SAMPLING_FIELDS))
+
+
+# Asked while one long answer holds the only running slot, in this order (name, priority): admitted as they wait.
+WAITING = [("a", 1), ("b", 5), ("none", None), ("d", 5), ("e", 3)]
+
+
+def admission_order(url: str) -> list[str]:
+    """The order the waiting requests got the running slot: one long answer takes it, the others arrive one after
+    another behind it (each seen waiting before the next is sent), and each is answered in one short step after it.
+    The long one has a priority within 10 of theirs: SGLang preempts a running request for one more preferred by
+    more than --priority-scheduling-preemption-threshold (10), which the simulator does not."""
+    import threading
+
+    finished: list[str] = []
+    long_body = _body(max_new_tokens=min(CONTEXT - 16, 1500), ignore_eos=True) | {"priority": 3}
+    long = threading.Thread(target=answer_of, args=(url, long_body), daemon=True)
+    long.start()
+
+    def load() -> tuple[int, int]:
+        [rank] = requests.get(f"{url}/v1/loads", timeout=10).json()["loads"]
+        return rank["num_running_reqs"], rank["num_waiting_reqs"]
+
+    wait_for(lambda: load()[0] == 1)
+
+    def ask(name: str, priority: int | None) -> None:
+        body = _body(max_new_tokens=1) | ({} if priority is None else {"priority": priority})
+        assert answer_of(url, body)[0] == 200
+        finished.append(name)
+
+    threads = []
+    for waiting, (name, priority) in enumerate(WAITING, 1):
+        threads.append(threading.Thread(target=ask, args=(name, priority), daemon=True))
+        threads[-1].start()
+        wait_for(lambda waiting=waiting: load()[1] == waiting)
+    for thread in [long, *threads]:
+        thread.join(120)
+    return finished
+
+
+def wait_for(condition: Any, timeout_s: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("low_values_first", [False, True], ids=["larger first", "smaller first"])
+def test_priority_scheduling_admits_the_waiting_queue_as_the_real_server_does(
+    low_values_first: bool, tmp_path: Path
+) -> None:
+    """With --enable-priority-scheduling and one running slot: the waiting requests by priority, then arrival, one
+    without a priority last, in either direction; the flags are reported by /get_server_info alike."""
+    flags = ("--enable-priority-scheduling", *(("--schedule-low-priority-values-first",) if low_values_first else ()))
+    with (
+        start_simulator(
+            tmp_path,
+            "--max-running",
+            "1",
+            "--decode-ms-per-token",
+            "10",
+            "--min-tokens",
+            "300",
+            "--max-tokens",
+            "300",
+            "--max-tokens",
+            "300",
+            *flags,
+        ) as simulator,
+        real_server(tmp_path / "server.log", extra_args=("--max-running-requests", "1", *flags)) as real,
+    ):
+        simulated, served = admission_order(simulator.url), admission_order(real.url)
+        info = {url: requests.get(f"{url}/get_server_info", timeout=10).json() for url in (simulator.url, real.url)}
+    expected = ["a", "e", "b", "d", "none"] if low_values_first else ["b", "d", "e", "a", "none"]
+    assert served == expected  # the contract, from SGLang's scheduler: priority, then arrival; none last
+    assert simulated == served
+    for key in ("enable_priority_scheduling", "schedule_low_priority_values_first"):
+        assert (
+            info[simulator.url][key] == info[real.url][key] == (key == "enable_priority_scheduling" or low_values_first)
+        )

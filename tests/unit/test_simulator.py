@@ -265,3 +265,37 @@ def test_a_prompt_the_fleet_aborts_is_aborted_on_every_attempt_and_is_not_a_hang
     both = sum(faults.hangs(p) for p in aborted)
     assert 120 < both < 240  # drawn apart: about 0.3 of the aborted ones also hang, not all or none
     assert not any(FaultModel().aborts(p) for p in prompts)
+
+
+def test_slots_admit_by_priority_then_arrival_and_a_request_gone_while_waiting_takes_none() -> None:
+    """regen.simulator.slots, as SGLang's waiting queue (tests/e2e/test_simulator_matches_real_sglang.py compares it
+    with the real server's): a cancelled waiter is skipped, and a slot handed to one cancelled in between goes on."""
+    import asyncio
+
+    from regen.simulator.slots import Slots
+
+    async def scenario(by_priority: bool, low_values_first: bool, first_gone: str | None = None) -> list[str]:
+        slots, admitted = Slots(1, by_priority, low_values_first), []
+        holder = slots.slot(0)
+        await holder.__aenter__()
+
+        async def ask(name: str, priority: int | None) -> None:
+            async with slots.slot(priority):
+                admitted.append(name)
+
+        tasks = {name: asyncio.create_task(ask(name, p)) for name, p in [("a", 1), ("b", 5), ("c", None), ("d", 5)]}
+        gone = asyncio.create_task(ask("gone", 9))
+        await asyncio.sleep(0)
+        gone.cancel()
+        await asyncio.sleep(0)
+        await holder.__aexit__(None, None, None)
+        if first_gone:  # handed the slot, and gone before it ran
+            tasks.pop(first_gone).cancel()
+        await asyncio.wait_for(asyncio.gather(*tasks.values()), 10)  # a slot lost: they would wait for ever
+        assert slots.free == 1
+        return admitted
+
+    assert asyncio.run(scenario(False, False)) == ["a", "b", "c", "d"]
+    assert asyncio.run(scenario(True, False)) == ["b", "d", "a", "c"]
+    assert asyncio.run(scenario(True, True)) == ["a", "b", "d", "c"]
+    assert asyncio.run(scenario(True, False, first_gone="b")) == ["d", "a", "c"]

@@ -60,6 +60,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="as SGLang's flag: each answer's meta_info also says when it entered a running slot (forward_entry_time) "
         "and how long it waited for one (queue_time)",
     )
+    parser.add_argument(
+        "--enable-priority-scheduling",
+        action="store_true",
+        help="as SGLang's flag: requests wait for a running slot by their priority (larger first), then arrival; one "
+        "without a priority last",
+    )
+    parser.add_argument(
+        "--schedule-low-priority-values-first",
+        action="store_true",
+        help="as SGLang's flag: with --enable-priority-scheduling, smaller priority values first",
+    )
     parser.add_argument("--warmup-s", type=float, default=0.0, help="/health answers 503 this long after start")
     parser.add_argument(
         "--sglang-version",
@@ -153,6 +164,8 @@ def build_state(args: argparse.Namespace) -> SimulatorState:
         decode_s_per_token=args.decode_ms_per_token / 1e3,
         max_running=args.max_running,
         warmup_s=args.warmup_s,
+        priority_scheduling=args.enable_priority_scheduling,
+        low_priority_values_first=args.schedule_low_priority_values_first,
     )
     fault_model = from_flags(FaultModel, args)
     model = SimulatedModel(profile, behaviour)

@@ -37,6 +37,7 @@ from regen.simulator.request_checks import (
     split_batch,
     verify_sampling,
 )
+from regen.simulator.slots import Slots
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class LatencyModel:
     decode_s_per_token: float = 0.0
     max_running: int = 256
     warmup_s: float = 0.0
+    priority_scheduling: bool = False  # the waiting queue by request priority, then arrival (regen.simulator.slots)
+    low_priority_values_first: bool = False
 
     def seconds(self, prompt_tokens: int, output_tokens: int) -> float:
         return prompt_tokens * self.prefill_s_per_token + output_tokens * self.decode_s_per_token
@@ -141,6 +144,8 @@ class SimulatorState:
             "served_model_name": name,
             "enable_deterministic_inference": True,  # the simulated model draws from sampling_seed
             "enable_metrics": False,  # with it, an answer's meta_info says how long it waited for a running slot
+            "enable_priority_scheduling": latency.priority_scheduling,
+            "schedule_low_priority_values_first": latency.low_priority_values_first,
         }
         self.faults = faults or FaultModel()
         self.fault_rng = random.Random(fault_seed)
@@ -149,7 +154,7 @@ class SimulatorState:
         self.latency = latency
         self.context_length = context_length
         self.started = time.monotonic()
-        self.running = asyncio.Semaphore(latency.max_running)
+        self.running = Slots(latency.max_running, latency.priority_scheduling, latency.low_priority_values_first)
         self.prefix_cache = PrefixCache(context_length * latency.max_running)
         self.active_rids: set[str] = set()
         self.record_file = record_path.open("a", encoding="utf-8") if record_path else None
@@ -175,14 +180,20 @@ def _finish(full: list[int], params: dict[str, Any]) -> tuple[list[int], dict[st
 
 
 async def _one(
-    state: SimulatorState, prompt_ids: list[int], params: dict[str, Any], rid: str, index: int, extra_s: float = 0.0
+    state: SimulatorState,
+    prompt_ids: list[int],
+    params: dict[str, Any],
+    rid: str,
+    index: int,
+    extra_s: float = 0.0,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     started, received = time.monotonic(), time.time()
     seed = params["sampling_seed"]
     answer = state.model.answer(prompt_ids, None if seed is None else seed + index)
     output_ids, finish_reason = _finish(answer.ids, params)
     state.counters.waiting += 1
-    async with state.running:
+    async with state.running.slot(priority):
         state.counters.waiting -= 1
         state.counters.slot_taken()
         queued_s, forward_entry = time.monotonic() - started, time.time()
@@ -285,20 +296,23 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return engine_error("Duplicate request ID detected")
     state.active_rids.update(item_rids)
     try:
+        priority = body.get("priority")  # GenerateReqInput.priority: an int or none, for every item
         if body.get("stream"):
-            return await _stream(request, state, items)
-        return await _answer(request, state, items, is_batch)
+            return await _stream(request, state, items, priority)
+        return await _answer(request, state, items, is_batch, priority)
     finally:
         state.active_rids.difference_update(item_rids)
 
 
-async def _stream(request: web.Request, state: SimulatorState, items: list[Item]) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, state: SimulatorState, items: list[Item], priority: int | None = None
+) -> web.StreamResponse:
     """SGLang's default stream: Server-Sent Events, each chunk the CUMULATIVE text and output_ids so far with
     `finish_reason` null until the last, then `[DONE]`. The answer is made whole first, then sent in chunks."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     for prompt_ids, params, rid, index in items:
-        whole = await _one(state, prompt_ids, params, rid, index)
+        whole = await _one(state, prompt_ids, params, rid, index, priority=priority)
         ids = whole["output_ids"]
         for end in range(1, len(ids) + 1):
             last = end == len(ids)
@@ -323,7 +337,9 @@ async def _aborted(rid: str, now: float) -> dict[str, Any]:
     return abort_answer(rid, now, now)
 
 
-async def _answer(request: web.Request, state: SimulatorState, items: list[Item], is_batch: bool) -> web.Response:
+async def _answer(
+    request: web.Request, state: SimulatorState, items: list[Item], is_batch: bool, priority: int | None = None
+) -> web.Response:
     fault = state.faults.draw(state.fault_rng)
     if fault:
         state.counters.faults[fault] = state.counters.faults.get(fault, 0) + 1
@@ -342,7 +358,7 @@ async def _answer(request: web.Request, state: SimulatorState, items: list[Item]
         *(
             _aborted(rid, now)
             if fault == "abort" or state.faults.aborts(p)
-            else _one(state, p, params, rid, i, extra_s)
+            else _one(state, p, params, rid, i, extra_s, priority)
             for p, params, rid, i in items
         )
     )
