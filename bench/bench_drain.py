@@ -26,8 +26,10 @@ and the same training records (the order changes what the fleet does when, never
 With `--on-policy N`: one dataset of N on-policy conversations of 1 to `--max-turns` user turns instead, each turn's
 recorded answer (its reference) lognormal around `--length-median` tokens and the answer the target gives it that
 times lognormal(0, 0.5), at most 6,000 tokens (spelt in the turn for the simulators: `--length-hint`); two first
-versions, in roots of their own: the shards' own order, then the longest chain of predicted answers first. Each
-holds every turn's record once, the same records.
+versions, in roots of their own: the shards' own order, then the longest chain of predicted answers first, then
+that with `chain_priority` (the simulators admit their waiting queues by priority, as SGLang with
+--enable-priority-scheduling: a conversation's next turn ahead of short work queued before it). Each holds every
+turn's record once, the same records.
 """
 
 from __future__ import annotations
@@ -56,9 +58,11 @@ SHARD_TASKS = 4
 LONGEST_ANSWER = 6000  # tokens, of an on-policy turn's answer
 
 
-def write_config(folder: Path, args: argparse.Namespace, longest_first: bool = True) -> Path:
+def write_config(
+    folder: Path, args: argparse.Namespace, longest_first: bool = True, chain_priority: bool = False
+) -> Path:
     if args.on_policy:
-        return write_chat_config(folder, args, longest_first)
+        return write_chat_config(folder, args, longest_first, chain_priority)
     for name in DATASETS:
         rows = [
             {"input": f"{name} task {i}: prove that the {i}th prime exists, then explain."} for i in range(args.prompts)
@@ -75,7 +79,9 @@ def write_config(folder: Path, args: argparse.Namespace, longest_first: bool = T
     return path
 
 
-def deployment(folder: Path, args: argparse.Namespace, longest_first: bool, profile: str) -> dict[str, Any]:
+def deployment(
+    folder: Path, args: argparse.Namespace, longest_first: bool, profile: str, chain_priority: bool = False
+) -> dict[str, Any]:
     """The config's defaults and governance, the same for every dataset the bench makes."""
     return {
         "defaults": {
@@ -86,6 +92,7 @@ def deployment(folder: Path, args: argparse.Namespace, longest_first: bool, prof
             "shard_tasks": SHARD_TASKS,
             "tokenize_workers": 1,
             "longest_first": longest_first,
+            "chain_priority": chain_priority,
             "sampling": {"max_new_tokens": 16_384, "temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0},
         },
         # the bench's simulators, and the roots of the first versions run beside the main one
@@ -93,7 +100,7 @@ def deployment(folder: Path, args: argparse.Namespace, longest_first: bool, prof
     }
 
 
-def write_chat_config(folder: Path, args: argparse.Namespace, longest_first: bool) -> Path:
+def write_chat_config(folder: Path, args: argparse.Namespace, longest_first: bool, chain_priority: bool) -> Path:
     """One dataset of `--on-policy` conversations (seeded: the same every run); a turn's answer length is spelt in
     its user message, for the simulators' --length-hint."""
     import random
@@ -114,7 +121,7 @@ def write_chat_config(folder: Path, args: argparse.Namespace, longest_first: boo
     (folder / f"{CHATS}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     builtin = yaml.safe_load(files("regen").joinpath("builtin_profiles.yaml").read_text())["kimi-k2.5-mini"]
     config = {
-        **deployment(folder, args, longest_first, "drain-chat"),
+        **deployment(folder, args, longest_first, "drain-chat", chain_priority),
         "profiles": {"drain-chat": {**builtin, "max_prompt_tokens": 200_000}},  # every turn's history fits
         "datasets": {CHATS: {"paths": [f"{CHATS}.jsonl"], "format": "openai_messages", "turns": "on_policy"}},
     }
@@ -276,7 +283,8 @@ def simulators(args: argparse.Namespace, *extra: str) -> list[str]:
 
 
 def on_policy(args: argparse.Namespace) -> None:
-    """Two first versions of the on-policy dataset: the shards' own order, then the longest chain first."""
+    """Three first versions of the on-policy dataset: the shards' own order, the longest chain first, and that with
+    chain priority."""
     with tempfile.TemporaryDirectory(prefix="regen-bench-drain-") as tmp:
         folder = Path(tmp)
         os.environ["REGEN_CONFIG"] = str(write_config(folder, args, longest_first=False))
@@ -285,8 +293,11 @@ def on_policy(args: argparse.Namespace) -> None:
             folder / "airflow",
             purpose="bench_drain",
             simulators=args.endpoints,
-            # a turn as short as its hint; a conversation's history past 32,768 tokens
-            simulator_args=simulators(args, "--length-hint", "--min-tokens", "1", "--context-length", "262144"),
+            # a turn as short as its hint; a conversation's history past 32,768 tokens; the waiting queue by priority
+            # then arrival (by arrival alone for the runs that send none)
+            simulator_args=simulators(
+                args, "--length-hint", "--min-tokens", "1", "--context-length", "262144", "--enable-priority-scheduling"
+            ),
             pool_slots=SHARD_TASKS,
         )
         with stack:
@@ -295,24 +306,30 @@ def on_policy(args: argparse.Namespace) -> None:
             write_config(folder, args, longest_first=True)
             chains = one_run(stack, "first", storage_root=str(folder / "longest-chain"))
             print("on-policy, the longest chain first", json.dumps(chains), flush=True)
-            kept = [records(run.pop("manifests")) for run in (own, chains)]
-    for run in (own, chains):
+            write_config(folder, args, longest_first=True, chain_priority=True)
+            ahead = one_run(stack, "first", storage_root=str(folder / "chain-priority"))
+            print("on-policy, the longest chain first, its next turn ahead (chain priority)", json.dumps(ahead))
+            kept = [records(run.pop("manifests")) for run in (own, chains, ahead)]
+    for run in (own, chains, ahead):
         if run["records"] != {CHATS: turns}:
             raise SystemExit(f"{run['version']}: {run['records']} records, not one a turn: {turns}")
-    if kept[0] != kept[1]:
+    if not all(k == kept[0] for k in kept):
         raise SystemExit("the versions' training records differ: the order changed the data")
     figures = {
         "args": vars(args) | {"report": str(args.report)},
         "turns": turns,
         "shards_own_order": own,
         "longest_chain_first": chains,
+        "chain_priority": ahead,
         "utilization_ratio": round(chains["utilization"] / own["utilization"], 3),
         "window_ratio": round(chains["window_s"] / own["window_s"], 3),
+        "chain_priority_ratio": round(ahead["utilization"] / own["utilization"], 3),
     }
     print(
-        f"on-policy first version: utilization {chains['utilization']:.3f} longest chain first vs "
-        f"{own['utilization']:.3f} in the shards' order (ratio {figures['utilization_ratio']}), window "
-        f"x{figures['window_ratio']}; {turns} turns, each once in both, the same training records"
+        f"on-policy first version: utilization {ahead['utilization']:.3f} with chain priority, "
+        f"{chains['utilization']:.3f} longest chain first, {own['utilization']:.3f} in the shards' order (ratios "
+        f"{figures['chain_priority_ratio']} and {figures['utilization_ratio']}), windows {ahead['window_s']}, "
+        f"{chains['window_s']} and {own['window_s']} s; {turns} turns, each once in all three, the same records"
     )
     save(args.report, figures)
 

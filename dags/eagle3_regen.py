@@ -138,13 +138,13 @@ def eagle3_regen() -> None:
         get_current_context()["label"] = group_label(group)  # type: ignore[typeddict-unknown-key]
 
     @task(pool=FLEET_POOL, map_index_template="{{ label }}")
-    def generate_shard(run: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
+    def generate_shard(run: dict[str, Any], group: dict[str, Any], fleet: list[dict[str, Any]]) -> dict[str, Any]:
         from regen import pipeline
 
         _label(group)
         keys = run_api_keys(run, get_current_context()["params"], ENDPOINTS)  # logins of endpoint URLs too
         with final_errors_fail_now():  # a refused API key, a template changed mid-conversation
-            return pipeline.generate_group(_run(run), group, run_s3_client(run), keys)
+            return pipeline.generate_group(_run(run), group, run_s3_client(run), keys, fleet)
 
     @task(map_index_template="{{ label }}")
     def validate_shard(run: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
@@ -163,8 +163,8 @@ def eagle3_regen() -> None:
             return pipeline.export_group(_run(run), group, run_s3_client(run))
 
     @task_group
-    def process_shard(run: dict[str, Any], group: dict[str, Any]) -> Any:
-        return export_shard(run, validate_shard(run, generate_shard(run, group)))
+    def process_shard(run: dict[str, Any], group: dict[str, Any], fleet: list[dict[str, Any]]) -> Any:
+        return export_shard(run, validate_shard(run, generate_shard(run, group, fleet)))
 
     # Verify, publish and report run even when some shards failed: complete datasets are published, the rest say why.
     @task(trigger_rule=TriggerRule.ALL_DONE, map_index_template="{{ label }}")
@@ -231,7 +231,7 @@ def eagle3_regen() -> None:
     parts = prepare_part.partial(run=run).expand(part=list_prepare_parts(run, prepared))
     shards = list_shards(run, prepared, fleet)
     parts >> shards
-    shard_tasks = process_shard.partial(run=run).expand(group=shards)
+    shard_tasks = process_shard.partial(run=run, fleet=fleet).expand(group=shards)
     published = deliver_dataset.partial(run=run, fleet=fleet, groups=shards).expand(prepared=prepared)
     # report releases the run's claims: not while a shard task (its siblings' failure ended a dataset's wait) writes.
     shard_tasks >> report(run, published, fleet)

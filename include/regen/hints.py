@@ -36,12 +36,17 @@ ENDPOINT_AFFINITY = Hint(
     "endpoint affinity (an on-policy turn first to the endpoint that answered its previous turn)",
     "each request went to the least busy endpoint",
 )
+CHAIN_PRIORITY = Hint(
+    "chain_priority",
+    "chain priority (an on-policy turn's priority raised by the turns its conversation has left)",
+    "turns were sent with the run's priority",
+)
 LAST_LENGTHS = Hint(
     "last_lengths",
     "the answer lengths of the last version (this profile's or another's)",
     "this version is ordered by its rows' reference answers, where they have one",
 )
-HINTS = {hint.name: hint for hint in (SEND_ORDER, ENDPOINT_AFFINITY, LAST_LENGTHS)}
+HINTS = {hint.name: hint for hint in (SEND_ORDER, ENDPOINT_AFFINITY, CHAIN_PRIORITY, LAST_LENGTHS)}
 
 
 class Hints:

@@ -263,6 +263,7 @@ class RunSpec(BaseModel):
     sample_timeouts: int = 2  # (a spec planned before these existed: the defaults)
     max_server_rejected_share: float = 0.02
     priority: int | None = None
+    chain_priority: bool = False
     longest_first: bool = True
     endpoint_affinity: bool = True
     checkpoint_every: int

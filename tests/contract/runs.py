@@ -5,9 +5,11 @@ groups, the rest of the run's shard tasks never run (a worker lost, a fleet gone
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 RETRIES = 1  # the DAG's default_args
@@ -41,6 +43,20 @@ def task(outcome: RunOutcome, name: str, call: Callable[[], Any]) -> Any:
     return None
 
 
+def fleet_record(run: Any) -> list[dict[str, Any]]:
+    """What generate reads of check_server's record of the fleet (how each server admits its waiting queue), from
+    each server's /get_server_info: check_server itself is not run here, as its probe would fail on the fleet that
+    answers with defects by design (the DAG's tests run it)."""
+    import requests
+
+    from regen.sglang.served_model import priority_order
+
+    return [
+        {"url": e.base, "priority_order": priority_order(requests.get(f"{e.base}/get_server_info", timeout=30).json())}
+        for e in run.endpoints
+    ]
+
+
 def run_dag(params: dict[str, Any], run_id: str, when: datetime, stop_after: int | None = None) -> RunOutcome:
     from regen import pipeline
     from regen.run_params import RunSpec
@@ -51,6 +67,9 @@ def run_dag(params: dict[str, Any], run_id: str, when: datetime, stop_after: int
         return outcome
     run = RunSpec.model_validate(planned)
     outcome.version = run.version
+    # (a release before generate_group took the fleet: PYTHONPATH at an older library, bench_generated_runs)
+    takes_fleet = "fleet" in inspect.signature(pipeline.generate_group).parameters
+    fleet = fleet_record(run) if takes_fleet else []
     summaries = [
         task(outcome, f"prepare_dataset[{d}]", lambda d=d: pipeline.prepare_dataset(run, d)) for d in run.datasets
     ]
@@ -66,8 +85,13 @@ def run_dag(params: dict[str, Any], run_id: str, when: datetime, stop_after: int
         if stop_after is not None and position >= stop_after:
             outcome.errors[f"process_shard[{position}]"] = "never ran: the run was stopped"
             continue
-        for stage in (pipeline.generate_group, pipeline.validate_group, pipeline.export_group):
-            if task(outcome, f"{stage.__name__}[{position}]", lambda s=stage, g=group: s(run, g)) is None:
+        generate = partial(pipeline.generate_group, fleet=fleet) if takes_fleet else pipeline.generate_group
+        for name, stage in (
+            ("generate", generate),
+            ("validate", pipeline.validate_group),
+            ("export", pipeline.export_group),
+        ):
+            if task(outcome, f"{name}_group[{position}]", lambda s=stage, g=group: s(run, g)) is None:
                 break
     published = []
     for summary in ready:

@@ -36,7 +36,7 @@ from tests.contract.shapes import dataset
 pytestmark = pytest.mark.generated
 
 FLEETS = {  # simulator flags of each fleet a run may be sent to
-    "sound": ("--omit-think-end-rate", "0"),
+    "sound": ("--omit-think-end-rate", "0", "--enable-priority-scheduling"),  # chain priority takes effect there
     # Answers validation rejects; not count mismatches, which are the fleet's losses (a red run past the allowance:
     # the losing fleet's part)
     "defects": ("--omit-think-end-rate", "0", "--defect-rate", "0.15", "--defect-count-mismatch-rate", "0"),
@@ -63,6 +63,7 @@ SETTINGS: dict[str, tuple[Any, ...]] = {
     "validation.retokenize_fraction": (1.0,),
     "max_attempts": (2,),
     "endpoint_affinity": (False,),
+    "chain_priority": (True,),  # on the sound fleet, which schedules by priority: turns sent by turns left
     "checkpoint_every": (3,),
     "max_server_rejected_share": (0.0, 0.3),
 }

@@ -43,7 +43,7 @@ def test_stages_and_order(dag) -> None:  # type: ignore[no-untyped-def]
         "list_prepare_parts": ["plan", "prepare_dataset"],
         "prepare_part": ["list_prepare_parts", "plan"],
         "list_shards": ["check_server", "plan", "prepare_dataset", "prepare_part"],
-        "process_shard.generate_shard": ["list_shards", "plan"],
+        "process_shard.generate_shard": ["check_server", "list_shards", "plan"],  # the fleet: how it admits requests
         "process_shard.validate_shard": ["plan", "process_shard.generate_shard"],
         "process_shard.export_shard": ["plan", "process_shard.validate_shard"],
         # A dataset's verify waits for its own shards only, deferred (below), never for every dataset's.

@@ -364,3 +364,42 @@ def test_an_answer_with_an_id_outside_the_vocabulary_ends_its_conversation(rende
     ended = assistant_message(ids, list(roles.generation_suffix), roles, renderer.profile, renderer.decode, history, [])
     assert isinstance(ended, Ended) and ended.reason == Reason.EARLIER_TURN_UNUSABLE
     assert f"id {2**31 + 1} outside the vocabulary" in ended.detail
+
+
+@pytest.mark.parametrize(("order", "base"), [("larger", None), ("smaller", 7), (None, 3)])
+def test_chain_priority_raises_each_turn_by_the_turns_its_conversation_has_left(
+    tmp_path: Path, renderer: ChatRenderer, order: str | None, base: int | None
+) -> None:
+    """On a fleet that admits by priority (its order from check_server), each turn carries the run's priority (0 when
+    null) moved towards the preferred end by the turns after it in its conversation, at most 9; without an order,
+    the run's own priority, as ever. The answers are the same either way."""
+    from regen.stages.generate.conversations import CHAIN_LEVELS
+
+    prepared, storage = prepare_sample(tmp_path / "root", renderer, DATASET, shard_size=100)
+    flags = ("--enable-priority-scheduling",) + (
+        ("--schedule-low-priority-values-first",) if order == "smaller" else ()
+    )
+    with start_simulator(tmp_path, *flags) as simulator:
+        settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=4, priority=base)
+        [shard] = [run_generate(s, storage, dataclasses.replace(settings, priority_order=order), renderer)
+                   for s in prepared.shards]  # fmt: skip
+        sent = {r["rid"].rsplit("-", 2)[0]: r for r in simulator.records()}
+    turns = {s: n for shard in prepared.shards for s, n in dataset_turns_by_conversation(storage, shard).items()}
+    asked = 0
+    for answer_id, record in sent.items():
+        left = min(turns[sample_of(answer_id)] - int(answer_id.rpartition(TURN)[2]), CHAIN_LEVELS)
+        if order is None:
+            assert record["priority"] == base
+        else:
+            assert record["priority"] == (base or 0) + (left if order == "larger" else -left), answer_id
+        asked += left > 0
+    assert asked > 10  # turns with others after them were asked
+    assert shard.stats["generate"].kept == len(sent)
+
+
+def dataset_turns_by_conversation(storage: Storage, shard: ShardManifest) -> dict[str, int]:
+    """Each conversation's turns, as the dataset gives them (prepare kept the rest of each conversation)."""
+    from regen.records import read_prompts
+
+    prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids", "messages", "tools"])
+    return {str(s): turn_count(prompts.later(str(s)) or "[]") for s in prompts.ids}

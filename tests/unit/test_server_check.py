@@ -255,3 +255,27 @@ def test_seeds_are_recorded_as_ignored_without_deterministic_inference(
     assert "does not run --enable-deterministic-inference" in caplog.text
     assert fleet_seeds_honoured([{"seeds_honoured": True}, {"workers": [{"seeds_honoured": True}]}]) is True
     assert fleet_seeds_honoured([{"seeds_honoured": True}, {"workers": [{"seeds_honoured": None}]}]) is None
+
+
+def test_how_each_server_admits_its_waiting_queue_is_recorded_and_chain_priority_uses_only_one_shared_order(
+    simulator: Simulator, tmp_path: Path, renderer: ChatRenderer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from regen.pipeline.shards import priority_order_for
+    from regen.run_params import RunSpec
+    from regen.sglang.served_model import fleet_priority_order
+
+    with start_simulator(tmp_path, "--enable-priority-scheduling", "--schedule-low-priority-values-first") as sim:
+        fleet = check_fleet([sim.url, simulator.url], renderer, SAMPLING)
+    assert [e["priority_order"] for e in fleet] == ["smaller", "arrival"]
+    assert fleet_priority_order(fleet) is None  # one server admits by arrival
+    assert fleet_priority_order(fleet[:1]) == "smaller"
+    assert fleet_priority_order([{"workers": [{"priority_order": "larger"}, {"priority_order": "larger"}]}]) == "larger"
+    assert fleet_priority_order([{"workers": [{"priority_order": "larger"}, {"priority_order": None}]}]) is None
+    assert fleet_priority_order([{"priority_order": "larger"}, {"priority_order": "smaller"}]) is None
+
+    run = RunSpec.model_construct(chain_priority=True)
+    caplog.clear()
+    assert priority_order_for(run, fleet[:1]) == "smaller" and not caplog.records
+    assert priority_order_for(run, fleet) is None
+    assert "chain_priority is on, but not every server" in caplog.text
+    assert priority_order_for(RunSpec.model_construct(chain_priority=False), fleet[:1]) is None

@@ -130,6 +130,16 @@ class Defaults(BaseModel):
         "turn, whose prefix cache holds the conversation so far (unless that endpoint is over 25% busier than the "
         "least busy): the history is not prefilled again. Off: every turn to the least busy endpoint",
     )
+    chain_priority: bool = Field(
+        False,
+        description="on a fleet whose every server runs --enable-priority-scheduling (check_server reads it): each "
+        "request carries `priority` (0 when null) raised by the turns its conversation has left after it, at most 9 "
+        "(a single-turn prompt: none), so a long conversation's next turn is admitted ahead of short work queued "
+        "before it. Under SGLang's preemption threshold (10) among the run's own requests; a request without a "
+        "priority is SGLang's least preferred, so on a fleet shared with live traffic give that traffic priorities "
+        "over the batch's by more than 9. Ignored, with a warning, on a fleet that does not schedule by priority "
+        "(docs/scaling.md)",
+    )
     longest_first: bool = Field(
         True,
         description="send each shard's prompts longest expected answer first, the lengths taken from the dataset's "

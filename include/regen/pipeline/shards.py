@@ -11,6 +11,7 @@ of its group's shards.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from regen.errors import FinalError
@@ -21,10 +22,13 @@ from regen.pipeline.run_storage import RunStorage
 from regen.pipeline.version_settings import VersionSettings
 from regen.run_params import RunSpec
 from regen.sglang.auth import NO_KEYS, ApiKeys
+from regen.sglang.served_model import fleet_priority_order
 from regen.stages.export import ExportSettings, run_export
 from regen.stages.generate.generate import GenerateSettings, run_generate
 from regen.stages.validate import ValidateSettings, run_validate
 from regen.storage import S3ClientFactory, get_json
+
+log = logging.getLogger(__name__)
 
 
 def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -54,16 +58,35 @@ def _group(prepared: PreparedDataset, group: dict[str, Any]) -> list[ShardManife
 
 
 def generate_group(
-    run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None, api_keys: ApiKeys = NO_KEYS
+    run: RunSpec,
+    group: dict[str, Any],
+    s3_client: S3ClientFactory | None = None,
+    api_keys: ApiKeys = NO_KEYS,
+    fleet: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A group's shards (`shard_groups`) generated in turn, each one's manifest kept in storage for validate. The
-    group again: what the next task reads, the same few bytes at any number of shards."""
+    group again: what the next task reads, the same few bytes at any number of shards. `fleet`: check_server's
+    record of it (how its servers admit their waiting queues, for chain priority)."""
     at = RunStorage.open(run, s3_client)
     prepared = at.prepared(group["dataset"])
     version = VersionSettings.of(prepared, run)
+    order = priority_order_for(run, fleet)
     for shard in _group(prepared, group):
-        _keep_stage_manifest(at, _generate(at, shard.to_dict(), api_keys, version), "generate")
+        _keep_stage_manifest(at, _generate(at, shard.to_dict(), api_keys, version, order), "generate")
     return _range(group)
+
+
+def priority_order_for(run: RunSpec, fleet: list[dict[str, Any]] | None) -> str | None:
+    """The fleet's priority order where the run's chain priority can use it; None (with a warning) where not."""
+    if not run.chain_priority:
+        return None
+    order = fleet_priority_order(fleet or [])
+    if order is None:
+        log.warning(
+            "chain_priority is on, but not every server of the fleet says it runs --enable-priority-scheduling (in "
+            "one order): requests are sent with the run's priority as without it (docs/scaling.md)"
+        )
+    return order
 
 
 def validate_group(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> dict[str, Any]:
@@ -129,11 +152,22 @@ def _version(at: RunStorage, shard: dict[str, Any]) -> VersionSettings:
     return VersionSettings.of(at.prepared(ShardManifest.from_dict(shard).location.dataset), at.run)
 
 
-def _generate(at: RunStorage, shard: dict[str, Any], api_keys: ApiKeys, version: VersionSettings) -> dict[str, Any]:
+def _generate(
+    at: RunStorage,
+    shard: dict[str, Any],
+    api_keys: ApiKeys,
+    version: VersionSettings,
+    priority_order: str | None = None,
+) -> dict[str, Any]:
     run = at.run
     from_run = {"endpoints", "concurrency", "request_timeout_s", "max_attempts", "fleet_wait_s", "checkpoint_every"}
     from_run |= {"checkpoint_s", "sample_timeouts", "max_server_rejected_share", "priority", "endpoint_affinity"}
-    settings = GenerateSettings(api_keys=api_keys, sampling_params=version.sampling, **run.model_dump(include=from_run))
+    settings = GenerateSettings(
+        api_keys=api_keys,
+        sampling_params=version.sampling,
+        priority_order=priority_order,
+        **run.model_dump(include=from_run),
+    )
     manifest = ShardManifest.from_dict(shard)
     # Only an on-policy shard (prepare counted its turns) renders prompts as it goes: other shards never load the
     # tokenizer here.

@@ -212,18 +212,24 @@ class SGLangClient:
             return False
 
     async def generate(
-        self, prompt_ids: list[int], sampling_params: dict[str, Any], rid: str, prefer: str | None = None
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        rid: str,
+        prefer: str | None = None,
+        priority: int | None = None,
     ) -> Generation:
         """One sample: transient faults retried with exponential backoff and jitter, on another endpoint if any.
         `prefer`: the endpoint to ask first where it is not much busier than the others (EndpointPool.acquire).
+        `priority`: this request's, instead of the client's.
 
         The request body is encoded once per sample; only the rid changes between attempts. Every attempt goes
         through tenacity's loop: its machinery costs about 0.17 ms a request (bench/bench_generate.py cpu), nothing
         beside answers that take seconds to minutes of GPU time."""
         nonce = f"{self._nonce_prefix}{next(self._samples):x}"
         request: dict[str, Any] = {"input_ids": prompt_ids, "sampling_params": sampling_params}
-        if self.priority is not None:
-            request["priority"] = self.priority
+        if (chosen := self.priority if priority is None else priority) is not None:
+            request["priority"] = chosen
         body = _encoder.encode({**request, "rid": ""})
         head, tail = body[: -len(b'""}')], b'"}'  # the body ends with the empty rid
         avoid: str | None = None

@@ -63,3 +63,22 @@ def fleet_seeds_honoured(fleet: list[dict[str, Any]]) -> bool | None:
     if any(a is False for a in answers):
         return False
     return True if answers and all(a is True for a in answers) else None
+
+
+def priority_order(server: dict[str, Any]) -> str | None:
+    """How the server admits its waiting queue: "larger" or "smaller" priority values first with
+    --enable-priority-scheduling (the second with --schedule-low-priority-values-first), "arrival" without it;
+    None: it does not say."""
+    enabled = server.get("enable_priority_scheduling")
+    if not isinstance(enabled, bool):
+        return None
+    if not enabled:
+        return "arrival"
+    return "smaller" if server.get("schedule_low_priority_values_first") is True else "larger"
+
+
+def fleet_priority_order(fleet: list[dict[str, Any]]) -> str | None:
+    """The order every server of a checked fleet (a router's workers within) admits by, "larger" or "smaller";
+    None when one schedules by arrival, does not say, or the servers differ."""
+    orders = {s.get("priority_order") for endpoint in fleet for s in (endpoint.get("workers") or [endpoint])}
+    return orders.pop() if len(orders) == 1 and orders <= {"larger", "smaller"} else None

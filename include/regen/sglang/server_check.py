@@ -37,7 +37,13 @@ from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
 from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens
 from regen.sglang.parity import sglang_version_warnings
-from regen.sglang.served_model import fleet_seeds_honoured, seeds_honoured, served_name, served_vocab
+from regen.sglang.served_model import (
+    fleet_seeds_honoured,
+    priority_order,
+    seeds_honoured,
+    served_name,
+    served_vocab,
+)
 
 log = logging.getLogger(__name__)
 PROBES = (
@@ -71,6 +77,7 @@ class WorkerInfo:
     context_length: int | None = None
     gpus: int | None = None
     seeds_honoured: bool | None = None
+    priority_order: str | None = None  # regen.sglang.served_model.priority_order
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,7 @@ class EndpointInfo:
     served_model_name: str = ""  # the name clients use (--served-model-name); model_path is --model-path
     vocab_size: int | None = None  # the served model's vocabulary (regen.sglang.served_model); None: unknown
     seeds_honoured: bool | None = None  # --enable-deterministic-inference: sampling_seed is applied; None: not said
+    priority_order: str | None = None  # the waiting queue's order (served_model.priority_order); a router's: None
 
 
 def model_matches(model_path: str, accepted: tuple[str, ...]) -> bool:
@@ -251,6 +259,7 @@ async def _check_one(
         probe_finish_reason=generation.finish_reason,
         router=bool(server.get("router_manager")),
         workers=workers,
+        priority_order=None if workers else priority_order(server),
     )
 
 
@@ -304,6 +313,7 @@ async def _router_fleet(
             context_length=context_length_of(s),
             gpus=gpus_of(s),
             seeds_honoured=seeds_honoured(s),
+            priority_order=priority_order(s),
         )
         for w, s in zip(workers, served, strict=True)
     ]

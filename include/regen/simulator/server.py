@@ -246,6 +246,7 @@ async def _one(
             "output_ids": output_ids,
             "finish_reason": finish_reason,
             "sampling": {"temperature": params["temperature"], "sampling_seed": params["sampling_seed"]},
+            "priority": priority,
             "defect": defect,
             "answered_at": time.time(),  # wall clock: a test compares it with when it killed a client
         }

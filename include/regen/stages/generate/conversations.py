@@ -21,11 +21,18 @@ from regen.stages.generate.checkpoints import Checkpoints
 
 
 class Ask(Protocol):
-    """ask(answer id, prompt ids, sampling params, prefer=endpoint): the answer, checkpointed, or the reason it was
-    rejected (checkpointed with it); `prefer`, the endpoint to ask first."""
+    """ask(answer id, prompt ids, sampling params, prefer=endpoint, priority=...): the answer, checkpointed, or the
+    reason it was rejected (checkpointed with it); `prefer`, the endpoint to ask first; `priority`, the request's
+    (None: the run's)."""
 
     def __call__(
-        self, answer_id: str, prompt_ids: list[int], params: dict[str, Any], *, prefer: str | None = None
+        self,
+        answer_id: str,
+        prompt_ids: list[int],
+        params: dict[str, Any],
+        *,
+        prefer: str | None = None,
+        priority: int | None = None,
     ) -> Awaitable[RawAnswer | Reason]: ...
 
 
@@ -51,6 +58,7 @@ class Conversations:
     renderer: ChatRenderer
     done: Checkpoints
     affinity: bool = True
+    priority_of: Callable[[int], int | None] | None = None  # a turn's priority from its conversation's turns left
     render_thread: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "regen-render"))
 
     async def worker(self, queue: Iterator[str], sampling_params: dict[str, Any], ask: Ask, reject: Reject) -> None:
@@ -82,7 +90,9 @@ class Conversations:
                 answer = Reason.of(self.done.rejected[answer_id]["reason"])
             else:
                 params = {**sampling_params, **prompts.sampling(answer_id)}
-                answer = await ask(answer_id, prompt_ids, params, prefer=endpoint if self.affinity else None)
+                priority = self.priority_of(len(turns) - turn) if self.priority_of else None
+                prefer = endpoint if self.affinity else None
+                answer = await ask(answer_id, prompt_ids, params, prefer=prefer, priority=priority)
             if isinstance(answer, Reason):  # its later turns are lost with it: for the fleet's fault, the fleet's
                 ended = Ended(Reason.EARLIER_TURN_UNUSABLE, f"it was rejected ({answer.value})")
                 return self._end(sample_id, turn, len(turns), ended, reject, cause=answer)
@@ -105,6 +115,17 @@ class Conversations:
             answer_id = turn_id(sample_id, later)
             if answer_id not in self.done:
                 reject(answer_id, ended.reason, f"turn {turn}: {ended.detail}", ended_by=ended_by)
+
+
+CHAIN_LEVELS = 9  # SGLang preempts a running request for one more preferred by over 10: never among the run's own
+
+
+def turn_priority(base: int, order: str, turns_left: int) -> int:
+    """A turn's priority on a fleet that admits `order` ("larger" or "smaller") values first: `base` moved towards
+    the preferred end by the turns its conversation has left after it, at most CHAIN_LEVELS, so a long chain's next
+    turn goes ahead of short work that waits (a single-turn prompt and a conversation's last turn: `base`)."""
+    level = min(max(turns_left, 0), CHAIN_LEVELS)
+    return base + level if order == "larger" else base - level
 
 
 def longest_first(todo: list[str], turn_tokens: Callable[[str], int | None] = lambda _: None) -> list[str]:

@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -28,6 +28,7 @@ from regen.chat import ChatRenderer
 from regen.endpoints import Endpoint, redact_url
 from regen.fleet_losses import DEFAULT_SHARE, check_losses, fleet_losses, version_answers
 from regen.fleet_losses import TooManyServerRejections as TooManyServerRejections  # what a shard fails with
+from regen.hints import CHAIN_PRIORITY, Hints
 from regen.manifest import GenerationReport, ShardManifest, StageStats
 from regen.metrics import current as metrics
 from regen.on_policy import turn_count
@@ -45,7 +46,7 @@ from regen.stages.generate.checkpoints import (
     rejection_line,
     reopen,
 )
-from regen.stages.generate.conversations import Conversations
+from regen.stages.generate.conversations import Conversations, turn_priority
 from regen.stages.generate.order import LengthOrder, conversation_order
 from regen.stages.generate.progress import Progress
 from regen.storage import Storage, sha256_file
@@ -69,6 +70,7 @@ class GenerateSettings:
     sample_timeouts: int = 2  # a sample that timed out this often, its endpoint answering others, is rejected
     max_server_rejected_share: float = DEFAULT_SHARE  # of the version's answers the fleet may lose (fleet_losses)
     priority: int | None = None  # SGLang's request priority: below live traffic on a shared fleet
+    priority_order: str | None = None  # with chain priority: the fleet's ("larger" or "smaller" first); None: off
     endpoint_affinity: bool = True  # an on-policy turn first to the endpoint that answered the turn before it
     api_keys: ApiKeys = field(default=NO_KEYS, repr=False)
     vocab_size: int | None = None  # prompt ids must be below it; None: the prepared tokenizer's (run_generate)
@@ -98,6 +100,7 @@ async def _ask(
     progress: Progress,
     keep: bool = False,
     prefer: str | None = None,
+    priority: int | None = None,
 ) -> RawAnswer | Reason:
     """One answer, checkpointed; or the reason the sample is rejected (checkpointed with it). `keep`:
     the answer carries its prompt (one that prompts/ does not hold: an on-policy turn's). `prefer`: the endpoint
@@ -108,7 +111,7 @@ async def _ask(
     in_flight = progress.in_flight
     in_flight.inc()
     try:
-        generation = await client.generate(prompt_ids, params, answer_id, prefer)
+        generation = await client.generate(prompt_ids, params, answer_id, prefer, priority)
     except PermanentError as e:
         detail = f"{redact_url(e.endpoint)}: {e}" if e.endpoint else str(e)
         return _reject(checkpointer, progress, answer_id, Reason.SERVER_REJECTED, detail, e.endpoint)
@@ -125,6 +128,16 @@ async def _ask(
     progress.answer(generation)  # counted first: a part that this record closes carries counts that include it
     checkpointer.add(encode_answer(answer))
     return answer
+
+
+def chain_priority(settings: GenerateSettings, hints: Hints) -> Callable[[int], int | None] | None:
+    """A turn's priority from its conversation's turns left (conversations.turn_priority), on a fleet that admits by
+    priority; None where chain priority is off. A hint: if it fails, the run's own priority."""
+    order = settings.priority_order
+    if order is None:
+        return None
+    base = settings.priority or 0
+    return lambda left: hints.use(CHAIN_PRIORITY, base, turn_priority, base, order, left)
 
 
 RECORD_FAULT_REASONS = {
@@ -220,7 +233,7 @@ async def _generate_missing(
             settings.max_attempts,
             settings.backoff_max_s,
             settings.sample_timeouts,
-            settings.priority,
+            settings.priority if settings.priority_order is None else settings.priority or 0,
             observe=progress.request,
         )
         flusher = checkpointer.start(
@@ -305,7 +318,9 @@ def run_generate(
         conversations = None
         if prompts.on_policy:
             assert renderer is not None
-            conversations = Conversations(prompts, renderer, done, affinity=settings.endpoint_affinity)
+            conversations = Conversations(
+                prompts, renderer, done, settings.endpoint_affinity, chain_priority(settings, progress.hints)
+            )
             todo = conversation_order(prompts, todo, progress.hints)  # the longest chain first: a hint
         longest = settings.sampling_params.get("max_new_tokens")  # no answer is longer, nor any prediction
         order = LengthOrder(prompts, todo, progress.hints, longest) if conversations is None else todo  # a hint
