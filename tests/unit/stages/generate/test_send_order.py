@@ -157,3 +157,85 @@ def test_an_on_policy_shard_sends_the_longest_chain_of_answers_first_and_in_the_
     hints = Hints()
     assert order.conversation_order(chains, todo, hints) == ["a", "b", "c", "d"]
     assert list(hints.failed) == ["send_order"]
+
+
+def prompts_of(prompt_lengths: list[int], references: list[int | None], expected: list[int | None]) -> ShardPrompts:
+    return ShardPrompts(
+        pa.table(
+            {
+                "id": [f"s{i}" for i in range(len(prompt_lengths))],
+                "prompt_ids": pa.array([list(range(n)) for n in prompt_lengths], pa.list_(pa.int32())),
+                "expected_tokens": pa.array(expected, pa.int32()),
+                "reference_tokens": pa.array(references, pa.int32()),
+            }
+        )
+    )
+
+
+def test_the_fit_is_the_ridge_solution_from_eight_answers_of_more_than_one_length() -> None:
+    """The closed form, exactly: slope = sum(c * (y - mean y)) / (sum(c^2) + RIDGE * n) over centred features c."""
+    import numpy as np
+
+    from regen.stages.generate.order import FIRST_FIT, RIDGE, Fit, _least_squares
+
+    x = [float(v) for v in range(FIRST_FIT // 2)]
+    y = [3.0 * v + 5.0 for v in x]
+    fit = _least_squares([[v] for v in x], y)
+    assert fit is not None
+    c = np.asarray(x) - np.mean(x)
+    expected = float(c @ (np.asarray(y) - np.mean(y))) / (float(c @ c) + RIDGE * len(y))
+    assert abs(float(fit.slopes[0]) - expected) < 1e-12 and fit.mean_y == np.mean(y)
+    assert float(fit.slopes[0]) < 3.0  # shrunk, never past the least-squares slope
+    assert _least_squares([[v] for v in x[:-1]], y[:-1]) is None  # seven answers: no fit yet
+    assert _least_squares([[v] for v in x], [7.0] * len(x)) is None  # one length: nothing to fit
+    two = _least_squares([[v, 1.0] for v in x], y)  # a feature that never varies gets no slope, not a division by 0
+    assert two is not None and float(two.slopes[1]) == 0.0 and abs(float(two.slopes[0]) - expected) < 1e-12
+    # A prediction is clipped to [0, max_tokens]: an int32 column's largest when the sampling sets no limit
+    huge = Fit(np.zeros(1), 1e6, np.zeros(1))
+    assert huge.predict([0.0], 4096) == 4096 and huge.predict([0.0], HUGE) >= HUGE - 1
+    assert Fit(np.zeros(1), -50.0, np.zeros(1)).predict([0.0], 4096) == 0
+    assert LengthOrder(prompts_of([1], [1], [1]), ["s0"]).max_tokens == HUGE
+
+
+def test_fitted_lengths_keep_the_last_versions_exact_lengths_and_fit_by_reference_where_there_is_one() -> None:
+    """The answers are twice their references: a pending sample with a reference is predicted near twice it; one
+    whose last version's length differs from its reference keeps that length exactly; one whose last version's length
+    is its reference (a first version's expected length is the reference) gets the fit."""
+    n = 20
+    references = [300 + 37 * i for i in range(n)] + [400, 900, 1000]
+    expected: list[int | None] = [*references[:n], 400, 5000, 1000]  # s21: the last version gave 5,000
+    prompts = prompts_of([5 + i % 3 for i in range(n + 3)], references, expected)
+    seen = [(f"s{i}", 2 * references[i]) for i in range(n)]
+    assert fitted_lengths(prompts, seen[:3], ["s20"]) is None  # too few answers: no fit, no prediction
+    predicted = fitted_lengths(prompts, seen, ["s20", "s21", "s22"])
+    assert predicted is not None
+    by_reference, kept, fitted = predicted
+    assert kept == 5000
+    assert by_reference is not None and fitted is not None
+    assert 700 < by_reference < 900 and 1800 < fitted < 2200  # about twice 400 and 1,000, not the 1,000 itself
+
+
+def test_a_refit_that_would_not_permute_the_pending_leaves_them_and_turns_the_order_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from regen.stages.generate import order as order_module
+
+    for broken in (lambda n: [0] * len(n), lambda n: [len(n) - 1] * len(n)):  # sorts below and above a permutation
+        prompts = prompts_of([3] * 40, [10 * (i + 1) for i in range(40)], [None] * 40)
+        order = LengthOrder(prompts, list(prompts.ids))
+        monkeypatch.setattr(order_module, "longest_first_order", broken)
+        taken = [next(order) for _ in range(16)]
+        pending = list(order.pending)
+        for sample_id in taken:
+            order.observe(sample_id, 7 * prompts.reference_tokens(sample_id))  # the 16th answer refits
+        assert order.pending == pending and "send_order" in order.hints.failed
+
+
+def test_the_fit_is_made_again_each_time_the_answers_double_past_256(monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts = prompts_of([3] * 600, [i + 1 for i in range(600)], [None] * 600)
+    order = LengthOrder(prompts, list(prompts.ids))
+    fits: list[int] = []
+    monkeypatch.setattr(LengthOrder, "refit", lambda self: fits.append(len(self.seen)))
+    for sample_id in list(order)[:600]:
+        order.observe(sample_id, 2 * prompts.reference_tokens(sample_id))
+    assert fits == [16, 32, 64, 128, 256, 512]
