@@ -127,9 +127,16 @@ def shard_prompt_ids(storage: Storage, shard: ShardManifest) -> dict[str, list[i
 
 
 def prepare_sample(
-    root: Path, renderer: ChatRenderer, dataset: str, shard_size: int, limit: int | None = None, version: str = "v1"
+    root: Path,
+    renderer: ChatRenderer,
+    dataset: str,
+    shard_size: int,
+    limit: int | None = None,
+    version: str = "v1",
+    by_length: bool = False,
 ) -> tuple[PreparedDataset, LocalStorage]:
-    """One of the bundled sample datasets, prepared into a local storage root as `version`."""
+    """One of the bundled sample datasets, prepared into a local storage root as `version`; `by_length`: longest
+    first (references counted)."""
     config = load_config()
     storage = LocalStorage(root)
     location = DatasetLocation(storage.root_uri, renderer.profile.name, dataset, version)
@@ -138,7 +145,9 @@ def prepare_sample(
         location,
         storage,
         renderer,
-        PrepareSettings(shard_size=shard_size, limit=limit, resolve_path=config.resolve, workers=1),
+        PrepareSettings(
+            shard_size=shard_size, limit=limit, resolve_path=config.resolve, workers=1, by_length=by_length
+        ),
     )
     return prepared, storage
 

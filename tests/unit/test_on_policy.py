@@ -367,39 +367,48 @@ def test_an_answer_with_an_id_outside_the_vocabulary_ends_its_conversation(rende
 
 
 @pytest.mark.parametrize(("order", "base"), [("larger", None), ("smaller", 7), (None, 3)])
-def test_chain_priority_raises_each_turn_by_the_turns_its_conversation_has_left(
-    tmp_path: Path, renderer: ChatRenderer, order: str | None, base: int | None
+def test_chain_priority_raises_each_turn_by_the_work_its_conversation_has_left(
+    tmp_path: Path, renderer: ChatRenderer, order: str | None, base: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a fleet that admits by priority (its order from check_server), each turn carries the run's priority (0 when
-    null) moved towards the preferred end by the turns after it in its conversation, at most 9; without an order,
-    the run's own priority, as ever. The answers are the same either way."""
-    from regen.stages.generate.conversations import CHAIN_LEVELS
+    null) moved towards the preferred end by a level a doubling of the reference tokens its conversation has left
+    from it on (a turn without a reference: the median turn's), at most 9; without an order, the run's own priority,
+    as ever. The sample's references are a few tokens long: a level is a doubling from 1 token here, not 128."""
+    import math
 
-    prepared, storage = prepare_sample(tmp_path / "root", renderer, DATASET, shard_size=100)
-    flags = ("--enable-priority-scheduling",) + (
-        ("--schedule-low-priority-values-first",) if order == "smaller" else ()
-    )
+    from regen.stages.generate import conversations
+
+    monkeypatch.setattr(conversations, "CHAIN_UNIT", 1)
+    prepared, storage = prepare_sample(tmp_path / "root", renderer, DATASET, shard_size=100, by_length=True)
+    smaller_first = ("--schedule-low-priority-values-first",) if order == "smaller" else ()
+    flags = ("--enable-priority-scheduling", *smaller_first)
     with start_simulator(tmp_path, *flags) as simulator:
         settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=4, priority=base)
         [shard] = [run_generate(s, storage, dataclasses.replace(settings, priority_order=order), renderer)
                    for s in prepared.shards]  # fmt: skip
         sent = {r["rid"].rsplit("-", 2)[0]: r for r in simulator.records()}
-    turns = {s: n for shard in prepared.shards for s, n in dataset_turns_by_conversation(storage, shard).items()}
-    asked = 0
+    references = {t: n for shard in prepared.shards for t, n in reference_turns(storage, shard).items()}
+    known = sorted(n for n in references.values() if n is not None)
+    median = known[len(known) // 2]
+    levels = set()
     for answer_id, record in sent.items():
-        left = min(turns[sample_of(answer_id)] - int(answer_id.rpartition(TURN)[2]), CHAIN_LEVELS)
+        sample, turn = sample_of(answer_id), int(answer_id.rpartition(TURN)[2])
+        later = [n for t, n in references.items() if sample_of(t) == sample and int(t.rpartition(TURN)[2]) >= turn]
+        left = sum(median if n is None else n for n in later)
+        level = min(max(int(math.log2(max(left, 1))), 0), 9)
+        levels.add(level)
         if order is None:
             assert record["priority"] == base
         else:
-            assert record["priority"] == (base or 0) + (left if order == "larger" else -left), answer_id
-        asked += left > 0
-    assert asked > 10  # turns with others after them were asked
+            assert record["priority"] == (base or 0) + (level if order == "larger" else -level), answer_id
+    assert len(levels) > 2  # turns with more and less work after them were asked
     assert shard.stats["generate"].kept == len(sent)
 
 
-def dataset_turns_by_conversation(storage: Storage, shard: ShardManifest) -> dict[str, int]:
-    """Each conversation's turns, as the dataset gives them (prepare kept the rest of each conversation)."""
+def reference_turns(storage: Storage, shard: ShardManifest) -> dict[str, int | None]:
+    """Every turn of the shard's conversations and its reference answer's length (prepare's turn_tokens), or None."""
     from regen.records import read_prompts
 
-    prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids", "messages", "tools"])
-    return {str(s): turn_count(prompts.later(str(s)) or "[]") for s in prompts.ids}
+    prompts = read_prompts(storage, shard.prompts_key, ["id", "prompt_ids", "messages", "tools", "turn_tokens"])
+    turns = prompts.answer_ids(lambda later: turn_count(later))
+    return {t: prompts.turn_tokens(t) for t in turns}

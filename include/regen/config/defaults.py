@@ -133,9 +133,9 @@ class Defaults(BaseModel):
     chain_priority: bool = Field(
         False,
         description="on a fleet whose every server runs --enable-priority-scheduling (check_server reads it): each "
-        "request carries `priority` (0 when null) raised by the turns its conversation has left after it, at most 9 "
-        "(a single-turn prompt: none), so a long conversation's next turn is admitted ahead of short work queued "
-        "before it. Under SGLang's preemption threshold (10) among the run's own requests; a request without a "
+        "request carries `priority` (0 when null), an on-policy turn's raised by a level for each doubling of the "
+        "reference tokens its conversation has left from it on past 128, at most 9, so the conversation with the "
+        "most work left is admitted ahead of short work queued before it. Under SGLang's preemption threshold (10) among the run's own requests; a request without a "
         "priority is SGLang's least preferred, so on a fleet shared with live traffic give that traffic priorities "
         "over the batch's by more than 9. Ignored, with a warning, on a fleet that does not schedule by priority "
         "(docs/scaling.md)",

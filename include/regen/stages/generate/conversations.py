@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -58,7 +59,8 @@ class Conversations:
     renderer: ChatRenderer
     done: Checkpoints
     affinity: bool = True
-    priority_of: Callable[[int], int | None] | None = None  # a turn's priority from its conversation's turns left
+    # a turn's priority from (conversation, turn, its turns): chain priority, where the fleet admits by priority
+    priority_of: Callable[[str, int, int], int | None] | None = None
     render_thread: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "regen-render"))
 
     async def worker(self, queue: Iterator[str], sampling_params: dict[str, Any], ask: Ask, reject: Reject) -> None:
@@ -90,7 +92,7 @@ class Conversations:
                 answer = Reason.of(self.done.rejected[answer_id]["reason"])
             else:
                 params = {**sampling_params, **prompts.sampling(answer_id)}
-                priority = self.priority_of(len(turns) - turn) if self.priority_of else None
+                priority = self.priority_of(sample_id, turn, len(turns)) if self.priority_of else None
                 prefer = endpoint if self.affinity else None
                 answer = await ask(answer_id, prompt_ids, params, prefer=prefer, priority=priority)
             if isinstance(answer, Reason):  # its later turns are lost with it: for the fleet's fault, the fleet's
@@ -118,14 +120,36 @@ class Conversations:
 
 
 CHAIN_LEVELS = 9  # SGLang preempts a running request for one more preferred by over 10: never among the run's own
+CHAIN_UNIT = 128  # tokens: a level a doubling of the work a conversation has left, from 256 tokens to 64k and more
+UNKNOWN_TURN = 512  # tokens a turn counts for when no turn of the shard has a reference answer
 
 
-def turn_priority(base: int, order: str, turns_left: int) -> int:
+def turn_priority(base: int, order: str, tokens_left: int) -> int:
     """A turn's priority on a fleet that admits `order` ("larger" or "smaller") values first: `base` moved towards
-    the preferred end by the turns its conversation has left after it, at most CHAIN_LEVELS, so a long chain's next
-    turn goes ahead of short work that waits (a single-turn prompt and a conversation's last turn: `base`)."""
-    level = min(max(turns_left, 0), CHAIN_LEVELS)
+    the preferred end by a level for each doubling of the answer tokens its conversation has left from it on (this
+    turn's and the later ones', predicted), at most CHAIN_LEVELS. The conversation with the most work left goes
+    first, as the longest chain must to end with the rest: its last turn too, ahead of a short conversation's first."""
+    level = min(max(int(math.log2(max(tokens_left, 1) / CHAIN_UNIT)), 0), CHAIN_LEVELS)
     return base + level if order == "larger" else base - level
+
+
+@dataclass(frozen=True)
+class ChainWork:
+    """Each turn's predicted answer length (`turn_tokens`: its reference; a turn with none counts as the median of
+    those known, or UNKNOWN_TURN when none is), and what a conversation has left from a turn on."""
+
+    predicted: Callable[[str], int | None]
+    median: int
+
+    @classmethod
+    def of(cls, answer_ids: list[str], turn_tokens: Callable[[str], int | None]) -> ChainWork:
+        known = sorted(n for n in map(turn_tokens, answer_ids) if n is not None)
+        return cls(turn_tokens, known[len(known) // 2] if known else UNKNOWN_TURN)
+
+    def left(self, sample_id: str, turn: int, turns: int) -> int:
+        return sum(
+            self.median if (n := self.predicted(turn_id(sample_id, k))) is None else n for k in range(turn, turns + 1)
+        )
 
 
 def longest_first(todo: list[str], turn_tokens: Callable[[str], int | None] = lambda _: None) -> list[str]:

@@ -46,7 +46,7 @@ from regen.stages.generate.checkpoints import (
     rejection_line,
     reopen,
 )
-from regen.stages.generate.conversations import Conversations, turn_priority
+from regen.stages.generate.conversations import ChainWork, Conversations, turn_priority
 from regen.stages.generate.order import LengthOrder, conversation_order
 from regen.stages.generate.progress import Progress
 from regen.storage import Storage, sha256_file
@@ -130,14 +130,21 @@ async def _ask(
     return answer
 
 
-def chain_priority(settings: GenerateSettings, hints: Hints) -> Callable[[int], int | None] | None:
-    """A turn's priority from its conversation's turns left (conversations.turn_priority), on a fleet that admits by
-    priority; None where chain priority is off. A hint: if it fails, the run's own priority."""
+def chain_priority(
+    settings: GenerateSettings, hints: Hints, prompts: ShardPrompts, todo: list[str]
+) -> Callable[[str, int, int], int | None] | None:
+    """A turn's priority from the work its conversation has left (conversations.turn_priority), on a fleet that
+    admits by priority; None where chain priority is off. A hint: if it fails, the run's own priority."""
     order = settings.priority_order
     if order is None:
         return None
     base = settings.priority or 0
-    return lambda left: hints.use(CHAIN_PRIORITY, base, turn_priority, base, order, left)
+    work = ChainWork.of(todo, prompts.turn_tokens)
+
+    def priority(sample_id: str, turn: int, turns: int) -> int | None:
+        return hints.use(CHAIN_PRIORITY, base, lambda: turn_priority(base, order, work.left(sample_id, turn, turns)))
+
+    return priority
 
 
 RECORD_FAULT_REASONS = {
@@ -318,9 +325,8 @@ def run_generate(
         conversations = None
         if prompts.on_policy:
             assert renderer is not None
-            conversations = Conversations(
-                prompts, renderer, done, settings.endpoint_affinity, chain_priority(settings, progress.hints)
-            )
+            chain = chain_priority(settings, progress.hints, prompts, todo)
+            conversations = Conversations(prompts, renderer, done, settings.endpoint_affinity, chain)
             todo = conversation_order(prompts, todo, progress.hints)  # the longest chain first: a hint
         longest = settings.sampling_params.get("max_new_tokens")  # no answer is longer, nor any prediction
         order = LengthOrder(prompts, todo, progress.hints, longest) if conversations is None else todo  # a hint
