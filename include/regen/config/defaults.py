@@ -135,10 +135,10 @@ class Defaults(BaseModel):
         description="on a fleet whose every server runs --enable-priority-scheduling (check_server reads it): each "
         "request carries `priority` (0 when null), an on-policy turn's raised by a level for each doubling of the "
         "reference tokens its conversation has left from it on past 128, at most 9, so the conversation with the "
-        "most work left is admitted ahead of short work queued before it. Under SGLang's preemption threshold (10) among the run's own requests; a request without a "
-        "priority is SGLang's least preferred, so on a fleet shared with live traffic give that traffic priorities "
-        "over the batch's by more than 9. Ignored, with a warning, on a fleet that does not schedule by priority "
-        "(docs/scaling.md)",
+        "most work left is admitted ahead of short work queued before it. Under SGLang's preemption threshold "
+        "(10) among the run's own requests; a request without a priority is SGLang's least preferred, so on a "
+        "fleet shared with live traffic give that traffic priorities over the batch's by more than 9. Ignored, with "
+        "a warning, on a fleet that does not schedule by priority (docs/scaling.md)",
     )
     longest_first: bool = Field(
         True,
