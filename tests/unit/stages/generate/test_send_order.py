@@ -195,6 +195,9 @@ def test_the_fit_is_the_ridge_solution_from_eight_answers_of_more_than_one_lengt
     assert huge.predict([0.0], 4096) == 4096 and huge.predict([0.0], HUGE) >= HUGE - 1
     assert Fit(np.zeros(1), -50.0, np.zeros(1)).predict([0.0], 4096) == 0
     assert LengthOrder(prompts_of([1], [1], [1]), ["s0"]).max_tokens == HUGE
+    from regen.stages.generate.order import _features
+
+    assert _features(prompts_of([4, 4], [0, 9], [0, 9]), "s0") == (np.log1p(4), 0.0)  # an empty reference: 0 tokens
 
 
 def test_fitted_lengths_keep_the_last_versions_exact_lengths_and_fit_by_reference_where_there_is_one() -> None:

@@ -44,3 +44,5 @@ def test_the_coverage_curve_is_the_sizes_below_the_target_and_the_drafts_own(tmp
     assert summary["draft_vocab_size"] == 3_000 and summary["target_vocab_size"] == 9_000
     _, summary = version_vocab(storage, location, [], VocabSizes.of(4_096, 9_000, [], 9_000))  # a draft among them
     assert list(summary["coverage_curve"]) == ["1024", "2048", "4096", "8192"]
+    _, summary = version_vocab(storage, location, [], VocabSizes.of(2_000, 8_192, [], 8_192))  # a target among them
+    assert list(summary["coverage_curve"]) == ["1024", "2000", "2048", "4096"]
