@@ -374,8 +374,13 @@ def run_module(key: str, args, copy: Path, report: dict, save) -> dict:
         save()
         return result
 
-    done = {(entry["operator"], entry["occurrence"]) for entry in args.previous.get(key, {}).get("results", [])}
-    result["results"] = [entry for entry in args.previous.get(key, {}).get("results", [])]
+    kept = [  # --recheck: the survivors run again, on this tree (tests added since may kill them)
+        entry
+        for entry in args.previous.get(key, {}).get("results", [])
+        if not (args.recheck and entry["outcome"] == "survived")
+    ]
+    done = {(entry["operator"], entry["occurrence"]) for entry in kept}
+    result["results"] = kept
     for count, index in enumerate(chosen, 1):
         spec = every[index]
         if (spec.operator_name, spec.occurrence) in done:
@@ -493,6 +498,9 @@ def main() -> None:
     parser.add_argument("--whole-suite", action="store_true", help="every mutant runs the whole suite (no coverage)")
     parser.add_argument("--report", type=Path, help="JSON report, rewritten after every mutant")
     parser.add_argument("--resume", action="store_true", help="skip the mutants the --report already has")
+    parser.add_argument(
+        "--recheck", action="store_true", help="with --resume: run the report's survivors again, the rest kept"
+    )
     parser.add_argument("--list", action="store_true", help="the modules, their mutant counts and suites; no run")
     parser.add_argument("--markdown", type=Path, help="print this report as a markdown table; no run")
     parser.add_argument("--print-importers", action="store_true", help="the test files importing each module")

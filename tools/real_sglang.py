@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -243,14 +243,16 @@ def start_real_servers(
     model: Path | None = None,
     ready_timeout_s: float = 300.0,
     port: int | None = None,
+    each_args: Sequence[tuple[str, ...]] = (),
 ) -> list[RealServer]:
     """One server per log, started together (their start-ups overlap), returned once all are ready: once each one's
     /health_generate answers 200 (its own generation probe passed). `model`: another model folder (e.g. one with a
-    smaller vocabulary); `extra_args`: more server flags."""
+    smaller vocabulary); `extra_args`: more server flags; `each_args`: more flags for each server, by position."""
     servers: list[RealServer] = []
     try:
-        for log in logs:
-            servers.append(launch_real_server(log, profile_name, port, extra_args, model))
+        for i, log in enumerate(logs):
+            own = each_args[i] if i < len(each_args) else ()
+            servers.append(launch_real_server(log, profile_name, port, (*extra_args, *own), model))
         for server in servers:
             _wait_ready(server, ready_timeout_s)
     except BaseException:
