@@ -21,7 +21,7 @@ import requests
 
 from regen.simulator.request_checks import SAMPLING_FIELDS
 from tests.conftest import start_simulator
-from tools.real_sglang import CONTEXT, RealServer, real_server
+from tools.real_sglang import CONTEXT, RealServer, start_real_servers
 
 pytestmark = pytest.mark.e2e
 PROMPT = [1000, 1001, 1002, 1003]
@@ -62,8 +62,8 @@ def shape(value: Any) -> Any:
     return type(value).__name__
 
 
-def answer_of(url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    response = requests.post(f"{url}/generate", json=body, timeout=120)
+def answer_of(url: str, body: dict[str, Any], timeout_s: float = 120) -> tuple[int, Any]:
+    response = requests.post(f"{url}/generate", json=body, timeout=timeout_s)
     return response.status_code, response.json()
 
 
@@ -159,9 +159,9 @@ def admission_order(url: str) -> list[str]:
     more than --priority-scheduling-preemption-threshold (10), which the simulator does not."""
     import threading
 
-    finished: list[str] = []
-    long_body = _body(max_new_tokens=min(CONTEXT - 16, 1500), ignore_eos=True) | {"priority": 3}
-    long = threading.Thread(target=answer_of, args=(url, long_body), daemon=True)
+    finished: list[tuple[float, str]] = []  # by when the server sent each answer: threads wake in any order
+    long_body = _body(max_new_tokens=1500, ignore_eos=True) | {"priority": 3}  # tens of seconds on CPU
+    long = threading.Thread(target=answer_of, args=(url, long_body, 600), daemon=True)
     long.start()
 
     def load() -> tuple[int, int]:
@@ -172,17 +172,19 @@ def admission_order(url: str) -> list[str]:
 
     def ask(name: str, priority: int | None) -> None:
         body = _body(max_new_tokens=1) | ({} if priority is None else {"priority": priority})
-        assert answer_of(url, body)[0] == 200
-        finished.append(name)
+        status, answer = answer_of(url, body)
+        assert status == 200
+        finished.append((answer["meta_info"]["response_sent_to_client_ts"], name))
 
     threads = []
     for waiting, (name, priority) in enumerate(WAITING, 1):
         threads.append(threading.Thread(target=ask, args=(name, priority), daemon=True))
         threads[-1].start()
         wait_for(lambda waiting=waiting: load()[1] == waiting)
+    assert load() == (1, len(WAITING))  # all of them waited together behind the long one
     for thread in [long, *threads]:
-        thread.join(120)
-    return finished
+        thread.join(600)
+    return [name for _, name in sorted(finished)]
 
 
 def wait_for(condition: Any, timeout_s: float = 60.0) -> None:
@@ -194,36 +196,32 @@ def wait_for(condition: Any, timeout_s: float = 60.0) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("low_values_first", [False, True], ids=["larger first", "smaller first"])
-def test_priority_scheduling_admits_the_waiting_queue_as_the_real_server_does(
-    low_values_first: bool, tmp_path: Path
-) -> None:
+def test_priority_scheduling_admits_the_waiting_queue_as_the_real_server_does(tmp_path: Path) -> None:
     """With --enable-priority-scheduling and one running slot: the waiting requests by priority, then arrival, one
-    without a priority last, in either direction; the flags are reported by /get_server_info alike."""
-    flags = ("--enable-priority-scheduling", *(("--schedule-low-priority-values-first",) if low_values_first else ()))
-    with (
-        start_simulator(
-            tmp_path,
-            "--max-running",
-            "1",
-            "--decode-ms-per-token",
-            "10",
-            "--min-tokens",
-            "300",
-            "--max-tokens",
-            "300",
-            "--max-tokens",
-            "300",
-            *flags,
-        ) as simulator,
-        real_server(tmp_path / "server.log", extra_args=("--max-running-requests", "1", *flags)) as real,
-    ):
-        simulated, served = admission_order(simulator.url), admission_order(real.url)
-        info = {url: requests.get(f"{url}/get_server_info", timeout=10).json() for url in (simulator.url, real.url)}
-    expected = ["a", "e", "b", "d", "none"] if low_values_first else ["b", "d", "e", "a", "none"]
-    assert served == expected  # the contract, from SGLang's scheduler: priority, then arrival; none last
-    assert simulated == served
-    for key in ("enable_priority_scheduling", "schedule_low_priority_values_first"):
-        assert (
-            info[simulator.url][key] == info[real.url][key] == (key == "enable_priority_scheduling" or low_values_first)
-        )
+    without a priority last, in either direction (two real servers started together, one each way, and a simulator
+    beside each); the flags are reported by /get_server_info alike."""
+    both = ("--enable-priority-scheduling",)
+    smaller = ("--schedule-low-priority-values-first",)
+    real = start_real_servers(
+        [tmp_path / "larger.log", tmp_path / "smaller.log"],
+        extra_args=("--max-running-requests", "1", *both),
+        each_args=[(), smaller],
+    )
+    try:
+        for server, low_values_first in zip(real, (False, True), strict=True):
+            flags = (*both, *(smaller if low_values_first else ()))
+            folder = tmp_path / ("smaller" if low_values_first else "larger")
+            folder.mkdir()
+            slow = ("--max-running", "1", "--decode-ms-per-token", "10", "--min-tokens", "300", "--max-tokens", "300")
+            with start_simulator(folder, *slow, *flags) as simulator:
+                simulated, served = admission_order(simulator.url), admission_order(server.url)
+                info = {u: requests.get(f"{u}/get_server_info", timeout=10).json() for u in (simulator.url, server.url)}
+            expected = ["a", "e", "b", "d", "none"] if low_values_first else ["b", "d", "e", "a", "none"]
+            assert served == expected  # the contract, from SGLang's scheduler: priority, then arrival; none last
+            assert simulated == served
+            reported = {"enable_priority_scheduling": True, "schedule_low_priority_values_first": low_values_first}
+            for key, value in reported.items():
+                assert info[simulator.url][key] == info[server.url][key] == value
+    finally:
+        for server in real:
+            server.stop()
