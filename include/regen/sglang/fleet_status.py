@@ -18,7 +18,8 @@ from regen.endpoints import Endpoint
 from regen.redaction import describe
 from regen.sglang.auth import NO_KEYS, ApiKeys, Unauthorized
 from regen.sglang.client import get_json
-from regen.sglang.server_check import MODEL_INFO, SERVER_INFO, context_length_of, get_either, redacted, router_workers
+from regen.sglang.served_model import context_length_of
+from regen.sglang.server_check import MODEL_INFO, SERVER_INFO, get_either, redacted, router_workers
 
 TIMEOUT_S = 3.0
 

@@ -65,6 +65,18 @@ def fleet_seeds_honoured(fleet: list[dict[str, Any]]) -> bool | None:
     return True if answers and all(a is True for a in answers) else None
 
 
+def context_length_of(server: dict[str, Any]) -> int | None:
+    """The longest prompt and answer the server takes, as its server info reports it."""
+    value = server.get("context_length") or server.get("max_req_input_len")
+    return int(value) if value else None
+
+
+def gpus_of(server: dict[str, Any]) -> int | None:
+    """A server's GPUs: tensor- times data-parallel size, as its server info reports them."""
+    tp, dp = server.get("tp_size"), server.get("dp_size") or 1
+    return int(tp) * int(dp) if isinstance(tp, int) and tp > 0 else None
+
+
 def priority_order(server: dict[str, Any]) -> str | None:
     """How the server admits its waiting queue: "larger" or "smaller" priority values first with
     --enable-priority-scheduling (the second with --schedule-low-priority-values-first), "arrival" without it;

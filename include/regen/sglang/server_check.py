@@ -1,5 +1,4 @@
-"""The check_server stage: before any GPU time goes into shards, prove every endpoint serves the profile's model
-correctly.
+"""The check_server stage: before any GPU time goes into shards, prove every endpoint serves the profile's model.
 
 An endpoint is an SGLang server or an sglang-router in front of several. Each must answer /health (within a
 deadline; at once when nothing listens there), report a model that the profile accepts in /get_model_info (a router
@@ -38,7 +37,9 @@ from regen.sglang.client import Generation, SGLangClient, get_json, wait_healthy
 from regen.sglang.fleet import EndpointPool, FleetUnavailable, NothingListens
 from regen.sglang.parity import sglang_version_warnings
 from regen.sglang.served_model import (
+    context_length_of,
     fleet_seeds_honoured,
+    gpus_of,
     priority_order,
     seeds_honoured,
     served_name,
@@ -119,12 +120,6 @@ def fleet_capacity(workers: list[WorkerInfo]) -> int | None:
     """The healthy workers' running slots: None unless every one of them is known."""
     slots = [w.max_running_requests for w in workers if w.healthy]
     return sum(s for s in slots if s is not None) if slots and None not in slots else None
-
-
-def gpus_of(server: dict[str, Any]) -> int | None:
-    """A server's GPUs: tensor- times data-parallel size, as its server info reports them."""
-    tp, dp = server.get("tp_size"), server.get("dp_size") or 1
-    return int(tp) * int(dp) if isinstance(tp, int) and tp > 0 else None
 
 
 def fleet_gpus(workers: list[WorkerInfo]) -> int | None:
@@ -261,11 +256,6 @@ async def _check_one(
         workers=workers,
         priority_order=None if workers else priority_order(server),
     )
-
-
-def context_length_of(server: dict[str, Any]) -> int | None:
-    value = server.get("context_length") or server.get("max_req_input_len")
-    return int(value) if value else None
 
 
 async def _router_fleet(

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import jinja2
 
 from regen.chat import ChatRenderer
+from regen.hints import CHAIN_PRIORITY, Hints
 from regen.on_policy import Ended, after_answer, check_resumed, dataset_turns
 from regen.reasons import Reason
 from regen.records import RawAnswer, ShardPrompts, decode_answer
@@ -150,6 +151,21 @@ class ChainWork:
         return sum(
             self.median if (n := self.predicted(turn_id(sample_id, k))) is None else n for k in range(turn, turns + 1)
         )
+
+
+def chain_priority(
+    order: str | None, base: int | None, hints: Hints, prompts: ShardPrompts, todo: list[str]
+) -> Callable[[str, int, int], int | None] | None:
+    """A turn's priority from the work its conversation has left (turn_priority), on a fleet that admits `order`
+    first; None where chain priority is off (no order). A hint: if it fails, the run's own priority (`base`)."""
+    if order is None:
+        return None
+    work, plain = ChainWork.of(todo, prompts.turn_tokens), base or 0
+
+    def priority(sample_id: str, turn: int, turns: int) -> int | None:
+        return hints.use(CHAIN_PRIORITY, plain, lambda: turn_priority(plain, order, work.left(sample_id, turn, turns)))
+
+    return priority
 
 
 def longest_first(todo: list[str], turn_tokens: Callable[[str], int | None] = lambda _: None) -> list[str]:

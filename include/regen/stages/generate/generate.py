@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -28,7 +28,6 @@ from regen.chat import ChatRenderer
 from regen.endpoints import Endpoint, redact_url
 from regen.fleet_losses import DEFAULT_SHARE, check_losses, fleet_losses, version_answers
 from regen.fleet_losses import TooManyServerRejections as TooManyServerRejections  # what a shard fails with
-from regen.hints import CHAIN_PRIORITY, Hints
 from regen.manifest import GenerationReport, ShardManifest, StageStats
 from regen.metrics import current as metrics
 from regen.on_policy import turn_count
@@ -46,7 +45,7 @@ from regen.stages.generate.checkpoints import (
     rejection_line,
     reopen,
 )
-from regen.stages.generate.conversations import ChainWork, Conversations, turn_priority
+from regen.stages.generate.conversations import Conversations, chain_priority
 from regen.stages.generate.order import LengthOrder, conversation_order
 from regen.stages.generate.progress import Progress
 from regen.storage import Storage, sha256_file
@@ -128,23 +127,6 @@ async def _ask(
     progress.answer(generation)  # counted first: a part that this record closes carries counts that include it
     checkpointer.add(encode_answer(answer))
     return answer
-
-
-def chain_priority(
-    settings: GenerateSettings, hints: Hints, prompts: ShardPrompts, todo: list[str]
-) -> Callable[[str, int, int], int | None] | None:
-    """A turn's priority from the work its conversation has left (conversations.turn_priority), on a fleet that
-    admits by priority; None where chain priority is off. A hint: if it fails, the run's own priority."""
-    order = settings.priority_order
-    if order is None:
-        return None
-    base = settings.priority or 0
-    work = ChainWork.of(todo, prompts.turn_tokens)
-
-    def priority(sample_id: str, turn: int, turns: int) -> int | None:
-        return hints.use(CHAIN_PRIORITY, base, lambda: turn_priority(base, order, work.left(sample_id, turn, turns)))
-
-    return priority
 
 
 RECORD_FAULT_REASONS = {
@@ -325,7 +307,7 @@ def run_generate(
         conversations = None
         if prompts.on_policy:
             assert renderer is not None
-            chain = chain_priority(settings, progress.hints, prompts, todo)
+            chain = chain_priority(settings.priority_order, settings.priority, progress.hints, prompts, todo)
             conversations = Conversations(prompts, renderer, done, settings.endpoint_affinity, chain)
             todo = conversation_order(prompts, todo, progress.hints)  # the longest chain first: a hint
         longest = settings.sampling_params.get("max_new_tokens")  # no answer is longer, nor any prediction
