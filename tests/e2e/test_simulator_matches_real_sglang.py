@@ -172,7 +172,7 @@ def admission_order(url: str) -> list[str]:
 
     def ask(name: str, priority: int | None) -> None:
         body = _body(max_new_tokens=1) | ({} if priority is None else {"priority": priority})
-        status, answer = answer_of(url, body)
+        status, answer = answer_of(url, body, 600)  # it waits behind the long one: minutes on a loaded CPU
         assert status == 200
         finished.append((answer["meta_info"]["response_sent_to_client_ts"], name))
 
@@ -206,6 +206,7 @@ def test_priority_scheduling_admits_the_waiting_queue_as_the_real_server_does(tm
         [tmp_path / "larger.log", tmp_path / "smaller.log"],
         extra_args=("--max-running-requests", "1", *both),
         each_args=[(), smaller],
+        ready_timeout_s=600,  # two start-ups at once beside the session's own servers
     )
     try:
         for server, low_values_first in zip(real, (False, True), strict=True):
