@@ -160,7 +160,7 @@ def admission_order(url: str) -> list[str]:
     import threading
 
     finished: list[tuple[float, str]] = []  # by when the server sent each answer: threads wake in any order
-    long_body = _body(max_new_tokens=1500, ignore_eos=True) | {"priority": 3}  # tens of seconds on CPU
+    long_body = _body(max_new_tokens=800, ignore_eos=True) | {"priority": 3}  # tens of seconds on CPU
     long = threading.Thread(target=answer_of, args=(url, long_body, 600), daemon=True)
     long.start()
 
