@@ -38,7 +38,7 @@ ENDPOINT_AFFINITY = Hint(
 )
 CHAIN_PRIORITY = Hint(
     "chain_priority",
-    "chain priority (an on-policy turn's priority raised by the turns its conversation has left)",
+    "chain priority (an on-policy turn's priority raised by the work its conversation has left)",
     "turns were sent with the run's priority",
 )
 LAST_LENGTHS = Hint(

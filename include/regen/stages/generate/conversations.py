@@ -147,10 +147,11 @@ class ChainWork:
         known = sorted(n for n in map(turn_tokens, answer_ids) if n is not None)
         return cls(turn_tokens, known[len(known) // 2] if known else UNKNOWN_TURN)
 
+    def tokens(self, answer_id: str) -> int:
+        return self.median if (n := self.predicted(answer_id)) is None else n
+
     def left(self, sample_id: str, turn: int, turns: int) -> int:
-        return sum(
-            self.median if (n := self.predicted(turn_id(sample_id, k))) is None else n for k in range(turn, turns + 1)
-        )
+        return sum(self.tokens(turn_id(sample_id, k)) for k in range(turn, turns + 1))
 
 
 def chain_priority(
@@ -176,12 +177,10 @@ def longest_first(todo: list[str], turn_tokens: Callable[[str], int | None] = la
     remaining: dict[str, list[str]] = {}
     for answer_id in todo:
         remaining.setdefault(sample_of(answer_id), []).append(answer_id)
-    predicted = {answer_id: turn_tokens(answer_id) for answer_id in todo}
-    known = sorted(n for n in predicted.values() if n is not None)
-    median = known[len(known) // 2] if known else 0
+    chains = ChainWork.of(todo, turn_tokens)  # with no reference at all, every turn alike: the most turns first
 
     def work(sample_id: str) -> tuple[int, int]:
         turns = remaining[sample_id]
-        return sum(median if (n := predicted[t]) is None else n for t in turns), len(turns)
+        return sum(map(chains.tokens, turns)), len(turns)
 
     return sorted(remaining, key=work, reverse=True)
