@@ -248,7 +248,9 @@ async def _one(
             "sampling": {"temperature": params["temperature"], "sampling_seed": params["sampling_seed"]},
             "priority": priority,
             "defect": defect,
-            "answered_at": time.time(),  # wall clock: a test compares it with when it killed a client
+            "received_at": received,  # wall clock, as the two below: a bench's timeline of the fleet
+            "admitted_at": forward_entry,
+            "answered_at": time.time(),  # a test compares it with when it killed a client
         }
         state.record_file.write(json.dumps(record) + "\n")
         state.record_file.flush()
