@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_drain.py [--prompts 1280] [--endpoints 4] [--slots 16] [--margin 3]
                                           [--length-median 500] [--decode-ms 4.5] [--report var/bench/drain.json]
     .venv/bin/python bench/bench_drain.py --on-policy 140 --endpoints 2 --shard-size 20 [--max-turns 8]
+    .venv/bin/python bench/bench_drain.py --on-policy 140 --night 500 --endpoints 2 --shard-size 20
 
 Airflow (scheduler, dag-processor, triggerer, api-server; LocalExecutor on PostgreSQL) runs the DAG, a pool of 4
 shard tasks, over two datasets of distinct prompts against `--endpoints` simulators of `--slots` running slots each.
@@ -25,16 +26,22 @@ and the same training records (the order changes what the fleet does when, never
 
 With `--on-policy N`: one dataset of N on-policy conversations of 1 to `--max-turns` user turns instead, each turn's
 recorded answer (its reference) lognormal around `--length-median` tokens and the answer the target gives it that
-times lognormal(0, 0.5), at most 6,000 tokens (spelt in the turn for the simulators: `--length-hint`); two first
-versions, in roots of their own: the shards' own order, then the longest chain of predicted answers first, then
-that with `chain_priority` (the simulators admit their waiting queues by priority, as SGLang with
---enable-priority-scheduling: a conversation's next turn ahead of short work queued before it). Each holds every
-turn's record once, the same records.
+times lognormal(0, 0.5), at most 6,000 tokens (spelt in the turn for the simulators: `--length-hint`); three first
+versions, in roots of their own: the shards' own order, the longest chain of predicted answers first, and that with
+`chain_priority` (the simulators admit their waiting queues by priority, as SGLang with
+--enable-priority-scheduling). With `--night M` too: a mixed night on one fleet, the conversations beside a
+single-turn first version of M rows (references: the answers x lognormal(0, 0.5)) and the second version of another
+M rows (its first made just before), three times: at `--shard-size` and `--margin`, then at the shard size and
+budget that keep 6 requests a slot at the servers while tasks drain (`sized_for_fleet`), without and with chain
+priority. Each run prints, beside what it measured, what the drain model (drain_model.py) predicts for its settings,
+and where its idle slot-seconds fell (`timeline`: each tenth of the window, and whether requests waited meanwhile).
+Each holds every answer's record once, the same records.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -48,20 +55,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import drain_model  # noqa: E402
 from report_file import save  # noqa: E402
 
 from tools.devstack import Stack  # noqa: E402
 
 DATASETS = ("drain_a", "drain_b")
 CHATS = "drain_chat"
+NIGHT_FIRST, NIGHT_SECOND = "night_first", "night_second"
 SHARD_TASKS = 4
-LONGEST_ANSWER = 6000  # tokens, of an on-policy turn's answer
+LIVE_ROUNDS = 6  # requests at the servers a running slot in the sized runs (docs/scaling.md)
 
 
 def write_config(
     folder: Path, args: argparse.Namespace, longest_first: bool = True, chain_priority: bool = False
 ) -> Path:
-    if args.on_policy:
+    if args.on_policy or args.night:
         return write_chat_config(folder, args, longest_first, chain_priority)
     for name in DATASETS:
         rows = [
@@ -80,15 +89,22 @@ def write_config(
 
 
 def deployment(
-    folder: Path, args: argparse.Namespace, longest_first: bool, profile: str, chain_priority: bool = False
+    folder: Path,
+    args: argparse.Namespace,
+    longest_first: bool,
+    profile: str,
+    chain_priority: bool = False,
+    sized: bool = False,
 ) -> dict[str, Any]:
-    """The config's defaults and governance, the same for every dataset the bench makes."""
+    """The config's defaults and governance, the same for every dataset the bench makes; `sized`: the shard size and
+    in-flight budget `sized_for_fleet` gives, instead of --shard-size and --margin."""
+    shard_size, in_flight = sized_for_fleet(args) if sized else (args.shard_size, in_flight_of(args))
     return {
         "defaults": {
             "profile": profile,
             "storage_root": str(folder / "storage"),
-            "shard_size": args.shard_size,
-            "in_flight": int(args.endpoints * args.slots * args.margin),
+            "shard_size": shard_size,
+            "in_flight": in_flight,
             "shard_tasks": SHARD_TASKS,
             "tokenize_workers": 1,
             "longest_first": longest_first,
@@ -100,40 +116,69 @@ def deployment(
     }
 
 
-def write_chat_config(folder: Path, args: argparse.Namespace, longest_first: bool, chain_priority: bool) -> Path:
-    """One dataset of `--on-policy` conversations (seeded: the same every run); a turn's answer length is spelt in
-    its user message, for the simulators' --length-hint."""
-    import random
+def in_flight_of(args: argparse.Namespace) -> int:
+    return int(args.endpoints * args.slots * args.margin)
+
+
+def sized_for_fleet(args: argparse.Namespace) -> tuple[int, int]:
+    """A shard size and an in-flight budget that keep LIVE_ROUNDS x the fleet's slots at the servers while shard
+    tasks drain (docs/scaling.md): each task's share of in_flight is its whole shard."""
+    share = -(-LIVE_ROUNDS * args.endpoints * args.slots // SHARD_TASKS)
+    return share, share * SHARD_TASKS
+
+
+def write_chat_config(
+    folder: Path, args: argparse.Namespace, longest_first: bool, chain_priority: bool, sized: bool = False
+) -> Path:
+    """One dataset of `--on-policy` conversations (seeded: the same every run; with `--night`, the night's three
+    datasets); an answer's length is spelt in its user message, for the simulators' --length-hint."""
     from importlib.resources import files
 
     import yaml
 
-    draw = random.Random(55)
-    rows = []
-    for i in range(args.on_policy):
-        messages = []
-        for k in range(draw.randint(1, args.max_turns)):
-            reference = max(1, min(LONGEST_ANSWER, round(args.length_median * math.exp(draw.gauss(0.0, 1.0)))))
-            answer = max(2, min(LONGEST_ANSWER, round(reference * math.exp(0.5 * draw.gauss(0.0, 1.0)))))
-            messages.append({"role": "user", "content": f"Conversation {i}, question {k}. [[answer {answer} tokens]]"})
-            messages.append({"role": "assistant", "content": " ".join(["step"] * reference)})
-        rows.append({"messages": messages})
-    (folder / f"{CHATS}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    datasets = chat_datasets(args)
+    for name, rows in datasets.items():
+        (folder / f"{name}.jsonl").write_text(
+            "".join(json.dumps(hinted_row(name, i, r)) + "\n" for i, r in enumerate(rows))
+        )
     builtin = yaml.safe_load(files("regen").joinpath("builtin_profiles.yaml").read_text())["kimi-k2.5-mini"]
     config = {
-        **deployment(folder, args, longest_first, "drain-chat", chain_priority),
+        **deployment(folder, args, longest_first, "drain-chat", chain_priority, sized),
         "profiles": {"drain-chat": {**builtin, "max_prompt_tokens": 200_000}},  # every turn's history fits
-        "datasets": {CHATS: {"paths": [f"{CHATS}.jsonl"], "format": "openai_messages", "turns": "on_policy"}},
+        "datasets": {
+            name: {"paths": [f"{name}.jsonl"], "format": "openai_messages"}
+            | ({"turns": "on_policy"} if name == CHATS else {})
+            for name in datasets
+        },
     }
     path = folder / "regen.yaml"
     path.write_text(json.dumps(config))
     return path
 
 
-def chat_turns(folder: Path) -> int:
-    """The answers the on-policy dataset asks for: one a user turn."""
-    rows = [json.loads(line) for line in (folder / f"{CHATS}.jsonl").read_text().splitlines()]
-    return sum(1 for row in rows for m in row["messages"] if m["role"] == "user")
+def chat_datasets(args: argparse.Namespace) -> dict[str, list[list[tuple[int, int]]]]:
+    """The on-policy conversations, each row its turns' (reference tokens, answer tokens); with `--night`, beside
+    single-turn rows whose references are the answers x lognormal(0, 0.5) (a first version) and single-turn rows of
+    a dataset that `--night` answers once before the night (its second version, ordered by the first's)."""
+    chats = {CHATS: drain_model.conversations(args.on_policy, args.max_turns, args.length_median)}
+    if not args.night:
+        return chats
+    return {
+        NIGHT_FIRST: drain_model.single_turn(args.night, 0.5, args.length_median, seed=51),
+        **chats,
+        NIGHT_SECOND: drain_model.single_turn(args.night, None, args.length_median, seed=52),
+    }
+
+
+def hinted_row(name: str, i: int, turns: list[tuple[int, int]]) -> dict[str, Any]:
+    """A conversation whose every user turn spells its answer's length; a reference answer of the reference's
+    length after it, but for a second version's rows (their first version is the reference)."""
+    messages: list[dict[str, str]] = []
+    for k, (reference, answer) in enumerate(turns):
+        messages.append({"role": "user", "content": f"{name} {i}, question {k}. [[answer {answer} tokens]]"})
+        if name != NIGHT_SECOND or k + 1 < len(turns):
+            messages.append({"role": "assistant", "content": " ".join(["step"] * reference)})
+    return {"messages": messages}
 
 
 def with_references(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -159,6 +204,7 @@ def with_references(rows: list[dict[str, Any]], args: argparse.Namespace) -> lis
 
 def one_run(stack: Stack, version: str, **conf: Any) -> dict[str, Any]:
     before = [s.stats() for s in stack.fleet]
+    recorded = [len(s.records()) for s in stack.fleet]
     run_id = stack.trigger({"endpoints": [s.url for s in stack.fleet], "version": version, **conf})
     state = stack.wait_for_run(run_id, timeout_s=3600)
     if state != "success":
@@ -184,6 +230,71 @@ def one_run(stack: Stack, version: str, **conf: Any) -> dict[str, Any]:
         "manifests": [d["manifest"] for d in report["datasets"]],
         "predictor": sorted({(d.get("length_prediction") or {}).get("predictor", "?") for d in report["datasets"]}),
         "spearman": [(d.get("length_prediction") or {}).get("spearman") for d in report["datasets"]],
+        "timeline": timeline(
+            [
+                answer
+                for simulator, n in zip(stack.fleet, recorded, strict=True)
+                for answer in simulator.records()[n:]
+                if answer["received_at"] >= first_request  # not check_server's probe
+            ],
+            slots,
+        ),
+    }
+
+
+def timeline(answers: list[dict[str, Any]], slots: int, tenths: int = 10) -> dict[str, Any]:
+    """Where the idle slot-seconds of a run fall, from the simulators' record of each answer (when it arrived, was
+    admitted and answered): the utilization in each tenth of the window; the idle share while requests waited at a
+    server (none, for a fleet kept busy) and the share with nothing waiting (the client sent too little); and the
+    shard tasks (clients: a rid's nonce prefix) that had a request answered, in all and in the last tenth."""
+    start, end = min(a["received_at"] for a in answers), max(a["answered_at"] for a in answers)
+    width = (end - start) / tenths
+    busy = [
+        sum(
+            max(0.0, min(a["answered_at"], start + (k + 1) * width) - max(a["admitted_at"], start + k * width))
+            for a in answers
+        )
+        for k in range(tenths)
+    ]
+    # A sweep over the arrivals, admissions and answers: the idle slots, and whether a request waited meanwhile.
+    steps = [(a["received_at"], 1, 0) for a in answers] + [(a["admitted_at"], -1, 1) for a in answers]
+    steps += [(a["answered_at"], 0, -1) for a in answers]
+    idle_waiting = idle_starved = 0.0
+    waiting = running = 0
+    at = start
+    for when, waits, runs in sorted(steps):
+        idle = max(0, slots - running) * (when - at)
+        if waiting:
+            idle_waiting += idle
+        else:
+            idle_starved += idle
+        at, waiting, running = when, waiting + waits, running + runs
+    total = slots * (end - start)
+
+    def clients(of: list[dict[str, Any]]) -> int:
+        return len({a["rid"].rsplit("-", 2)[1][:8] for a in of})
+
+    # An on-policy turn's next one arrives after the worker rendered the conversation so far: the client's time.
+    from regen.samples import sample_of, turn_of
+
+    turns: dict[str, list[tuple[int, float, float]]] = {}
+    for a in answers:
+        answer_id = a["rid"].rsplit("-", 2)[0]
+        if (turn := turn_of(answer_id)) is not None:
+            turns.setdefault(sample_of(answer_id), []).append((turn, a["received_at"], a["answered_at"]))
+    gaps = sorted(
+        later[1] - earlier[2]
+        for chain in turns.values()
+        for earlier, later in itertools.pairwise(sorted(chain))
+        if later[0] == earlier[0] + 1
+    )
+    return {
+        "turn_gap_s": {"median": round(gaps[len(gaps) // 2], 3), "max": round(gaps[-1], 3)} if gaps else None,
+        "tenths": [round(b / (slots * width), 3) for b in busy],
+        "idle_while_waiting": round(idle_waiting / total, 4),
+        "idle_nothing_waiting": round(idle_starved / total, 4),
+        "shard_clients": clients(answers),
+        "clients_in_last_tenth": clients([a for a in answers if a["answered_at"] >= end - width]),
     }
 
 
@@ -214,9 +325,12 @@ def main() -> None:
     )
     parser.add_argument("--on-policy", type=int, default=0, help="instead: this many on-policy conversations")
     parser.add_argument("--max-turns", type=int, default=8, help="user turns of an on-policy conversation, at most")
+    parser.add_argument(
+        "--night", type=int, default=0, help="a mixed night: also two single-turn datasets of this many rows"
+    )
     parser.add_argument("--report", type=Path, default=None, help="also write the figures here, as JSON")
     args = parser.parse_args()
-    if args.on_policy:
+    if args.on_policy or args.night:
         on_policy(args)
         return
     simulator_args = simulators(args)
@@ -282,56 +396,68 @@ def simulators(args: argparse.Namespace, *extra: str) -> list[str]:
     ]
 
 
+# (name, longest first, chain priority, sized for the fleet): the runs --on-policy and --night make
+ON_POLICY_RUNS = [
+    ("shards_own_order", False, False, False),
+    ("longest_chain_first", True, False, False),
+    ("chain_priority", True, True, False),
+]
+NIGHT_RUNS = [
+    ("as_configured", True, False, False),
+    ("sized", True, False, True),
+    ("sized_chain_priority", True, True, True),
+]
+
+
 def on_policy(args: argparse.Namespace) -> None:
-    """Three first versions of the on-policy dataset: the shards' own order, the longest chain first, and that with
-    chain priority."""
+    """First versions of the on-policy dataset (`--night`: a mixed night), in roots of their own, each run beside the
+    drain model's figure for its settings; every run holds every answer's record once, the same records."""
     with tempfile.TemporaryDirectory(prefix="regen-bench-drain-") as tmp:
         folder = Path(tmp)
         os.environ["REGEN_CONFIG"] = str(write_config(folder, args, longest_first=False))
-        turns = chat_turns(folder)
+        datasets = chat_datasets(args)
         stack = Stack(
             folder / "airflow",
             purpose="bench_drain",
             simulators=args.endpoints,
-            # a turn as short as its hint; a conversation's history past 32,768 tokens; the waiting queue by priority
-            # then arrival (by arrival alone for the runs that send none)
+            # an answer as long as its hint; a conversation's history past 32,768 tokens; the waiting queue by
+            # priority then arrival (by arrival alone for the runs that send none)
             simulator_args=simulators(
                 args, "--length-hint", "--min-tokens", "1", "--context-length", "262144", "--enable-priority-scheduling"
             ),
             pool_slots=SHARD_TASKS,
         )
+        runs = {}
         with stack:
-            own = one_run(stack, "first", storage_root=str(folder / "own-order"))
-            print("on-policy, the shards' own order", json.dumps(own), flush=True)
-            write_config(folder, args, longest_first=True)
-            chains = one_run(stack, "first", storage_root=str(folder / "longest-chain"))
-            print("on-policy, the longest chain first", json.dumps(chains), flush=True)
-            write_config(folder, args, longest_first=True, chain_priority=True)
-            ahead = one_run(stack, "first", storage_root=str(folder / "chain-priority"))
-            print("on-policy, the longest chain first, its next turn ahead (chain priority)", json.dumps(ahead))
-            kept = [records(run.pop("manifests")) for run in (own, chains, ahead)]
-    for run in (own, chains, ahead):
-        if run["records"] != {CHATS: turns}:
-            raise SystemExit(f"{run['version']}: {run['records']} records, not one a turn: {turns}")
+            for name, longest_first, chain_priority, sized in NIGHT_RUNS if args.night else ON_POLICY_RUNS:
+                write_chat_config(folder, args, longest_first, chain_priority, sized)
+                root = str(folder / name)
+                if args.night:  # the third dataset's first version, before the night that makes its second
+                    one_run(stack, "prior", storage_root=root, datasets=[NIGHT_SECOND])
+                run = one_run(stack, "night" if args.night else "first", storage_root=root, skip_unchanged=False)
+                shard_size, in_flight = sized_for_fleet(args) if sized else (args.shard_size, in_flight_of(args))
+                settings = drain_model.Settings(
+                    shard_size, SHARD_TASKS, in_flight, args.endpoints * args.slots, longest_first, chain_priority
+                )
+                run["settings"] = {"shard_size": shard_size, "in_flight": in_flight, "chain_priority": chain_priority}
+                run["model"] = drain_model.drain(list(datasets.values()), settings)
+                print(name, json.dumps(run), flush=True)
+                runs[name] = run
+            kept = [records(run.pop("manifests")) for run in runs.values()]
+    expected = {name: sum(len(turns) for turns in rows) for name, rows in datasets.items()}
+    for name, run in runs.items():
+        if run["records"] != expected:
+            raise SystemExit(f"{name}: {run['records']} records, not one an answer: {expected}")
     if not all(k == kept[0] for k in kept):
-        raise SystemExit("the versions' training records differ: the order changed the data")
-    figures = {
-        "args": vars(args) | {"report": str(args.report)},
-        "turns": turns,
-        "shards_own_order": own,
-        "longest_chain_first": chains,
-        "chain_priority": ahead,
-        "utilization_ratio": round(chains["utilization"] / own["utilization"], 3),
-        "window_ratio": round(chains["window_s"] / own["window_s"], 3),
-        "chain_priority_ratio": round(ahead["utilization"] / own["utilization"], 3),
-    }
-    print(
-        f"on-policy first version: utilization {ahead['utilization']:.3f} with chain priority, "
-        f"{chains['utilization']:.3f} longest chain first, {own['utilization']:.3f} in the shards' order (ratios "
-        f"{figures['chain_priority_ratio']} and {figures['utilization_ratio']}), windows {ahead['window_s']}, "
-        f"{chains['window_s']} and {own['window_s']} s; {turns} turns, each once in all three, the same records"
-    )
-    save(args.report, figures)
+        raise SystemExit("the runs' training records differ: the order changed the data")
+    save(args.report, {"args": vars(args) | {"report": str(args.report)}, "answers": expected, **runs})
+    baseline = next(iter(runs.values()))
+    for name, run in runs.items():
+        print(
+            f"{name}: utilization {run['utilization']:.3f} (x{run['utilization'] / baseline['utilization']:.3f}; the "
+            f"model: {run['model']['utilization']:.3f}), window {run['window_s']} s, {json.dumps(run['settings'])}"
+        )
+    print(f"{sum(expected.values())} answers, each once in every run, the same records")
 
 
 if __name__ == "__main__":
