@@ -257,6 +257,7 @@ class RunSpec(BaseModel):
     version: str
     shard_size: int
     concurrency: int
+    shard_tasks: int = 4  # generating at once, each with `concurrency` requests (a spec planned before: the default)
     request_timeout_s: float
     max_attempts: int
     fleet_wait_s: float

@@ -50,6 +50,37 @@ def fleet_slots(fleet: list[dict[str, Any]]) -> int | None:
     return sum(c for c in capacity if c)
 
 
+# Requests at the servers per running slot below which a run idles the fleet while its shard tasks finish their last
+# answers and conversations (bench/drain_model.py and bench_drain.py: 0.82 to 0.89 at 3 on a small night, 0.97 at 6
+# with chain priority; docs/scaling.md).
+REQUESTS_PER_SLOT = 3
+
+
+def sizing_warnings(run: dict[str, Any], fleet: list[dict[str, Any]]) -> list[str]:
+    """What in the run's in-flight budget idles the fleet it was checked against: a shard task's share above the
+    rows a shard has (a task never holds more requests than its shard has rows, so the rest of its share is never
+    used), and fewer requests at the servers than REQUESTS_PER_SLOT a running slot. None where the fleet's slots are
+    unknown."""
+    slots, share = fleet_slots(fleet), run["concurrency"]
+    tasks, rows = run.get("shard_tasks", 1), run["shard_size"]
+    warnings = []
+    if rows < share:
+        warnings.append(
+            f"each of the {tasks} shard tasks may keep {share} requests in flight, but a shard has {rows} rows: a "
+            f"task never holds more than its rows, so {share - rows} of its share stay unused; set shard_size to "
+            f"{share} or more (docs/scaling.md)"
+        )
+    held = tasks * min(share, rows)
+    if slots is not None and held < REQUESTS_PER_SLOT * slots:
+        warnings.append(
+            f"the run keeps at most {held} requests at a fleet of {slots} running slots ({held / slots:.1f} a slot): "
+            f"while shard tasks finish their last answers the fleet idles; set in_flight to {6 * slots} (6 a slot, "
+            "with chain_priority on a fleet that schedules by priority) and shard_size to at least in_flight / "
+            f"shard_tasks (docs/scaling.md)"
+        )
+    return warnings
+
+
 def generation_window(reports: list[GenerationReport]) -> float:
     """Seconds from the first request to the last answer, over every shard's tries."""
     return max(r.finished_at for r in reports) - min(r.started_at for r in reports) if reports else 0.0
@@ -185,7 +216,8 @@ def write_run_report(
     generations = [GenerationReport.from_dict(g) for p in published for g in p.get("generation", [])]
     fleet_usage = fleet_utilization(generations, fleet)
     train_tokens = sum((p.get("cost") or {}).get("train_tokens", 0) for p in published if not p.get("unchanged"))
-    warnings = sglang_version_warnings(fleet) + [w for p in published for w in p.get("warnings", [])]
+    warnings = sglang_version_warnings(fleet) + sizing_warnings(run, fleet)
+    warnings += [w for p in published for w in p.get("warnings", [])]
     losses = named_losses(storage, run, datasets, missing)
     summary: dict[str, Any] = {
         "run": run,

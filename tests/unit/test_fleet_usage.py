@@ -11,7 +11,8 @@ import pytest
 from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.manifest import GenerationReport
-from regen.run_report import fleet_utilization
+from regen.run_report import fleet_utilization, sizing_warnings
+from regen.sglang.parity import PROVEN_SGLANG_VERSION
 from regen.stages.generate.generate import GenerateSettings, run_generate
 from tests.conftest import prepare_sample
 from tools.devstack import start_simulator
@@ -46,3 +47,52 @@ def test_without_the_servers_word_there_is_no_server_side_figure(tmp_path: Path,
     usage = fleet_utilization(reports, [{"max_running_requests": SLOTS}])
     assert usage["server_side"] is None and usage["utilization"] is not None
     assert sum(r.slot_timed for r in reports) == 0
+
+
+def spec(**settings: int) -> dict:
+    return {"concurrency": 24, "shard_tasks": 4, "shard_size": 48, **settings}
+
+
+def test_a_budget_that_keeps_the_fleet_fed_warns_of_nothing() -> None:
+    fleet = [{"max_running_requests": 16}, {"max_running_requests": 16}]
+    assert sizing_warnings(spec(), fleet) == []  # 4 x 24 = 96 requests, 3 a slot of 32
+    assert sizing_warnings(spec(concurrency=48), fleet) == []
+    # A fleet whose slots are unknown is not judged by them; a share above the shard's rows still is.
+    assert sizing_warnings(spec(), [{"max_running_requests": None}]) == []
+    assert len(sizing_warnings(spec(shard_size=20), [{}])) == 1
+
+
+def test_a_share_no_shard_can_fill_is_named_with_the_shard_size_that_fills_it() -> None:
+    # The bench's old on-policy settings: shards of 20 conversations, a share of 24; 80 requests at 32 slots.
+    unused, thin = sizing_warnings(spec(shard_size=20), [{"max_running_requests": 32}])
+    assert "a shard has 20 rows" in unused and "set shard_size to 24 or more" in unused
+    assert "at most 80 requests at a fleet of 32 running slots (2.5 a slot)" in thin
+    assert "set in_flight to 192" in thin
+
+
+def test_too_few_requests_a_slot_warn_in_the_run_report(tmp_roots_allowed: Path) -> None:
+    from regen import pipeline
+
+    params = {"endpoints": ["http://127.0.0.1:30000"], "storage_root": str(tmp_roots_allowed), "in_flight": 32}
+    run = pipeline.RunSpec.from_params(params, "sizing").model_copy(update={"datasets": []})  # 4 tasks, 8 each
+    fleet = [{"url": "http://127.0.0.1:30000", "version": PROVEN_SGLANG_VERSION, "max_running_requests": 64}]
+    assert pipeline.report(run, [], fleet)["warnings"] == [
+        "the run keeps at most 32 requests at a fleet of 64 running slots (0.5 a slot): while shard tasks finish "
+        "their last answers the fleet idles; set in_flight to 384 (6 a slot, with chain_priority on a fleet that "
+        "schedules by priority) and shard_size to at least in_flight / shard_tasks (docs/scaling.md)"
+    ]
+
+
+def test_check_server_warns_of_the_budget_before_any_shard_is_sent(
+    tmp_roots_allowed: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from regen import pipeline
+
+    with start_simulator(tmp_roots_allowed, "--max-running", "64") as sim:
+        params = {"endpoints": [sim.url], "storage_root": str(tmp_roots_allowed), "in_flight": 32}
+        with caplog.at_level(logging.WARNING, logger="regen"):
+            fleet = pipeline.check_server(pipeline.RunSpec.from_params(params, "sizing"))
+    assert fleet[0]["max_running_requests"] == 64
+    assert [m for m in caplog.messages if "a fleet of 64 running slots (0.5 a slot)" in m]

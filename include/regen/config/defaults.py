@@ -90,8 +90,9 @@ class Defaults(BaseModel):
     in_flight: int = Field(
         256,
         ge=1,
-        description="requests in flight across the fleet, shared by the shard tasks generating at once; set it "
-        "above the fleet's running capacity (servers x running slots)",
+        description="requests in flight across the fleet, shared by the shard tasks generating at once; at least 3 x "
+        "the fleet's running slots (servers x max running requests; check_server warns below, and where a task's "
+        "share is more than a shard's rows), 6 x with chain_priority (docs/scaling.md)",
     )
     shard_tasks: int = Field(
         4,

@@ -16,7 +16,7 @@ from regen.metrics import current as metrics
 from regen.pipeline.run_storage import RunStorage
 from regen.profiles import Profile
 from regen.run_params import RunSpec
-from regen.run_report import write_run_report
+from regen.run_report import sizing_warnings, write_run_report
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.server_check import check_fleet
 from regen.stages.prepare.eval_suites import load_suites
@@ -91,6 +91,8 @@ def check_server(run: RunSpec, api_keys: ApiKeys = NO_KEYS) -> list[dict[str, An
             metrics().fleet_slots.labels(endpoint["url"]).set(slots)
         if isinstance(gpus := endpoint.get("gpus"), int):
             metrics().fleet_gpus.labels(endpoint["url"]).set(gpus)
+    for warning in sizing_warnings(run.to_dict(), fleet):  # also in the run report
+        log.warning("%s", warning)
     return fleet
 
 
