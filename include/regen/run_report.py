@@ -61,9 +61,10 @@ def sizing_warnings(run: dict[str, Any], fleet: list[dict[str, Any]]) -> list[st
     rows a shard has (a task never holds more requests than its shard has rows, so the rest of its share is never
     used), and fewer requests at the servers than REQUESTS_PER_SLOT a running slot. None where the fleet's slots are
     unknown."""
-    slots, share = fleet_slots(fleet), run["concurrency"]
-    tasks, rows = run.get("shard_tasks", 1), run["shard_size"]
-    warnings = []
+    slots, share, rows = fleet_slots(fleet), run.get("concurrency"), run.get("shard_size")
+    if share is None or rows is None:  # (not a run's spec: nothing to judge)
+        return []
+    tasks, warnings = run.get("shard_tasks", 1), []
     if rows < share:
         warnings.append(
             f"each of the {tasks} shard tasks may keep {share} requests in flight, but a shard has {rows} rows: a "

@@ -34,7 +34,13 @@ def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     source = tmp_path / "B1.jsonl"
     shutil.copy(ROOT / "data" / "samples" / "B1_glaive.jsonl", source)
     config = {
-        "defaults": {"storage_root": str(tmp_path / "storage"), "shard_size": 20, "tokenize_workers": 1},
+        # (a budget each task's shard of 20 can fill, 4 x 20: the run report warns of none it has no cause to)
+        "defaults": {
+            "storage_root": str(tmp_path / "storage"),
+            "shard_size": 20,
+            "in_flight": 80,
+            "tokenize_workers": 1,
+        },
         "governance": {"allowed_endpoints": ["127.0.0.1"]},  # the test's simulator, on a port of its own
         "datasets": {DATASET: {"format": "openai_messages", "paths": [str(source)]}},
     }
