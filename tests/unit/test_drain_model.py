@@ -1,0 +1,48 @@
+"""The drain model (bench/drain_model.py) on runs small enough to work out by hand: what it says of a run is what
+bench_drain.py compares with the run measured, so its arithmetic must be right where it can be checked."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from drain_model import Settings, conversations, drain
+
+MS = 1.0  # a token a millisecond: an answer of 1,000 tokens takes a second
+
+
+def test_one_conversation_on_one_slot_keeps_it_busy_for_its_turns_in_sequence() -> None:
+    run = drain([[[(1, 1000), (1, 2000)]]], Settings(shard_size=1, shard_tasks=1, in_flight=1, slots=1, decode_ms=MS))
+    assert run == {"utilization": 1.0, "window_s": 3.0}
+
+
+def test_a_task_s_share_caps_what_it_sends_and_the_next_shard_waits_for_its_pool_slot() -> None:
+    rows = [[(1, 1000)]] * 4
+    one_at_a_time = Settings(shard_size=2, shard_tasks=1, in_flight=1, slots=2, decode_ms=MS, task_gap_s=0.5)
+    # a share of 1: four answers in turn, a half-second gap between the two shards, one of the two slots busy
+    assert drain([rows], one_at_a_time) == {"utilization": pytest.approx(4 / (2 * 4.5), abs=1e-4), "window_s": 4.5}
+    both = Settings(shard_size=2, shard_tasks=1, in_flight=2, slots=2, decode_ms=MS, task_gap_s=0.5)
+    assert drain([rows], both) == {"utilization": pytest.approx(4 / (2 * 2.5), abs=1e-4), "window_s": 2.5}
+
+
+def test_chain_priority_admits_the_conversation_with_the_most_work_left_first() -> None:
+    # Two slots, all sent at once: a chain of two 4-second turns, then three 3-second answers predicted short.
+    # t=0 the chain's first turn and one answer run; at 3 the second answer; at 4 the chain's second turn arrives
+    # behind the third answer. By arrival it waits for a slot until 6 and ends at 10; by priority (4,000 tokens
+    # left, level 4, against a predicted 100, level 0) it takes the slot at 4 and ends at 8, the third answer at 9.
+    rows = [[(4000, 4000), (4000, 4000)], [(100, 3000)], [(100, 3000)], [(100, 3000)]]
+    by_arrival = Settings(shard_size=4, shard_tasks=1, in_flight=4, slots=2, decode_ms=MS)
+    assert drain([rows], by_arrival) == {"utilization": pytest.approx(17 / 20, abs=1e-4), "window_s": 10.0}
+    by_priority = Settings(shard_size=4, shard_tasks=1, in_flight=4, slots=2, chain_priority=True, decode_ms=MS)
+    assert drain([rows], by_priority) == {"utilization": pytest.approx(17 / 18, abs=1e-4), "window_s": 9.0}
+
+
+def test_the_bench_s_conversations_are_seeded_and_capped() -> None:
+    rows = conversations(140)
+    assert rows == conversations(140) and len(rows) == 140
+    assert sum(len(r) for r in rows) == 620  # the turns docs/benchmarks.md counts
+    assert all(1 <= len(r) <= 8 and all(2 <= answer <= 6000 for _, answer in r) for r in rows)
