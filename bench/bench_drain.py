@@ -32,7 +32,7 @@ versions, in roots of their own: the shards' own order, the longest chain of pre
 --enable-priority-scheduling). With `--night M` too: a mixed night on one fleet, the conversations beside a
 single-turn first version of M rows (references: the answers x lognormal(0, 0.5)) and the second version of another
 M rows (its first made just before), three times: at `--shard-size` and `--margin`, then at the shard size and
-budget that keep 6 requests a slot at the servers while tasks drain (`sized_for_fleet`), without and with chain
+budget that keep 6 requests a slot at the servers while tasks drain (`budget`), without and with chain
 priority. Each run prints, beside what it measured, what the drain model (drain_model.py) predicts for its settings,
 and where its idle slot-seconds fell (`timeline`: each tenth of the window, and whether requests waited meanwhile).
 Each holds every answer's record once, the same records.
@@ -58,13 +58,13 @@ sys.path.insert(0, str(ROOT))
 import drain_model  # noqa: E402
 from report_file import save  # noqa: E402
 
+from regen.run_report import ADVISED_REQUESTS_PER_SLOT  # noqa: E402
 from tools.devstack import Stack  # noqa: E402
 
 DATASETS = ("drain_a", "drain_b")
 CHATS = "drain_chat"
 NIGHT_FIRST, NIGHT_SECOND = "night_first", "night_second"
 SHARD_TASKS = 4
-LIVE_ROUNDS = 6  # requests at the servers a running slot in the sized runs (docs/scaling.md)
 
 
 def write_config(
@@ -97,8 +97,8 @@ def deployment(
     sized: bool = False,
 ) -> dict[str, Any]:
     """The config's defaults and governance, the same for every dataset the bench makes; `sized`: the shard size and
-    in-flight budget `sized_for_fleet` gives, instead of --shard-size and --margin."""
-    shard_size, in_flight = sized_for_fleet(args) if sized else (args.shard_size, in_flight_of(args))
+    in-flight budget `budget` gives for the sized runs, instead of --shard-size and --margin."""
+    shard_size, in_flight = budget(args, sized)
     return {
         "defaults": {
             "profile": profile,
@@ -116,14 +116,13 @@ def deployment(
     }
 
 
-def in_flight_of(args: argparse.Namespace) -> int:
-    return int(args.endpoints * args.slots * args.margin)
-
-
-def sized_for_fleet(args: argparse.Namespace) -> tuple[int, int]:
-    """A shard size and an in-flight budget that keep LIVE_ROUNDS x the fleet's slots at the servers while shard
-    tasks drain (docs/scaling.md): each task's share of in_flight is its whole shard."""
-    share = -(-LIVE_ROUNDS * args.endpoints * args.slots // SHARD_TASKS)
+def budget(args: argparse.Namespace, sized: bool) -> tuple[int, int]:
+    """The shard size and in-flight budget of a run: --shard-size and --margin x the fleet's slots; `sized`, those
+    that keep ADVISED_REQUESTS_PER_SLOT at the servers while shard tasks drain (docs/scaling.md), each task's share
+    of in_flight its whole shard."""
+    if not sized:
+        return args.shard_size, int(args.endpoints * args.slots * args.margin)
+    share = -(-ADVISED_REQUESTS_PER_SLOT * args.endpoints * args.slots // SHARD_TASKS)
     return share, share * SHARD_TASKS
 
 
@@ -435,7 +434,7 @@ def on_policy(args: argparse.Namespace) -> None:
                 if args.night:  # the third dataset's first version, before the night that makes its second
                     one_run(stack, "prior", storage_root=root, datasets=[NIGHT_SECOND])
                 run = one_run(stack, "night" if args.night else "first", storage_root=root, skip_unchanged=False)
-                shard_size, in_flight = sized_for_fleet(args) if sized else (args.shard_size, in_flight_of(args))
+                shard_size, in_flight = budget(args, sized)
                 settings = drain_model.Settings(
                     shard_size, SHARD_TASKS, in_flight, args.endpoints * args.slots, longest_first, chain_priority
                 )

@@ -64,23 +64,23 @@ def drain(datasets: list[list[list[Turn]]], settings: Settings) -> dict[str, flo
     requests: dict[int, list[Turn]] = {}  # a conversation by its id(), for the events that name it
     running, busy, last, end, started = 0, 0.0, 0.0, 0.0, iter(shards)
 
-    def send(now: float, task: int, conversation: list[Turn], turn: int) -> None:
+    def send(task: int, conversation: list[Turn], turn: int) -> None:
         left = sum(predicted for predicted, _ in conversation[turn:])
         rank = -turn_priority(0, "larger", left) if settings.chain_priority else 0
         heapq.heappush(waiting, (rank, next(clock), (task, id(conversation), turn)))
         requests[id(conversation)] = conversation
 
-    def start(now: float) -> None:
+    def start() -> None:
         shard = next(started, None)
         if shard is not None:
             tasks.append({"pending": list(shard), "live": 0, "left": len(shard)})
-            fill(now, len(tasks) - 1)
+            fill(len(tasks) - 1)
 
-    def fill(now: float, task: int) -> None:
+    def fill(task: int) -> None:
         state = tasks[task]
         while state["pending"] and state["live"] < share:
             state["live"] += 1
-            send(now, task, state["pending"].pop(0), 0)
+            send(task, state["pending"].pop(0), 0)
 
     for _ in range(settings.shard_tasks):
         heapq.heappush(events, (0.0, next(clock), "start", (0, 0, 0)))
@@ -88,17 +88,17 @@ def drain(datasets: list[list[list[Turn]]], settings: Settings) -> dict[str, flo
         now, _, what, (task, conversation_id, turn) = heapq.heappop(events)
         busy, last = busy + running * (now - last), now
         if what == "start":
-            start(now)
+            start()
         else:
             running, end = running - 1, now
             conversation = requests[conversation_id]
             if turn + 1 < len(conversation):
-                send(now, task, conversation, turn + 1)
+                send(task, conversation, turn + 1)
             else:
                 state = tasks[task]
                 state["live"] -= 1
                 state["left"] -= 1
-                fill(now, task)
+                fill(task)
                 if not state["left"]:
                     heapq.heappush(events, (now + settings.task_gap_s, next(clock), "start", (0, 0, 0)))
         while running < settings.slots and waiting:

@@ -54,6 +54,7 @@ def fleet_slots(fleet: list[dict[str, Any]]) -> int | None:
 # answers and conversations (bench/drain_model.py and bench_drain.py: 0.82 to 0.89 at 3 on a small night, 0.97 at 6
 # with chain priority; docs/scaling.md).
 REQUESTS_PER_SLOT = 3
+ADVISED_REQUESTS_PER_SLOT = 6  # what the warning says to set
 
 
 def sizing_warnings(run: dict[str, Any], fleet: list[dict[str, Any]]) -> list[str]:
@@ -75,7 +76,8 @@ def sizing_warnings(run: dict[str, Any], fleet: list[dict[str, Any]]) -> list[st
     if slots is not None and held < REQUESTS_PER_SLOT * slots:
         warnings.append(
             f"the run keeps at most {held} requests at a fleet of {slots} running slots ({held / slots:.1f} a slot): "
-            f"while shard tasks finish their last answers the fleet idles; set in_flight to {6 * slots} (6 a slot, "
+            f"while shard tasks finish their last answers the fleet idles; set in_flight to "
+            f"{ADVISED_REQUESTS_PER_SLOT * slots} ({ADVISED_REQUESTS_PER_SLOT} a slot, "
             "with chain_priority on a fleet that schedules by priority) and shard_size to at least in_flight / "
             f"shard_tasks (docs/scaling.md)"
         )
