@@ -303,13 +303,17 @@ def reopen(storage: Storage, shard: ShardManifest) -> bool:
         path = Path(tmp) / "raw.jsonl.zst"
         storage.get_file(shard.keys.raw, path)
         lines += [encode_answer(answer) for answer in iter_raw_file(path)]
-    part = 1 + max(
-        (_part_number(k) for k in storage.list_keys(shard.keys.checkpoints) if k.endswith(".jsonl")), default=-1
-    )
+    # Parts a finishing try died removing hold nothing the raw file, the rejections and generation.json do not, and
+    # their counts are in generation.json: kept, they would count those tries twice. They go after the reopened
+    # part lands and before the raw file does (a reopen cut short anywhere is redone whole).
+    earlier = [k for k in storage.list_keys(shard.keys.checkpoints) if k.endswith(".jsonl")]
+    part = 1 + max(map(_part_number, earlier), default=-1)
     if storage.exists(shard.keys.generation):  # the earlier tries' counts, so the shard's report covers them all
         generation = msgspec.json.decode(storage.get_bytes(shard.keys.generation))
         lines.append(msgspec.json.encode({"try": REOPENED, "generation": generation}))
     storage.put_bytes(f"{shard.keys.checkpoints}part-{part:05d}.jsonl", b"".join(line + b"\n" for line in lines))
+    for key in earlier:
+        storage.delete(key)
     storage.delete(shard.keys.raw)
     log.info("%s %s: finished, reopened to ask its fleet losses again", shard.location.dataset, shard.name)
     return True
