@@ -1,4 +1,4 @@
-"""Fleet-scale concurrency (issue 28): ONE worker process's generate path holding a whole fleet's slots in flight.
+"""Fleet-scale concurrency: ONE worker process's generate path holding a whole fleet's slots in flight.
 
     .venv/bin/python bench/bench_fleet_scale.py [--endpoints 64] [--slots 256] [--decode-ms-per-token 15]
         [--requests 49152] [--margin 1.0] [--hosts 8] [--skip-baseline] [--quick]
