@@ -226,6 +226,7 @@ def one_run(stack: Stack, version: str, **conf: Any) -> dict[str, Any]:
         "utilization": round(busy / (slots * window), 4),
         "report_server_side": report["fleet_usage"]["server_side"],
         "report_client_side": report["fleet_usage"]["utilization"],
+        "report_model": report["fleet_usage"].get("model"),  # the drain model as the run report works it out
         "manifests": [d["manifest"] for d in report["datasets"]],
         "predictor": sorted({(d.get("length_prediction") or {}).get("predictor", "?") for d in report["datasets"]}),
         "spearman": [(d.get("length_prediction") or {}).get("spearman") for d in report["datasets"]],
@@ -408,6 +409,12 @@ NIGHT_RUNS = [
 ]
 
 
+def report_model(run: dict[str, Any]) -> str:
+    """The run report's drain model: fed the answers' lengths, and the lengths the run predicted."""
+    model = run.get("report_model") or {}
+    return f"{model.get('with_answer_lengths')} for the answers, {model.get('predicted')} predicted"
+
+
 def on_policy(args: argparse.Namespace) -> None:
     """First versions of the on-policy dataset (`--night`: a mixed night), in roots of their own, each run beside the
     drain model's figure for its settings; every run holds every answer's record once, the same records."""
@@ -454,7 +461,8 @@ def on_policy(args: argparse.Namespace) -> None:
     for name, run in runs.items():
         print(
             f"{name}: utilization {run['utilization']:.3f} (x{run['utilization'] / baseline['utilization']:.3f}; the "
-            f"model: {run['model']['utilization']:.3f}), window {run['window_s']} s, {json.dumps(run['settings'])}"
+            f"model: {run['model']['utilization']:.3f}; the run report's: {report_model(run)}), window "
+            f"{run['window_s']} s, {json.dumps(run['settings'])}"
         )
     print(f"{sum(expected.values())} answers, each once in every run, the same records")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from regen.errors import FinalError
@@ -165,7 +166,16 @@ def log_summary(published: list[dict[str, Any]], missing: list[str], fleet_usage
                 prediction.get("predicted"),
                 prediction.get("answers"),
             )
-    log.info("fleet: %s", fleet_usage)
+    log.info("fleet: %s", {k: v for k, v in fleet_usage.items() if k != "model"})
+    if (model := fleet_usage.get("model") or {}).get("with_answer_lengths") is not None:
+        log.info(
+            "fleet utilization %s measured (client-side; %s server-side); the drain model gives %s for these answers "
+            "at these settings, %s for the lengths the run predicted (docs/scaling.md)",
+            round(fleet_usage["utilization"], 4),
+            fleet_usage.get("server_side"),
+            model["with_answer_lengths"],
+            model.get("predicted"),
+        )
     if missing:
         log.error("not published: %s (see the failed tasks; clear them to resume)", ", ".join(missing))
 
@@ -212,14 +222,22 @@ def write_run_report(
     published: list[dict[str, Any]],
     fleet: list[dict[str, Any]],
     cost: dict[str, Any],
+    model: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The run's summary: one line per dataset in the log, and a JSON report beside the datasets
-    ({profile}/runs/{version}.json). Raises IncompleteRun, after writing it, when a dataset was not published."""
+    ({profile}/runs/{version}.json). `model`: the drain model's figures from what the run measured
+    (regen.stages.generate.drain_model), set beside them as `fleet_usage.model`. Raises IncompleteRun, after writing
+    it, when a dataset was not published."""
     missing = sorted(set(datasets) - {p["dataset"] for p in published})
     generations = [GenerationReport.from_dict(g) for p in published for g in p.get("generation", [])]
     fleet_usage = fleet_utilization(generations, fleet)
     train_tokens = sum((p.get("cost") or {}).get("train_tokens", 0) for p in published if not p.get("unchanged"))
     warnings = sglang_version_warnings(fleet) + sizing_warnings(run, fleet)
+    if model is not None and fleet_usage["utilization"] is not None:
+        try:
+            fleet_usage["model"] = model(fleet_usage)
+        except Exception as e:  # a figure beside the measured ones: never the report's failure
+            warnings.append(f"the drain model's utilization was not worked out ({type(e).__name__}: {e})")
     warnings += [w for p in published for w in p.get("warnings", [])]
     losses = named_losses(storage, run, datasets, missing)
     summary: dict[str, Any] = {

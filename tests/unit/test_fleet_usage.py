@@ -4,9 +4,11 @@ checked against the simulator's own busy slot-seconds."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from regen.chat import ChatRenderer
 from regen.config import Sampling
@@ -96,3 +98,64 @@ def test_check_server_warns_of_the_budget_before_any_shard_is_sent(
             fleet = pipeline.check_server(pipeline.RunSpec.from_params(params, "sizing"))
     assert fleet[0]["max_running_requests"] == 64
     assert [m for m in caplog.messages if "a fleet of 64 running slots (0.5 a slot)" in m]
+
+
+@pytest.fixture
+def references(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """30 rows with reference answers of many lengths, in shards of 10."""
+    source = tmp_path / "rows.jsonl"
+    rows = [{"input": f"Question {i}?", "output": " ".join(["word"] * ((i * 37) % 60 + 1))} for i in range(30)]
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = {
+        "defaults": {"storage_root": str(tmp_path / "storage"), "shard_size": 10, "tokenize_workers": 1},
+        "governance": {"allowed_endpoints": ["127.0.0.1"]},
+        "datasets": {"B1": {"format": "input_output", "paths": [str(source)]}},
+    }
+    (tmp_path / "regen.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("REGEN_CONFIG", str(tmp_path / "regen.yaml"))
+    return tmp_path
+
+
+def whole_run(tmp_path: Path) -> dict:
+    """plan, the fleet check, each shard's stages, publish and the report, as the DAG's tasks call them, against a
+    server of 4 slots that says how long each answer held one."""
+    from regen import pipeline
+    from tests.conftest import each_shard
+
+    with start_simulator(tmp_path, "--max-running", "4", "--decode-ms-per-token", "1", "--enable-metrics") as sim:
+        run = pipeline.RunSpec(**pipeline.plan({"endpoints": [sim.url], "in_flight": 8}, "v1"))
+        fleet = pipeline.check_server(run)
+        prepared = pipeline.finish_prepared(run, [pipeline.prepare_dataset(run, name) for name in run.datasets])
+        for shard in each_shard(run, prepared):
+            pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
+        published = [pipeline.publish_dataset(run, p, [], pipeline.verify_dataset(run, p)) for p in prepared]
+        return pipeline.report(run, published, fleet)
+
+
+def test_the_run_report_sets_the_drain_model_beside_the_measured_figures(references: Path) -> None:
+    report = whole_run(references)
+    usage = report["fleet_usage"]
+    model, answered = usage["model"], report["datasets"][0]["stages"]["generate"]["kept"]
+    assert usage["server_side"] is not None and answered == 30
+    assert model["answers"] == model["predicted_answers"] == answered  # every row had a reference answer
+    assert 0 < model["predicted"] <= 1 and 0 < model["with_answer_lengths"] <= 1
+    assert model["settings"] | {"decode_ms": None} == {
+        **{"shard_size": 10, "shard_tasks": 4, "in_flight": 8, "slots": 4, "longest_first": True},
+        **{"chain_priority": False, "decode_ms": None, "task_gap_s": 3.0},
+    }
+    assert model["settings"]["decode_ms"] == pytest.approx(1.0, rel=0.5)  # the server's 1 ms a token, as it said
+
+
+def test_a_model_that_fails_is_a_warning_and_the_report_stands(
+    references: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from regen.pipeline import run as run_task
+
+    def broken(*_: object) -> dict:
+        raise OverflowError("no model today")
+
+    monkeypatch.setattr(run_task, "run_figures", broken)
+    report = whole_run(references)
+    assert "model" not in report["fleet_usage"] and report["fleet_usage"]["server_side"] is not None
+    assert "the drain model's utilization was not worked out (OverflowError: no model today)" in report["warnings"]
+    assert report["unpublished"] == [] and report["datasets"][0]["records"] > 0

@@ -3,6 +3,7 @@ profile at work, built once per process (`renderer_for`, `preload`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from datetime import datetime
@@ -19,6 +20,7 @@ from regen.run_params import RunSpec
 from regen.run_report import sizing_warnings, write_run_report
 from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.server_check import check_fleet
+from regen.stages.generate.drain_model import run_figures
 from regen.stages.prepare.eval_suites import load_suites
 from regen.storage import S3ClientFactory, check_writable
 from regen.tokenizers.loading import why_tokenizer_fails
@@ -108,4 +110,5 @@ def report(
     for dataset in run.datasets:
         at.release(run.location(dataset))
     at.storage.remove_stale_temporaries(run_report_key(run.profile, run.version).rsplit("/", 1)[0], recursive=False)
-    return write_run_report(at.storage, run.to_dict(), run.datasets, published, fleet, run.cost)
+    model = functools.partial(run_figures, at.storage, run.to_dict(), published)
+    return write_run_report(at.storage, run.to_dict(), run.datasets, published, fleet, run.cost, model)
