@@ -46,7 +46,12 @@ LAST_LENGTHS = Hint(
     "the answer lengths of the last version (this profile's or another's)",
     "this version is ordered by its rows' reference answers, where they have one",
 )
-HINTS = {hint.name: hint for hint in (SEND_ORDER, ENDPOINT_AFFINITY, CHAIN_PRIORITY, LAST_LENGTHS)}
+SHARED_FIT = Hint(
+    "shared_fit",
+    "the length fit's start from the answers the version's validated shards measured",
+    "this shard's fit learnt from its own answers alone",
+)
+HINTS = {hint.name: hint for hint in (SEND_ORDER, ENDPOINT_AFFINITY, CHAIN_PRIORITY, LAST_LENGTHS, SHARED_FIT)}
 
 
 class Hints:

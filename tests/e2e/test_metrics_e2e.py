@@ -248,6 +248,18 @@ def test_counters_add_up_to_the_run_report(observed: Observed, run: dict[str, An
     assert losses == {(name,): 0 for name in datasets} | {(e["dataset"],): e["lost"] for e in report["fleet_losses"]}
 
 
+def test_the_report_task_worked_out_the_drain_model(run: dict[str, Any]) -> None:
+    """The run report's model (regen.stages.generate.drain_model) in the report task as the scheduler runs it: over
+    every answer the fleet gave, which validate judged, at the servers' own time a token."""
+    report = run["report"]
+    model, usage = report["fleet_usage"]["model"], report["fleet_usage"]
+    assert not [w for w in report["warnings"] if "drain model" in w], report["warnings"]
+    assert model["answers"] == sum(d["stages"]["validate"]["total"] for d in report["datasets"]) > 0
+    assert model["predicted"] is not None  # B1's lengths from the night before's version
+    assert 0 < model["with_answer_lengths"] <= 1 and usage["server_side"] is not None
+    assert model["settings"]["slots"] == usage["slots"] and model["settings"]["decode_ms"] > 0
+
+
 def test_fleet_and_task_gauges_are_the_reports(observed: Observed, run: dict[str, Any]) -> None:
     prometheus, report, run_id = observed.prometheus, run["report"], run["run_id"]
     fleet = {e["url"]: e for e in report["fleet"]}

@@ -312,6 +312,84 @@ def test_rows_without_a_reference_are_ordered_by_the_fit_of_the_answers_so_far()
     assert sorted(taken) == sorted(prompts.ids)  # each sample once
 
 
+def write_verdicts(storage: LocalStorage, location: DatasetLocation, shard: int, prompt_lengths: list[int]) -> None:
+    """A validated shard's verdicts for the columns the fit reads: no reference, answers five tokens a prompt token."""
+    import pyarrow as pa
+
+    from regen.layout import VERDICTS_SUFFIX
+
+    table = pa.table(
+        {
+            "prompt_len": pa.array(prompt_lengths, pa.int32()),
+            "output_len": pa.array([5 * n for n in prompt_lengths], pa.int32()),
+            "expected_tokens": pa.array([None] * len(prompt_lengths), pa.int32()),
+        }
+    )
+    path = storage.root / "verdicts.parquet"
+    pq.write_table(table, path)
+    storage.put_file(f"{location.prefix}/reports/shard-{shard:05d}{VERDICTS_SUFFIX}", path)
+
+
+def test_a_later_shard_is_ordered_by_the_earlier_shards_answers_from_its_first_request(tmp_path: Path) -> None:
+    """The dataset's shards validated before this one (0 and 1; 3 is dealt after it) measured answers of five tokens
+    a prompt token: this shard sends its longest predicted first from its first request, not the source order."""
+    from regen.hints import Hints
+    from regen.manifest import ShardManifest
+    from regen.stages.generate.order import pooled_answers, shard_order
+
+    storage = LocalStorage(tmp_path)
+    location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "d", "v1")
+    for number, lengths in ((0, [40, 3, 90, 12, 60]), (1, [7, 33, 81, 25]), (3, [1000] * 5)):
+        write_verdicts(storage, location, number, lengths)
+    this = ShardManifest(location, 2, location.shard(2).prompts, "", 80)
+    pooled = pooled_answers(storage, this)
+    assert sorted(round(float(np.expm1(p))) for p, _, _ in pooled) == sorted([40, 3, 90, 12, 60, 7, 33, 81, 25])
+    assert all(r is None and y == pytest.approx(np.log1p(5 * np.expm1(p))) for p, r, y in pooled)
+
+    prompts = shard_prompts([(i * 37) % 97 + 3 for i in range(80)], [None] * 80)
+    hints = Hints()
+    taken = [len(prompts.prompt_ids(i)) for i in shard_order(prompts, list(prompts.ids), hints, None, storage, this)]
+    assert taken == sorted(taken, reverse=True) and hints.failed == {}  # longest first from the first request
+
+
+def test_a_shared_fit_that_cannot_be_read_leaves_the_shard_its_own_fit_and_one_for_a_second_version_is_not_read(
+    tmp_path: Path,
+) -> None:
+    from regen.hints import Hints
+    from regen.manifest import ShardManifest
+    from regen.stages.generate.order import FIRST_FIT, shard_order
+
+    class Unlistable(LocalStorage):
+        listed = 0
+
+        def list_keys(self, prefix: str) -> list[str]:
+            self.listed += 1
+            raise ConnectionError("storage is down")
+
+    storage = Unlistable(tmp_path)
+    location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "d", "v1")
+    this = ShardManifest(location, 2, location.shard(2).prompts, "", 80)
+    prompts = shard_prompts([(i * 37) % 97 + 3 for i in range(80)], [None] * 80)
+    hints = Hints()
+    order = shard_order(prompts, list(prompts.ids), hints, None, storage, this)
+    assert [next(order) for _ in range(FIRST_FIT)] == prompts.ids[:FIRST_FIT]  # the source order, as with no pool
+    assert list(hints.failed) == ["shared_fit"] and storage.listed == 1
+
+    import pyarrow as pa
+
+    from regen.records import ShardPrompts
+
+    second = ShardPrompts(
+        pa.table({
+            "id": ["a", "b", "c"], "prompt_ids": [[1], [1, 2], [1, 2, 3]],
+            "expected_tokens": pa.array([300, 100, 200], pa.int32()),  # the last version's answers
+            "reference_tokens": pa.array([10, 20, 30], pa.int32()),
+        })
+    )  # fmt: skip
+    assert list(shard_order(second, ["a", "b", "c"], Hints(), None, storage, this)) == ["a", "c", "b"]
+    assert storage.listed == 1  # its last version's lengths are exact: the pool is not read
+
+
 def test_the_fit_places_rows_without_a_reference_among_those_with_one() -> None:
     """Half the rows carry a reference; answers are twice the reference, or five times the prompt: once fitted, a
     row with no reference is sent where its predicted length falls among the others."""

@@ -46,7 +46,7 @@ from regen.stages.generate.checkpoints import (
     reopen,
 )
 from regen.stages.generate.conversations import Conversations, chain_priority
-from regen.stages.generate.order import LengthOrder, conversation_order
+from regen.stages.generate.order import LengthOrder, conversation_order, shard_order
 from regen.stages.generate.progress import Progress
 from regen.storage import Storage, sha256_file
 
@@ -311,7 +311,7 @@ def run_generate(
             conversations = Conversations(prompts, renderer, done, settings.endpoint_affinity, chain)
             todo = conversation_order(prompts, todo, progress.hints)  # the longest chain first: a hint
         longest = settings.sampling_params.get("max_new_tokens")  # no answer is longer, nor any prediction
-        order = LengthOrder(prompts, todo, progress.hints, longest) if conversations is None else todo  # a hint
+        order = shard_order(prompts, todo, progress.hints, longest, storage, shard) if conversations is None else todo
         try:
             asyncio.run(_generate_missing(settings, prompts, order, checkpointer, progress, conversations))
         finally:
