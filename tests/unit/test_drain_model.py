@@ -91,3 +91,16 @@ def test_a_run_s_figures_from_its_versions_verdicts(tmp_path: Path) -> None:
 def test_a_run_with_nothing_to_model_says_why() -> None:
     run = {"datasets": [], "profile": "p", "concurrency": 1, "shard_tasks": 1}
     assert "reason" in run_model(run, {"slots": None, "output_tokens": 0}, [])
+
+
+def test_a_run_past_the_answers_the_report_models_gets_a_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from regen.stages.generate import drain_model
+
+    monkeypatch.setattr(drain_model, "MAX_ANSWERS", 2)
+    run = {"datasets": ["d"], "profile": "p", "concurrency": 1, "shard_tasks": 1}
+    published = [{"dataset": "d", "version": "v1", "generation": [{}], "stages": {"generate": {"kept": 3}}}]
+    assert run_figures(LocalStorage(tmp_path), run, published, {"slots": 1}) == {
+        "reason": "3 answers: more than the 2 the model works out in the report task"
+    }
