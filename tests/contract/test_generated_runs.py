@@ -1,7 +1,8 @@
 """Generated runs checked against the contract (tests/contract/contract.py): a Hypothesis state machine that draws
 datasets of every shape, then a sequence of triggers with drawn parameters, runs stopped part-way and the page's
-Resume of them, nightlies, config defaults changed between runs and versions left by the previous release, on a
-fleet drawn per run (sound, answering with defects, or flaky). After every step each published version must be what
+Resume of them, nightlies, config defaults changed between runs, versions left by the previous release and one
+storage operation of a run failed (the task's retry meets what its first try left), on a fleet drawn per run
+(sound, answering with defects, or flaky). After every step each published version must be what
 the docs promise, pass `regen verify`, and agree with every other version; a run that should deliver is green, a red
 one names what failed and its Resume delivers; a skipped nightly's version is what a fresh run would publish.
 
@@ -11,12 +12,16 @@ prints the shrunk sequence of steps as Hypothesis's reproduction (`state = Gener
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import hashlib
+import itertools
 import json
 import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -98,6 +103,39 @@ _fleet: dict[str, Any] = {}
 COLLECT = bool(os.environ.get("REGEN_GENERATED_COLLECT"))
 FOUND: list[dict[str, Any]] = []
 COVERED: Counter[str] = Counter()
+
+
+STORAGE_WRITES = ("put_bytes", "create", "replace", "delete_if", "put_file", "delete")  # a root's mutating operations
+
+
+@contextlib.contextmanager
+def one_storage_fault(nth: int, fault: str) -> Iterator[list[str]]:
+    """The local root fails the run's `nth` mutating operation once (any task's, any thread's): `before` it lands,
+    or `lost_reply`, an error once it landed. Yields what it failed ("" unless the run got that far)."""
+    from regen.storage import LocalStorage
+
+    count, fired = itertools.count(), []
+    originals = {name: getattr(LocalStorage, name) for name in STORAGE_WRITES}
+
+    def failing(name: str, original: Any) -> Any:
+        def operation(self: Any, key: str, *args: Any, **kwargs: Any) -> Any:
+            if next(count) != nth:
+                return original(self, key, *args, **kwargs)
+            fired.append(f"{name} {key}")
+            if fault == "before":
+                raise OSError(errno.EIO, f"planted: {name} {key} failed")
+            original(self, key, *args, **kwargs)
+            raise OSError(errno.EIO, f"planted: {name} {key} landed, its reply lost")
+
+        return operation
+
+    for name, original in originals.items():
+        setattr(LocalStorage, name, failing(name, original))
+    try:
+        yield fired
+    finally:
+        for name, original in originals.items():
+            setattr(LocalStorage, name, original)
 
 
 def fleet(name: str) -> Any:
@@ -240,6 +278,17 @@ class GeneratedRuns(RuleBasedStateMachine):
         if upgrade:
             self.upgrade_mid_version()
         self.resume(len(self.red) - 1)
+
+    @rule(data=st.data(), fault=st.sampled_from(("before", "lost_reply")), nth=st.integers(0, 250))
+    def storage_fault(self, data: st.DataObject, fault: str, nth: int) -> None:
+        """A trigger on the sound fleet whose storage fails one operation: the task's retry absorbs it, and the run
+        ends green with the data a run without the fault publishes (docs/guarantees.md: a transient fault is retried,
+        finished work survives)."""
+        names = data.draw(st.lists(st.sampled_from(sorted(self.datasets)), min_size=1, unique=True), label="datasets")
+        with one_storage_fault(nth, fault) as fired:
+            self.run({"datasets": names, "skip_unchanged": False, "endpoints": [fleet("sound").url]}, "sound", None)
+        self.steps[-1] += f"; storage fault {fault} at operation {nth}: {fired[0] if fired else 'not reached'}"
+        COVERED.update([f"storage_fault:{fault}" if fired else "storage_fault:not_reached"])
 
     @precondition(lambda self: bool(self.red))
     @rule(pick=st.integers(0, 10))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import json
@@ -75,13 +76,21 @@ def is_not_found(error: Exception) -> bool:
     return response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
+# A local root's errors of the moment: an I/O error or a stale handle of a network file system (NFS, Lustre), an
+# interrupted or busy call. A folder not there, not writable, read-only or full is the user's to mend.
+TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ETIMEDOUT, errno.ESTALE})
+
+
 def is_transient(error: Exception) -> bool:
     """A fault of the moment, which the same request may not meet again: a connection dropped or timed out, S3's 5xx
-    and throttling. Not a user's error (a bucket that is not there, credentials refused, a folder not writable), so
-    a task meeting it fails to be retried, never with a message to fix its settings."""
+    and throttling, a local root's TRANSIENT_ERRNOS. Not a user's error (a bucket that is not there, credentials
+    refused, a folder not writable), so a task meeting it fails to be retried, never with a message to fix its
+    settings."""
     from botocore.exceptions import ClientError, HTTPClientError
 
     if isinstance(error, ConnectionError | TimeoutError | HTTPClientError):  # HTTPClientError: closed, read timeout
+        return True
+    if isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS:
         return True
     if isinstance(error, ClientError):
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0

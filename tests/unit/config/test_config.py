@@ -122,6 +122,26 @@ def test_plan_refuses_a_storage_root_that_takes_no_writes(tmp_path: Path) -> Non
 
 
 @pytest.mark.usefixtures("tmp_roots_allowed")
+@pytest.mark.parametrize("code", ["EIO", "ESTALE", "ETIMEDOUT"])
+def test_a_local_root_s_fault_of_the_moment_at_plan_is_retried_not_a_setting_to_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    """An I/O error or a network file system's stale handle on plan's probe: plan fails to be retried (Airflow's
+    retry), never with a ConfigError that stops the run and blames the storage_root."""
+    import errno
+
+    from regen.storage import LocalStorage
+
+    def failing(self: LocalStorage, key: str, data: bytes) -> str:
+        raise OSError(getattr(errno, code), f"{code} on {key}")
+
+    monkeypatch.setattr(LocalStorage, "put_bytes", failing)
+    with pytest.raises(OSError) as raised:
+        pipeline.plan({"storage_root": str(tmp_path / "root")}, "run")
+    assert not isinstance(raised.value, ConfigError) and raised.value.errno == getattr(errno, code)
+
+
+@pytest.mark.usefixtures("tmp_roots_allowed")
 def test_plan_refuses_a_storage_root_without_conditional_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
