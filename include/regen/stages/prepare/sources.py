@@ -22,7 +22,7 @@ from typing import IO, Any
 from regen.config.datasets import DatasetConfig, HubDataset
 from regen.errors import FinalError
 from regen.reasons import Reason
-from regen.storage import READ_BUFFER, LocalStorage, Locator, S3ClientFactory, sha256_file
+from regen.storage import READ_BUFFER, LocalStorage, Locator, S3ClientFactory, is_transient, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -326,6 +326,8 @@ def _parquet_values(file: SourceFile, locate: Locator) -> Iterator[tuple[str, An
                     row += 1
                     yield f"{file.name}:row {row}", value
         except (pa.ArrowException, OSError) as e:  # a damaged file reads the same on a retry: name it
+            if is_transient(e):  # (a network file system's I/O error: the retry reads it again)
+                raise
             raise CorruptSource(f"{file.uri}: not a readable Parquet file after row {row} ({e}); replace it") from e
 
 

@@ -124,6 +124,29 @@ def test_a_damaged_parquet_file_fails_naming_the_file(tmp_path: Path, damage: st
         read(path)
 
 
+def test_an_io_error_reading_a_parquet_file_is_retried_not_called_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A network file system's I/O error mid-read: the task's retry reads the file again, no 'replace it'."""
+    import errno
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from regen.stages.prepare.sources import CorruptSource
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"input": ["a", "b"]}), path)
+
+    def failing(self: object, **_: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", failing)
+    with pytest.raises(OSError) as raised:
+        read(path)
+    assert not isinstance(raised.value, CorruptSource) and raised.value.errno == errno.EIO
+
+
 def test_a_prepare_broken_off_by_a_damaged_file_leaves_nothing_a_rerun_keeps(tmp_path: Path) -> None:
     import gzip
 
