@@ -36,9 +36,8 @@ RIDGE = 1e-4
 POOLED_SHARDS = 8  # the version's validated shards a shard's fit starts from: the last ones dealt before it
 POOLED_ANSWERS = 4096  # of their answers, at most (the latest)
 
-Observation = tuple[
-    float, float | None, float
-]  # log1p of: the prompt's length, the reference's (or None), the answer's
+# An answer as the fit takes it, log1p of: its prompt's length, its reference's (None: none), its own
+Observation = tuple[float, float | None, float]
 
 
 class LengthOrder:
