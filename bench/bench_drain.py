@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_drain.py [--prompts 1280] [--endpoints 4] [--slots 16] [--margin 3]
                                           [--length-median 500] [--decode-ms 4.5] [--report var/bench/drain.json]
     .venv/bin/python bench/bench_drain.py --on-policy 140 --endpoints 2 --shard-size 20 [--max-turns 8]
+                                          [--only chain_priority]
     .venv/bin/python bench/bench_drain.py --on-policy 140 --night 500 --endpoints 2 --shard-size 20
 
 Airflow (scheduler, dag-processor, triggerer, api-server; LocalExecutor on PostgreSQL) runs the DAG, a pool of 4
@@ -328,6 +329,7 @@ def main() -> None:
     parser.add_argument(
         "--night", type=int, default=0, help="a mixed night: also two single-turn datasets of this many rows"
     )
+    parser.add_argument("--only", action="append", help="with --on-policy: only this of the runs (repeatable)")
     parser.add_argument("--report", type=Path, default=None, help="also write the figures here, as JSON")
     args = parser.parse_args()
     if args.on_policy or args.night:
@@ -409,6 +411,13 @@ NIGHT_RUNS = [
 ]
 
 
+def runs_asked(args: argparse.Namespace) -> list[tuple[str, bool, bool, bool]]:
+    runs = NIGHT_RUNS if args.night else ON_POLICY_RUNS
+    if unknown := set(args.only or ()) - {run[0] for run in runs}:
+        raise SystemExit(f"--only {', '.join(sorted(unknown))}: not one of {', '.join(run[0] for run in runs)}")
+    return [run for run in runs if not args.only or run[0] in args.only]
+
+
 def report_model(run: dict[str, Any]) -> str:
     """The run report's drain model: fed the answers' lengths, and the lengths the run predicted."""
     model = run.get("report_model") or {}
@@ -435,7 +444,7 @@ def on_policy(args: argparse.Namespace) -> None:
         )
         runs = {}
         with stack:
-            for name, longest_first, chain_priority, sized in NIGHT_RUNS if args.night else ON_POLICY_RUNS:
+            for name, longest_first, chain_priority, sized in runs_asked(args):
                 write_chat_config(folder, args, longest_first, chain_priority, sized)
                 root = str(folder / name)
                 if args.night:  # the third dataset's first version, before the night that makes its second
