@@ -23,13 +23,14 @@ class RunOutcome:
     version: str | None = None
     published: dict[str, dict[str, Any]] = field(default_factory=dict)  # dataset -> publish_dataset's summary
     errors: dict[str, str] = field(default_factory=dict)  # task -> its last error
+    retried: dict[str, str] = field(default_factory=dict)  # task -> the error of a try before its last
 
 
 def task(outcome: RunOutcome, name: str, call: Callable[[], Any]) -> Any:
     """The task's value, or None once it failed (after its retries)."""
     from regen.errors import FinalError
 
-    for _ in range(1 + RETRIES):
+    for attempt in range(1 + RETRIES):
         try:
             value = call()
         except FinalError as e:
@@ -37,6 +38,8 @@ def task(outcome: RunOutcome, name: str, call: Callable[[], Any]) -> Any:
             return None
         except Exception as e:  # what Airflow retries
             outcome.errors[name] = f"{type(e).__name__}: {e}"
+            if attempt < RETRIES:
+                outcome.retried[name] = outcome.errors[name]
             continue
         outcome.errors.pop(name, None)
         return value
