@@ -103,6 +103,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "checkpoints": (
         "include/regen/stages/generate/checkpoints.py",
         [
+            "tests/unit/stages/generate/test_reopen.py",
             "tests/unit/stages/generate/test_checkpoint_outage.py",
             "tests/unit/stages/generate/test_generate.py",
             "tests/unit/stages/generate/test_generate_faults.py",

@@ -1,24 +1,44 @@
 """Storage going down mid-generate, for real: moto's S3 behind the fault proxy (tools/s3_fault_proxy.py), which
 answers every request 503 while `down`. An outage shorter than the bound costs nothing: every answer is kept, none
-asked twice. Storage that stays down fails the task within seconds, and the retry asks only for what did not land."""
+asked twice. Storage that stays down fails the task within seconds, and the retry asks only for what did not land.
+
+Then the checkpointer on its own, on local disk with storage's faults played by a stand-in, timed against its bound
+(outage_s): an outage or a slow write inside it costs nothing, a hung write or storage gone for good fails the try at
+about the bound; the parts' numbers, the tries' counts, merging, and a reopened shard's part beside the next try's."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
+import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
+import msgspec
 import pytest
 
 from regen.chat import ChatRenderer
 from regen.config import Sampling
-from regen.manifest import ShardManifest
-from regen.stages.generate.checkpoints import CheckpointsUnwritable, load_checkpoints
+from regen.layout import DatasetLocation
+from regen.manifest import GenerationReport, ShardManifest
+from regen.reasons import Reason
+from regen.records import RawAnswer, encode_answer, write_raw
+from regen.stages.generate.checkpoints import (
+    REOPENED,
+    Checkpointer,
+    Checkpoints,
+    CheckpointsUnwritable,
+    load_checkpoints,
+    rejection_line,
+    reopen,
+)
 from regen.stages.generate.generate import GenerateSettings, run_generate
-from regen.storage import S3Storage
+from regen.storage import LocalStorage, S3Storage, Storage
 from tests.conftest import Simulator, prepare_sample, raw_answers, start_simulator
 from tools.devstack import free_port, moto_client
 from tools.s3_fault_proxy import FaultProxy, run_in_thread
@@ -121,3 +141,345 @@ def test_storage_down_for_good_fails_the_task_in_seconds_and_the_retry_redoes_on
     assert len(records) == len({r["id"] for r in records}) == SAMPLES
     by_id = {r["id"]: r for r in records}
     assert all(by_id[i]["rid"] == json.loads(line)["rid"] for i, line in landed.items())
+
+
+# The checkpointer on its own, on local disk, storage's faults played by a stand-in: fast, and timed to the bound.
+
+DATASET = "spare-part-kits"  # holds "part-" too: a part's number is read from the end of its key
+WITHIN = 30.0  # seconds any wait of these tests may take (a hang, not a slow machine)
+T = TypeVar("T")
+
+
+class Faulty(LocalStorage):
+    """Local storage whose every put first goes through `fault(key)`, which may sleep, raise or hang."""
+
+    def __init__(self, root: Path, fault: Callable[[str], None] = lambda key: None) -> None:
+        super().__init__(root)
+        self.fault = fault
+        self.puts: list[str] = []  # every put asked, in order, with the keys' folders left out
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        self.puts.append(key.rsplit("/", 1)[1])
+        self.fault(key)
+        return super().put_bytes(key, data)
+
+
+def down(key: str) -> None:
+    raise OSError("storage down")
+
+
+async def within(awaitable: Awaitable[T], seconds: float = WITHIN) -> T:
+    """What a checkpointer that never ends (a mutant's, say) fails the test with, rather than hanging it."""
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+def local_shard(tmp_path: Path, fault: Callable[[str], None] = lambda key: None) -> tuple[Faulty, ShardManifest]:
+    storage = Faulty(tmp_path, fault)
+    return storage, ShardManifest(DatasetLocation(str(tmp_path), "p", DATASET, "v1"), 0, "", "", 8)
+
+
+def answer(sample_id: str) -> bytes:
+    return encode_answer(RawAnswer(sample_id, [1, 2], {}))
+
+
+def checkpointer(storage: Storage, shard: ShardManifest, next_part: int = 0, **options: Any) -> Checkpointer:
+    """A try's checkpointer: parts of 2 records (`every`), an interval longer than any test (`seconds`)."""
+    return Checkpointer(storage, shard, next_part, **{"every": 2, "seconds": 60.0, **options})
+
+
+def started(checkpointer: Checkpointer, progress: bool = False) -> asyncio.Task[None]:
+    """The flusher, with the try's counts as its records arrive: a request and a second per record, from the try's
+    first part's number on (so each try's counts tell apart); `progress`: {"flushed": n} after each part."""
+    start = float(checkpointer.part)
+
+    def counts() -> GenerationReport:
+        taken = checkpointer.flushed + checkpointer.waiting
+        return GenerationReport(
+            start, start + taken, requests=taken, answered=taken, request_seconds=0.0, output_tokens=0
+        )
+
+    return checkpointer.start(counts, (lambda flushed: {"flushed": flushed}) if progress else None)
+
+
+def write_try(storage: Storage, shard: ShardManifest, next_part: int, records: list[bytes], **options: Any) -> None:
+    """A try whose records all arrive before its flusher first runs, then finished: parts of 2 in arrival order."""
+
+    async def run() -> None:
+        writer = checkpointer(storage, shard, next_part, **options)
+        flusher = started(writer, progress=True)
+        for record in records:
+            writer.add(record)
+        await within(writer.finish(flusher))
+
+    asyncio.run(run())
+
+
+def parts(storage: Storage, shard: ShardManifest) -> dict[str, list[str]]:
+    """Each part's records: the ids, then "try N" for its counts' line."""
+    found = {}
+    for key in storage.list_keys(shard.keys.checkpoints):
+        if key.endswith(".jsonl"):
+            lines = [json.loads(line) for line in storage.get_bytes(key).splitlines()]
+            found[key.rsplit("/", 1)[1]] = [f"try {r['try']}" if "try" in r else r["id"] for r in lines]
+    return found
+
+
+def test_a_storage_outage_shorter_than_the_bound_is_ridden_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    began: list[float] = []  # storage goes down at the first put, for 0.25 s
+
+    def down_for_a_while(key: str) -> None:
+        began[:] = began or [time.monotonic()]
+        if time.monotonic() < began[0] + 0.25:
+            raise OSError("storage down")
+
+    storage, shard = local_shard(tmp_path, down_for_a_while)
+    with caplog.at_level(logging.WARNING, logger="regen.stages.generate.checkpoints"):
+        write_try(storage, shard, 0, [answer("a"), answer("b")], outage_s=0.6)
+    assert parts(storage, shard) == {"part-00000.jsonl": ["a", "b", "try 0"]}
+    assert storage.puts.count("part-00000.jsonl") > 1  # failed, retried, landed
+    assert "checkpoint part not written (OSError: storage down); retrying" in caplog.text
+
+
+def test_a_slow_write_is_waited_for_not_cut_short(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    storage, shard = local_shard(tmp_path, lambda key: time.sleep(0.15))
+    with caplog.at_level(logging.WARNING, logger="regen.stages.generate.checkpoints"):
+        write_try(storage, shard, 0, [answer("a"), answer("b")], outage_s=0.5)
+    assert storage.puts == ["part-00000.jsonl", "progress.json"]  # each once: the first try landed
+    assert "retrying" not in caplog.text
+
+
+def test_a_write_that_hangs_is_cut_off_at_the_bound(tmp_path: Path) -> None:
+    released = threading.Event()
+    storage, shard = local_shard(tmp_path, lambda key: released.wait(60))
+
+    async def run() -> float:
+        writer = checkpointer(storage, shard, outage_s=0.3)
+        flusher = started(writer)
+        writer.add(answer("a"))
+        writer.add(answer("b"))
+        began = time.monotonic()
+        try:
+            with pytest.raises(CheckpointsUnwritable, match=r"for 0.3 s .*TimeoutError.*; 2 answers and rejections"):
+                await within(flusher, 30.0)  # a try never cut off would hang the flusher for good
+            return time.monotonic() - began
+        finally:
+            released.set()  # the hung thread ends: asyncio.run waits for it
+
+    took = asyncio.run(run())
+    assert 0.3 <= took < 10, took  # (the upper bound loose: a loaded machine is slow, a hang is a minute)
+
+
+def test_storage_down_for_good_fails_after_the_bound_naming_what_waits_in_memory(tmp_path: Path) -> None:
+    storage, shard = local_shard(tmp_path, down)
+
+    async def run() -> tuple[float, str]:
+        writer = checkpointer(storage, shard, every=3, outage_s=0.5)
+        flusher = started(writer)
+        for record in [answer("a"), answer("b"), answer("c")]:  # a part closed
+            writer.add(record)
+        writer.add(answer("d"))  # and a record of the next
+        began = time.monotonic()
+        with pytest.raises(CheckpointsUnwritable) as failed:
+            await within(flusher)
+        return time.monotonic() - began, str(failed.value)
+
+    took, message = asyncio.run(run())
+    assert 0.5 <= took < 10, took
+    assert re.fullmatch(
+        r"storage took no checkpoint for 0.5 s \(.*/part-00000.jsonl: OSError: storage down\); "
+        r"4 answers and rejections wait in memory",
+        message,
+    ), message
+    assert 3 <= storage.puts.count("part-00000.jsonl") <= 20  # retried, with waits between the tries
+
+
+def test_what_storage_takes_back_on_the_way_out_lands_and_the_task_still_fails(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    outage = threading.Event()
+    outage.set()
+    storage, shard = local_shard(tmp_path, lambda key: down(key) if outage.is_set() else None)
+
+    async def run() -> None:
+        writer = checkpointer(storage, shard, outage_s=0.2)
+        flusher = started(writer)
+        writer.add(answer("a"))
+        writer.add(answer("b"))
+        await asyncio.wait([flusher], timeout=WITHIN)  # failed: storage stays down past the bound
+        writer.add(answer("c"))
+        outage.clear()
+        await within(writer.finish(flusher))
+
+    with caplog.at_level(logging.WARNING), pytest.raises(CheckpointsUnwritable):
+        asyncio.run(run())  # a retry resumes from what landed
+    # Under the next numbers: the part's first key may yet land (a PUT that timed out); a resume reads it once.
+    assert parts(storage, shard) == {"part-00001.jsonl": ["a", "b", "try 0"], "part-00002.jsonl": ["c", "try 0"]}
+    assert "writing the answers waiting once more before the task fails" in caplog.text
+    assert "could not be checkpointed" not in caplog.text
+
+
+def test_storage_still_down_on_the_way_out_names_what_a_retry_asks_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage, shard = local_shard(tmp_path, down)
+
+    async def run() -> None:
+        writer = checkpointer(storage, shard, outage_s=0.2)
+        flusher = started(writer)
+        for record in [answer("a"), answer("b"), rejection_line("c", Reason.PROMPT_ID_OUT_OF_VOCAB, "")]:
+            writer.add(record)
+        await within(writer.finish(flusher))
+
+    with caplog.at_level(logging.WARNING), pytest.raises(CheckpointsUnwritable, match="3 answers and rejections"):
+        asyncio.run(run())
+    assert "3 answers and rejections could not be checkpointed" in caplog.text
+    assert parts(storage, shard) == {}
+
+
+def test_fewer_records_than_a_part_leave_once_the_interval_passes(tmp_path: Path) -> None:
+    storage, shard = local_shard(tmp_path)
+
+    async def run() -> None:
+        writer = checkpointer(storage, shard, every=100, seconds=0.1)
+        flusher = started(writer)
+        writer.add(answer("a"))
+        await asyncio.sleep(0.4)
+        assert parts(storage, shard) == {"part-00000.jsonl": ["a", "try 0"]}  # not waiting for 99 more
+        await within(writer.finish(flusher))
+
+    asyncio.run(run())
+    assert list(parts(storage, shard)) == ["part-00000.jsonl"]
+
+
+def test_counts_and_part_numbers_go_on_across_tries(tmp_path: Path) -> None:
+    storage, shard = local_shard(tmp_path)
+    assert load_checkpoints(storage, shard) == Checkpoints()  # nothing yet: the first try's first part is 0
+
+    aborted = rejection_line("c", Reason.SERVER_ABORTED, "")  # the fleet's: the next try asks it again
+    unusable = rejection_line("h", Reason.EARLIER_TURN_UNUSABLE, "")  # a turn the fleet's rejection spoilt: asked again
+    own = rejection_line("d", Reason.PROMPT_ID_OUT_OF_VOCAB, "")  # the sample's own: not asked again
+    write_try(storage, shard, 0, [answer("a"), aborted, own, unusable])
+    assert parts(storage, shard) == {"part-00000.jsonl": ["a", "c", "try 0"], "part-00001.jsonl": ["d", "h", "try 0"]}
+    assert msgspec.json.decode(storage.get_bytes(shard.keys.progress)) == {"flushed": 4}  # after the last part
+    first = load_checkpoints(storage, shard)
+    assert (first.next_part, sorted(first.answers), sorted(first.rejected)) == (2, ["a"], ["c", "d", "h"])
+    assert len(first) == 4
+    assert {t: report.requests for t, report in first.tries.items()} == {0: 4}  # the try's last part has its counts
+    assert "a" in first and "c" in first and "e" not in first
+
+    write_try(storage, shard, 2, [answer("c"), answer("h"), answer("e"), answer("f")])
+    assert list(parts(storage, shard))[2:] == ["part-00002.jsonl", "part-00003.jsonl"]
+    second = load_checkpoints(storage, shard)
+    assert (second.next_part, sorted(second.answers), sorted(second.rejected)) == (4, [*"acefh"], ["d"])
+    assert len(second) == 6  # answers and rejections
+    assert {t: (report.started_at, report.requests) for t, report in second.tries.items()} == {0: (0.0, 4), 2: (2.0, 4)}
+
+
+@pytest.mark.parametrize(
+    "flushes",
+    [[(20.0, 3), (20.0, 5)], [(30.0, 5), (20.0, 3)]],
+    ids=["the later part in the same second", "an earlier part with the later flush"],
+)
+def test_a_try_counts_as_its_latest_flush(tmp_path: Path, flushes: list[tuple[float, int]]) -> None:
+    """Each part ends with the try's counts so far: the latest of them (a part of rejections may carry the time of
+    the try's last answer, with more requests), whichever part holds it."""
+    storage, shard = local_shard(tmp_path)
+    for part, (finished_at, requests) in enumerate(flushes):
+        counts = GenerationReport(
+            10.0, finished_at, requests=requests, answered=1, request_seconds=0.0, output_tokens=0
+        )
+        trailer = msgspec.json.encode({"try": 0, "generation": dataclasses.asdict(counts)})
+        storage.put_bytes(f"{shard.keys.checkpoints}part-{part:05d}.jsonl", trailer + b"\n")
+    assert load_checkpoints(storage, shard).tries[0].requests == 5
+
+
+def test_a_part_of_the_default_size_leaves_as_soon_as_it_is_full(tmp_path: Path) -> None:
+    storage, shard = local_shard(tmp_path)
+    every = GenerateSettings([], {}).checkpoint_every  # 1024: past the small ints CPython keeps one object of
+
+    async def run() -> None:
+        writer = checkpointer(storage, shard, every=every)
+        flusher = started(writer)
+        for i in range(every):
+            writer.add(answer(f"s{i}"))
+        for _ in range(100):  # the interval is a minute: only being full sends it
+            if parts(storage, shard):
+                break
+            await asyncio.sleep(0.02)
+        assert [len(records) for records in parts(storage, shard).values()] == [every + 1]
+        await within(writer.finish(flusher))
+
+    asyncio.run(run())
+
+
+def test_asked_again_are_the_server_side_rejections_and_the_turns_they_made_unusable() -> None:
+    def rejected(*turns: tuple[str, Reason]) -> dict[str, dict[str, Any]]:
+        return {turn: json.loads(rejection_line(turn, reason, ""))["rejected"] for turn, reason in turns}
+
+    found = Checkpoints(
+        answers={"a/turn-1": answer("a/turn-1")},
+        rejected=rejected(
+            ("a/turn-2", Reason.SERVER_ABORTED),  # the fleet's: asked again with the turns it made unusable
+            ("a/turn-3", Reason.EARLIER_TURN_UNUSABLE),
+            ("a/turn-4", Reason.DIVERGED_TOOL_CALL),  # of the same conversation, but the sample's own: kept
+            ("a/turn-5", Reason.PROMPT_ID_OUT_OF_VOCAB),
+            ("b", Reason.SAMPLE_TIMEOUT),
+            ("c/turn-1", Reason.PROMPT_ID_OUT_OF_VOCAB),  # the sample's own: kept, and the turns it made unusable
+            ("c/turn-2", Reason.EARLIER_TURN_UNUSABLE),
+        ),
+    )
+    assert found.ask_again() == ["a/turn-2", "a/turn-3", "b"]
+    assert sorted(found.rejected) == ["a/turn-4", "a/turn-5", "c/turn-1", "c/turn-2"]  # forgotten: asked for
+    assert "a/turn-1" in found and "c/turn-2" in found and "b" not in found
+
+
+@pytest.mark.parametrize("fails", [None, "part-00032.jsonl", "progress.json"])
+def test_every_32_parts_of_a_try_merge_into_one_and_a_failed_merge_or_progress_costs_nothing(
+    tmp_path: Path, fails: str | None
+) -> None:
+    storage, shard = local_shard(tmp_path, lambda key: down(key) if key.endswith(f"/{fails}") else None)
+    ids = [f"s{i:02d}" for i in range(33)]
+    write_try(storage, shard, 0, [answer(i) for i in ids], every=1)
+    merged = [line for i in ids[:32] for line in (i, "try 0")]
+    if fails == "part-00032.jsonl":  # the small parts stay, read as they are
+        expected = {f"part-{i:05d}.jsonl": [sample, "try 0"] for i, sample in enumerate(ids) if i != 32}
+    else:
+        expected = {"part-00032.jsonl": merged}
+    assert parts(storage, shard) == {**expected, "part-00033.jsonl": [ids[32], "try 0"]}
+    found = load_checkpoints(storage, shard)
+    assert (sorted(found.answers), found.next_part, found.tries[0].requests) == (ids, 34, 33)
+    if fails != "progress.json":
+        assert msgspec.json.decode(storage.get_bytes(shard.keys.progress)) == {"flushed": 33}
+
+
+@pytest.mark.parametrize("left_parts", [False, True], ids=["parts removed", "parts left by a dying try"])
+def test_try_ids_never_clash_after_a_reopen(tmp_path: Path, left_parts: bool) -> None:
+    storage, shard = local_shard(tmp_path)
+    records = [answer("a"), answer("b"), answer("x"), answer("y"), rejection_line("c", Reason.SERVER_ABORTED, "")]
+    write_try(storage, shard, 0, records)  # parts 0 to 2
+    done = load_checkpoints(storage, shard)
+    # The try finished the shard: its counts, rejections and raw file; then it removed its parts (or died doing so).
+    storage.put_bytes(shard.keys.generation, msgspec.json.encode(GenerationReport.combined([*done.tries.values()])))
+    lost = {"id": "c", "stage": "generate", "reason": "server_aborted", "detail": ""}
+    storage.put_bytes(shard.keys.rejected("generate"), msgspec.json.encode(lost) + b"\n")
+    write_raw(tmp_path / "raw.jsonl.zst", [done.answers[i] for i in "abxy"])
+    storage.put_file(shard.keys.raw, tmp_path / "raw.jsonl.zst")
+    if not left_parts:
+        for key in storage.list_keys(shard.keys.checkpoints):
+            storage.delete(key)
+    for stale in (shard.keys.report, shard.location.fleet_losses):  # the finished shard's, and its version's list
+        storage.put_bytes(stale, b"{}")
+
+    assert reopen(storage, shard)
+    assert not storage.exists(shard.keys.report) and not storage.exists(shard.location.fleet_losses)
+    reopened = "part-00003.jsonl" if left_parts else "part-00000.jsonl"
+    assert parts(storage, shard) == {reopened: ["c", "a", "b", "x", "y", f"try {REOPENED}"]}
+    resumed = load_checkpoints(storage, shard)
+    assert resumed.ask_again() == ["c"]
+    write_try(storage, shard, resumed.next_part, [answer("c")])
+    found = load_checkpoints(storage, shard)
+    assert set(found.tries) == {REOPENED, resumed.next_part}  # the try's own counts beside every earlier try's
+    assert GenerationReport.combined([*found.tries.values()]).requests == 5 + 1
+    assert sorted(found.answers) == [*"abcxy"] and not found.rejected
