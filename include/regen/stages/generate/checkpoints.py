@@ -70,13 +70,15 @@ class Checkpoints:
 
     def ask_again(self) -> list[str]:
         """Forgets the server-side rejections of earlier tries, and the later turns of their conversations that
-        were rejected as unusable because of them, so that this try asks for them again; their ids."""
+        were rejected as unusable because of them or because of a turn a later try answered (a Resume's try killed
+        after answering the turn the fleet had lost), so that this try asks for them again; their ids."""
         released = {i for i, r in self.rejected.items() if r["reason"] in SERVER_SIDE}
         conversations = {sample_of(i) for i in released}
         released |= {
             i
             for i, r in self.rejected.items()
-            if r["reason"] == Reason.EARLIER_TURN_UNUSABLE and sample_of(i) in conversations
+            if r["reason"] == Reason.EARLIER_TURN_UNUSABLE
+            and (sample_of(i) in conversations or (r.get("ended_by") or {}).get("turn") in self.answers)
         }
         for answer_id in released:
             del self.rejected[answer_id]

@@ -435,6 +435,25 @@ def test_asked_again_are_the_server_side_rejections_and_the_turns_they_made_unus
     assert "a/turn-1" in found and "c/turn-2" in found and "b" not in found
 
 
+def test_turns_ended_by_a_turn_a_later_try_answered_are_asked_again() -> None:
+    """A conversation's first turn lost to the fleet ended it (its later turns rejected, each naming that turn); a
+    Resume's try answered the first two and was killed: its retry asks the third again, not a turn short."""
+    ended_by = {"turn": "a/turn-1", "reason": Reason.SERVER_ABORTED.value}
+    found = Checkpoints(
+        answers={"a/turn-1": answer("a/turn-1"), "a/turn-2": answer("a/turn-2")},
+        rejected={
+            "a/turn-3": json.loads(rejection_line("a/turn-3", Reason.EARLIER_TURN_UNUSABLE, "", None, ended_by))[
+                "rejected"
+            ],
+            "c/turn-2": json.loads(
+                rejection_line("c/turn-2", Reason.EARLIER_TURN_UNUSABLE, "", None, {"turn": "c/turn-1"})
+            )["rejected"],  # ended by a turn still rejected (the sample's own): kept
+            "c/turn-1": json.loads(rejection_line("c/turn-1", Reason.PROMPT_ID_OUT_OF_VOCAB, ""))["rejected"],
+        },
+    )
+    assert found.ask_again() == ["a/turn-3"] and sorted(found.rejected) == ["c/turn-1", "c/turn-2"]
+
+
 @pytest.mark.parametrize("fails", [None, "part-00032.jsonl", "progress.json"])
 def test_every_32_parts_of_a_try_merge_into_one_and_a_failed_merge_or_progress_costs_nothing(
     tmp_path: Path, fails: str | None
