@@ -27,7 +27,14 @@ answer was asked twice unless the fault hit a generate task (then at most its re
 answers, a killed try). A point whose operation no try made fails the harness (after MEET_TRIES runs), never counts
 as fired.
 
+With a losing fleet (`--fleet losing`, tools/crash_points/fleet.py) the run faulted is the Resume of a run that went
+red past the fleet-loss allowance (max_server_rejected_share), on a fleet mended but for one prompt: it reopens the
+finished shards holding fleet losses, asks a shard that failed early for its losses again, and publishes with the
+answer still lost listed in fleet-losses.jsonl, so those writes are crash points too; the data is checked against
+that Resume's when nothing faults.
+
     .venv/bin/python -m tools.crash_points --root local --sample 20 --seed 7    # a sample (bench_crashpoints: all)
+    .venv/bin/python -m tools.crash_points --root local --fleet losing --match 'fleet-losses|^publish'
 """
 
 from tools.crash_points.checks import write_deployment

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 
 from tools.crash_points import harness, outcome_lines, parse_point, result_line, sample, summary
+from tools.crash_points.fleet import FLEETS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,23 +19,33 @@ def main(argv: list[str] | None = None) -> int:
         description=tools.crash_points.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--root", choices=("local", "s3"), default="local")
+    parser.add_argument(
+        "--fleet",
+        choices=tuple(FLEETS),
+        default="sound",
+        help="losing: the Resume of a run red past the fleet-loss allowance is the run faulted (crash_points.fleet)",
+    )
     parser.add_argument("--sample", type=int, default=None, help="this many points, drawn by --seed (default: all)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--match", default=None, help="only the points this regular expression finds in (as a failure prints them)"
+    )
     parser.add_argument("--point", action="append", default=[], help="run only this point, as a failure prints it")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
-    with harness(args.root) as running:
+    with harness(args.root, args.fleet) as running:
         every = running.points()
-        points = [parse_point(p) for p in args.point] or sample(every, args.sample, args.seed)
+        chosen = [p for p in every if re.search(args.match, str(p))] if args.match else every
+        points = [parse_point(p) for p in args.point] or sample(chosen, args.sample, args.seed)
         second = sum(p.after is not None for p in every)
         print(
-            f"{args.root}: {len(every)} crash points in all ({second} in second tries); running {len(points)} "
-            f"(seed {args.seed})"
+            f"{args.root} ({args.fleet} fleet): {len(every)} crash points in all ({second} in second tries); "
+            f"running {len(points)} (seed {args.seed})"
         )
         outcomes = []
         for point in points:
             outcomes.append(outcome := running.run(point))
-            for line in outcome_lines(args.root, outcome):
+            for line in outcome_lines(args.root, outcome, args.fleet):
                 print(line)
         print(json.dumps(summary(outcomes)))
         print(result_line(args.root, outcomes))

@@ -13,6 +13,7 @@ import yaml
 from tools.crash_points.dag import TASK_RETRIES
 
 SPLITS = ("train", "validation", "truncated")
+PROFILE, DATASETS = "crashpoint-mini", ("tools", "chats", "parts")
 IN_FLIGHT, CHECKPOINT_EVERY = 2, 2
 # Of source prompts held out: each dataset here has some on each side (their digests: chats 0.04, 0.11 | 0.53; parts
 # four of eight below 0.3; tools 0.24, 0.28 | 0.52, 0.89), so a record in the wrong split is a record that differs.
@@ -20,9 +21,10 @@ VALIDATION_SHARE = 0.3
 DATA = Path(__file__).resolve().parents[2] / "data" / "samples"
 
 
-def write_deployment(folder: Path, storage_root: str) -> Path:
+def write_deployment(folder: Path, storage_root: str, defaults: dict[str, Any] | None = None) -> Path:
     """The run's config and sources: tools at two temperatures, on-policy conversations, and a dataset in parts whose
-    first part loses most of its prompts at tokenize (too long), so its shard numbers have a gap."""
+    first part loses most of its prompts at tokenize (too long), so its shard numbers have a gap. `defaults`: over the
+    config's (a fleet's: tools/crash_points/fleet.py)."""
     from importlib.resources import files
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -36,7 +38,7 @@ def write_deployment(folder: Path, storage_root: str) -> Path:
     profile = {**builtin["kimi-k2.5-mini"], "max_prompt_tokens": 1024}
     config = {
         "defaults": {
-            "profile": "crashpoint-mini",
+            "profile": PROFILE,
             "storage_root": storage_root,
             "shard_size": 3,
             "in_flight": IN_FLIGHT,
@@ -49,9 +51,10 @@ def write_deployment(folder: Path, storage_root: str) -> Path:
             "fleet_wait_s": 5,
             "validation_share": VALIDATION_SHARE,
             "sampling": {"max_new_tokens": 160},
+            **(defaults or {}),
         },
         "governance": {"allowed_endpoints": ["127.0.0.1"], "allowed_storage_roots": [storage_root]},
-        "profiles": {"crashpoint-mini": profile},
+        "profiles": {PROFILE: profile},
         "datasets": {
             "tools": {"format": "openai_messages", "paths": [str(folder / "tools.jsonl")], "temperatures": [0.6, 1.0]},
             "chats": {"format": "auto", "turns": "on_policy", "paths": [str(folder / "chats.jsonl")]},

@@ -17,7 +17,9 @@ from typing import Any
 
 from tools.crash_points.checks import (
     CHECKPOINT_EVERY,
+    DATASETS,
     IN_FLIGHT,
+    PROFILE,
     Delivered,
     both_sides,
     delivered,
@@ -26,6 +28,7 @@ from tools.crash_points.checks import (
     write_deployment,
 )
 from tools.crash_points.dag import Dag, Trace, run_try
+from tools.crash_points.fleet import FLEETS, check_first_run
 from tools.crash_points.points import (
     FAULTS,
     INJECTOR,
@@ -55,8 +58,9 @@ class Outcome:
 
 
 class Harness:
-    def __init__(self, folder: Path, backend: str) -> None:
-        self.folder, self.backend, self.count = folder, backend, 0
+    def __init__(self, folder: Path, backend: str, fleet: str = "sound") -> None:
+        self.folder, self.backend, self.count, self.fleet = folder, backend, 0, FLEETS[fleet]
+        self.version: str | None = None  # a losing fleet's: its first run's, red, which every run after it resumes
         self.stack = contextlib.ExitStack()
         try:
             self._start()
@@ -67,7 +71,7 @@ class Harness:
     def _start(self) -> None:
         from tools.devstack import start_simulator
 
-        self.simulator = self.stack.enter_context(start_simulator(self.folder, "--omit-think-end-rate", "0"))
+        self.simulator = self.stack.enter_context(start_simulator(self.folder, *self.fleet.args))
         self.s3_client: Callable[[], Any] | None = None
         self.store: tuple[Any, str, str] | None = None  # S3: the store without the proxy, where snapshots are kept
         if self.backend == "s3":
@@ -84,6 +88,8 @@ class Harness:
 
         pipeline.preload()  # the renderer built once, here: every task forked after it inherits it (as on a worker)
         _import_what_tasks_import()
+        if self.fleet.lossy is not None:
+            self._lose_answers()
         self.reference = self.run(None)
         if not self.reference.green or self.reference.violations:
             raise RuntimeError(f"the fault-free run is not green: {self.reference}")
@@ -109,6 +115,29 @@ class Harness:
         direct = moto_client(upstream, S3_ATTEMPTS)
         direct.create_bucket(Bucket="crashpoints")
         self.store = (direct, "crashpoints", "run")
+
+    def _lose_answers(self) -> None:
+        """A losing fleet's first run, on a fleet of its own, neither traced nor faulted: red past the allowance
+        (tools/crash_points/fleet.py); the traced run is its Resume, and every crash point's run resumes it too."""
+        from regen.layout import DatasetLocation
+        from regen.storage import open_storage
+        from tools.devstack import start_simulator
+
+        assert self.fleet.lossy is not None
+        self.count += 1
+        uri = self._root()[1]
+        os.environ["REGEN_CONFIG"] = str(write_deployment(self.folder / "deploy-lost", uri, self.fleet.defaults))
+        with start_simulator(self.folder, *self.fleet.lossy) as lossy:
+            first = Dag(None, self.s3_client, self._asked).run({"endpoints": [lossy.url]}, f"cp-{self.count}")
+        storage = open_storage(uri, self.s3_client() if self.s3_client else None)
+        where = {d: DatasetLocation(uri, PROFILE, d, first.version).fleet_losses for d in DATASETS}
+        check_first_run(first.errors, {d: storage.exists(key) for d, key in where.items()})
+        self.version = first.version
+
+    def _root(self) -> tuple[Path | None, str]:
+        """The run's root: a local folder (None on S3), and its URI."""
+        root = self.folder / "root" if self.backend == "local" else None
+        return root, str(root) if root is not None else "s3://crashpoints/run"
 
     def close(self) -> None:
         INJECTOR.proxy = None
@@ -139,7 +168,7 @@ class Harness:
         claimed = {op.key for op in ops if op.key.endswith("/writer.json") and op.method in ("create", "replace")}
         for key in sorted(claimed):
             folder = key.rsplit("/", 1)[0] + "/"
-            if any(op.key.startswith(folder) and op.key != key for op in ops):  # it writes while it holds the claim
+            if any(op.held and op.key.startswith(folder) and op.key != key for op in ops):  # it writes holding it
                 ops.append(Operation(RENEW, key))
         torn = (TORN,) if self.backend == "local" else ()
         return [(op, fault) for op in ops for fault in FAULTS + (torn if op.method in STAGED else ())]
@@ -171,12 +200,11 @@ class Harness:
 
     def _run(self, point: CrashPoint | None) -> Outcome:
         self.count += 1
-        n, local = self.count, self.backend == "local"
-        root = self.folder / "root" if local else None
-        uri = str(root) if root is not None else "s3://crashpoints/run"
-        if point is None:  # a crash point's run replays the traced run's root and config
-            os.environ["REGEN_CONFIG"] = str(write_deployment(self.folder / f"deploy-{n}", uri))
-        params = {"endpoints": [self.simulator.url]}
+        n, (root, uri) = self.count, self._root()
+        if point is None and self.version is None:  # a crash point's run (a Resume's too) keeps the root and config
+            os.environ["REGEN_CONFIG"] = str(write_deployment(self.folder / f"deploy-{n}", uri, self.fleet.defaults))
+        params: dict[str, Any] = {"endpoints": [self.simulator.url]}
+        params |= {"version": self.version} if self.version is not None else {}
         asked_before = self._asked()
         trace = Trace(root, self.folder / "trace", s3=self.store) if point is None else None
         replay = self.trace if point is not None else None
@@ -215,7 +243,7 @@ class Harness:
 
     def _delivered(self, root: str) -> dict[str, Delivered]:
         client = self.s3_client() if self.s3_client else None
-        return {d: delivered(root, "crashpoint-mini", d, client) for d in ("tools", "chats", "parts")}
+        return {d: delivered(root, PROFILE, d, client) for d in DATASETS}
 
 
 def first_try_kills(made: list[Operation]) -> list[Operation]:
@@ -245,9 +273,9 @@ def _import_what_tasks_import() -> None:
 
 
 @contextlib.contextmanager
-def harness(backend: str) -> Iterator[Harness]:
-    with tempfile.TemporaryDirectory(prefix=f"crashpoints-{backend}-") as tmp:
-        made = Harness(Path(tmp), backend)
+def harness(backend: str, fleet: str = "sound") -> Iterator[Harness]:
+    with tempfile.TemporaryDirectory(prefix=f"crashpoints-{backend}-{fleet}-") as tmp:
+        made = Harness(Path(tmp), backend, fleet)
         try:
             yield made
         finally:
@@ -280,11 +308,12 @@ def summary(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
     return {fault: dict(row) for fault, row in table.items()}
 
 
-def outcome_lines(backend: str, outcome: Outcome) -> list[str]:
+def outcome_lines(backend: str, outcome: Outcome, fleet: str = "sound") -> list[str]:
     """What a point's run has to say, if anything: its operation missed, its violations (with the run's errors), or
     its run ended red and its Resume green; a failure's line ends with the command that runs the point again."""
     point = outcome.point
-    again = f".venv/bin/python -m tools.crash_points --root {backend} --point '{point}'"
+    losing = f" --fleet {fleet}" if fleet != "sound" else ""
+    again = f".venv/bin/python -m tools.crash_points --root {backend}{losing} --point '{point}'"
     lines = [f"MISSED {point}: {outcome.missed} ({again})"] if outcome.missed else []
     if outcome.violations:
         lines.append(f"VIOLATION {point}: {outcome.violations} (errors: {outcome.errors}) ({again})")

@@ -14,7 +14,7 @@ import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,13 @@ _DRAWN = re.compile(r"[0-9a-f]{16,}")  # plan's probe's token, a publisher's rep
 
 @dataclass(frozen=True)
 class Operation:
-    """`method key@nth`: the nth operation of that method on that key in one try (`*` for what a try draws)."""
+    """`method key@nth`: the nth operation of that method on that key in one try (`*` for what a try draws).
+    `held`: made while the try held its version's claim (regen.claims.held), whose renewer runs only then."""
 
     method: str
     key: str
     nth: int = 1
+    held: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         return f"{self.method} {self.key}@{self.nth}"
@@ -106,10 +108,12 @@ class Injector:
         self.lock = threading.Lock()
         self.renewed = threading.Event()
         self.proxy: str | None = None  # the S3 fault proxy's URL, to lose a reply
+        self.holding: Counter[str] = Counter()  # the folders of the claims held now (regen.claims.held)
 
     def start(self, task: str, arm: Arm | None) -> None:
         """In the try's process, before the task runs: a renewal point's claims renew at once (regen.claims)."""
         self.task, self.arm, self.ops, self.made, self.fired = task, arm, [], Counter(), None
+        self.holding = Counter()
         self.renewed.clear()
         if arm is not None and arm.op.method == RENEW:
             from regen import claims
@@ -123,7 +127,8 @@ class Injector:
         self._await_renewal(named, renewal)
         with self.lock:
             self.made[(name, named)] += 1
-            op = Operation(name, named, self.made[(name, named)])
+            held = not renewal and any(named.startswith(folder) for folder in +self.holding)
+            op = Operation(name, named, self.made[(name, named)], held)
             self.ops.append(op)
             if self.arm is None or self.fired or op != self.arm.op:
                 return None
@@ -142,6 +147,25 @@ class Injector:
 
 
 INJECTOR = Injector()
+
+
+def holding(held: Callable[..., Any]) -> Callable[..., Any]:
+    """regen.claims.held, the operations made inside it marked `held`: its renewer runs only then, so a try renews
+    its claim only when it writes there (a shard found finished writes its stage manifest after the block)."""
+
+    @contextlib.contextmanager
+    def marked(storage: Any, location: Any, *args: Any, **kwargs: Any) -> Iterator[None]:
+        with held(storage, location, *args, **kwargs):
+            folder = op_key(location.writer).rsplit("/", 1)[0] + "/"
+            with INJECTOR.lock:
+                INJECTOR.holding[folder] += 1
+            try:
+                yield
+            finally:
+                with INJECTOR.lock:
+                    INJECTOR.holding[folder] -= 1
+
+    return marked
 
 
 class FaultyStorage:
@@ -208,14 +232,16 @@ def installed() -> Iterator[None]:
     """Every task's storage opened through FaultyStorage (the seam: regen.pipeline.run_storage.open_storage), until
     the harness closes: the process it ran in (a test worker) opens plain storage again. And every task writes its
     claim when it starts (regen.claims.FRESH_SHARE): a task replayed from a restored root finds the claim as old as the
-    traced run left it and writes it, so the traced run's must too, or its points would miss their operations."""
+    traced run left it and writes it, so the traced run's must too, or its points would miss their operations. And
+    its claimed blocks (run_storage.held) mark the operations made in them (`holding`)."""
     from regen import claims
     from regen.pipeline import run_storage
 
-    opened, fresh = run_storage.open_storage, claims.FRESH_SHARE
+    opened, held, fresh = run_storage.open_storage, run_storage.held, claims.FRESH_SHARE
     run_storage.open_storage = lambda *args, **kwargs: FaultyStorage(opened(*args, **kwargs))
+    run_storage.held = holding(held)
     claims.FRESH_SHARE = 0.0
     try:
         yield
     finally:
-        run_storage.open_storage, claims.FRESH_SHARE = opened, fresh
+        run_storage.open_storage, run_storage.held, claims.FRESH_SHARE = opened, held, fresh
