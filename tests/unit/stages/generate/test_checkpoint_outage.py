@@ -9,6 +9,7 @@ about the bound; the parts' numbers, the tries' counts, merging, and a reopened 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -17,10 +18,12 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import msgspec
 import pytest
+import tenacity
 
 from regen.chat import ChatRenderer
 from regen.config import Sampling
@@ -28,6 +31,7 @@ from regen.layout import DatasetLocation
 from regen.manifest import GenerationReport, ShardManifest
 from regen.reasons import Reason
 from regen.records import RawAnswer, encode_answer, write_raw
+from regen.stages.generate import checkpoints
 from regen.stages.generate.checkpoints import (
     REOPENED,
     Checkpointer,
@@ -148,20 +152,28 @@ def test_storage_down_for_good_fails_the_task_in_seconds_and_the_retry_redoes_on
 DATASET = "spare-part-kits"  # holds "part-" too: a part's number is read from the end of its key
 WITHIN = 30.0  # seconds any wait of these tests may take (a hang, not a slow machine)
 T = TypeVar("T")
+REAL_SLEEP = asyncio.sleep
 
 
 class Faulty(LocalStorage):
-    """Local storage whose every put first goes through `fault(key)`, which may sleep, raise or hang."""
+    """Local storage whose every put first goes through `fault(key)`, which may sleep, raise or hang; deleting the
+    file named `undeletable` fails."""
 
     def __init__(self, root: Path, fault: Callable[[str], None] = lambda key: None) -> None:
         super().__init__(root)
         self.fault = fault
         self.puts: list[str] = []  # every put asked, in order, with the keys' folders left out
+        self.undeletable: str | None = None
 
     def put_bytes(self, key: str, data: bytes) -> str:
         self.puts.append(key.rsplit("/", 1)[1])
         self.fault(key)
         return super().put_bytes(key, data)
+
+    def delete(self, key: str) -> None:
+        if key.rsplit("/", 1)[1] == self.undeletable:
+            raise OSError("storage down")
+        super().delete(key)
 
 
 def down(key: str) -> None:
@@ -243,9 +255,10 @@ def test_a_storage_outage_shorter_than_the_bound_is_ridden_out(
 
 
 def test_a_slow_write_is_waited_for_not_cut_short(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    storage, shard = local_shard(tmp_path, lambda key: time.sleep(0.15))
+    """Over a second (a large part on a slow link), half the bound: the one try has the bound to land in."""
+    storage, shard = local_shard(tmp_path, lambda key: time.sleep(1.25) if key.endswith(".jsonl") else None)
     with caplog.at_level(logging.WARNING, logger="regen.stages.generate.checkpoints"):
-        write_try(storage, shard, 0, [answer("a"), answer("b")], outage_s=0.5)
+        write_try(storage, shard, 0, [answer("a"), answer("b")], outage_s=2.5)
     assert storage.puts == ["part-00000.jsonl", "progress.json"]  # each once: the first try landed
     assert "retrying" not in caplog.text
 
@@ -269,6 +282,9 @@ def test_a_write_that_hangs_is_cut_off_at_the_bound(tmp_path: Path) -> None:
 
     took = asyncio.run(run())
     assert 0.3 <= took < 10, took  # (the upper bound loose: a loaded machine is slow, a hang is a minute)
+    # One try, cut off at the bound; tenacity times the bound from just after it began, so a last short try may
+    # follow. A try cut off sooner would leave time for more.
+    assert storage.puts in (["part-00000.jsonl"], ["part-00000.jsonl"] * 2), storage.puts
 
 
 def test_storage_down_for_good_fails_after_the_bound_naming_what_waits_in_memory(tmp_path: Path) -> None:
@@ -293,6 +309,76 @@ def test_storage_down_for_good_fails_after_the_bound_naming_what_waits_in_memory
         message,
     ), message
     assert 3 <= storage.puts.count("part-00000.jsonl") <= 20  # retried, with waits between the tries
+
+
+class Clock:
+    """Simulated time for the checkpointer and tenacity, which moves only when tenacity waits between tries."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await REAL_SLEEP(0)
+
+
+class Inline(concurrent.futures.ThreadPoolExecutor):
+    """Runs what asyncio.to_thread hands it at once, in the event loop's thread: a try's put is made as the try
+    begins, however loaded the machine."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as e:
+            future.set_exception(e)
+        return future
+
+
+@pytest.mark.parametrize(
+    ("outage_s", "tries_at"),
+    [
+        (0.8, [0, 0.1, 0.3, 0.5, 0.7, 0.9]),
+        (None, [0, 0.1, 0.3, 0.7, 1.5, 3.1, 6.3, 11.3, 16.3, 21.3, 26.3, 31.3]),
+    ],
+    ids=["a short bound: waits of a quarter of it at most", "the default bound: waits of 5 s at most"],
+)
+def test_a_part_is_tried_on_its_schedule_up_to_the_bound_and_once_past_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outage_s: float | None, tries_at: list[float]
+) -> None:
+    """Storage down for good, on a simulated clock (no wall clock: the same on a loaded machine), every wait between
+    tries its longest: the waits double from 0.1 s up to a quarter of the bound (5 s at most), and the try that
+    begins past the bound is still made (a try is cut off at what is left of the bound, but never given less than
+    0.05 s)."""
+    clock = Clock()
+    monkeypatch.setattr(checkpoints, "time", clock)
+    monkeypatch.setattr(tenacity, "time", clock)  # stop_after_delay's
+    monkeypatch.setattr(asyncio, "sleep", clock.sleep)  # tenacity's waits
+    monkeypatch.setattr(tenacity.wait, "random", SimpleNamespace(uniform=lambda low, high: high))
+    tried: list[float] = []
+
+    def down_since_1000(key: str) -> None:
+        tried.append(clock.now - 1000.0)
+        down(key)
+
+    storage, shard = local_shard(tmp_path, down_since_1000)
+
+    async def run() -> str:
+        asyncio.get_running_loop().set_default_executor(Inline())
+        writer = checkpointer(storage, shard, **({} if outage_s is None else {"outage_s": outage_s}))
+        flusher = started(writer)
+        writer.add(answer("a"))
+        writer.add(answer("b"))
+        with pytest.raises(CheckpointsUnwritable) as failed:
+            await within(flusher)
+        return str(failed.value)
+
+    message = asyncio.run(run())
+    assert tried == pytest.approx(tries_at)
+    assert message.startswith(f"storage took no checkpoint for {outage_s or 30:g} s (")
 
 
 def test_what_storage_takes_back_on_the_way_out_lands_and_the_task_still_fails(
@@ -454,18 +540,21 @@ def test_turns_ended_by_a_turn_a_later_try_answered_are_asked_again() -> None:
     assert found.ask_again() == ["a/turn-3"] and sorted(found.rejected) == ["c/turn-1", "c/turn-2"]
 
 
-@pytest.mark.parametrize("fails", [None, "part-00032.jsonl", "progress.json"])
+@pytest.mark.parametrize("fails", [None, "part-00032.jsonl", "progress.json", "deleting part-00030.jsonl"])
 def test_every_32_parts_of_a_try_merge_into_one_and_a_failed_merge_or_progress_costs_nothing(
     tmp_path: Path, fails: str | None
 ) -> None:
     storage, shard = local_shard(tmp_path, lambda key: down(key) if key.endswith(f"/{fails}") else None)
+    storage.undeletable = fails and fails.removeprefix("deleting ")
     ids = [f"s{i:02d}" for i in range(33)]
     write_try(storage, shard, 0, [answer(i) for i in ids], every=1)
-    merged = [line for i in ids[:32] for line in (i, "try 0")]
+    merged = {"part-00032.jsonl": [line for i in ids[:32] for line in (i, "try 0")]}
     if fails == "part-00032.jsonl":  # the small parts stay, read as they are
         expected = {f"part-{i:05d}.jsonl": [sample, "try 0"] for i, sample in enumerate(ids) if i != 32}
+    elif fails == "deleting part-00030.jsonl":  # the merge cut short: its last small parts stay beside it, read once
+        expected = {"part-00030.jsonl": [ids[30], "try 0"], "part-00031.jsonl": [ids[31], "try 0"], **merged}
     else:
-        expected = {"part-00032.jsonl": merged}
+        expected = merged
     assert parts(storage, shard) == {**expected, "part-00033.jsonl": [ids[32], "try 0"]}
     found = load_checkpoints(storage, shard)
     assert (sorted(found.answers), found.next_part, found.tries[0].requests) == (ids, 34, 33)
