@@ -129,7 +129,7 @@ def eagle3_regen() -> None:
                 "fleet; the earliest failed task says why"
             )
         finished = pipeline.finish_prepared(_run(run), [p for p in prepared if p], run_s3_client(run))
-        return pipeline.shard_groups(finished, run["shard_task_limit"])
+        return pipeline.run_groups(_run(run), finished, run_s3_client(run))
 
     # Each mapped task handles one shard, or a group of consecutive shards in turn when a run has more shards than
     # the config's shard_task_limit. The group travels as a range, whatever its size: each stage keeps its shards'

@@ -323,5 +323,5 @@ def each_shard(run: Any, prepared: list[dict[str, Any]]) -> Iterator[dict[str, A
     shards from prepare's record. `run`: a regen.run_params.RunSpec."""
     from regen import pipeline
 
-    for group in pipeline.shard_groups(prepared, 256):
+    for group in pipeline.run_groups(run, prepared):
         yield from pipeline.group_shards(run, group)

@@ -51,7 +51,14 @@ SHARED_FIT = Hint(
     "the length fit's start from the answers the version's validated shards measured",
     "this shard's fit learnt from its own answers alone",
 )
-HINTS = {hint.name: hint for hint in (SEND_ORDER, ENDPOINT_AFFINITY, CHAIN_PRIORITY, LAST_LENGTHS, SHARED_FIT)}
+RUN_ORDER = Hint(
+    "run_order",
+    "the run's order of shard tasks across datasets (the longest expected work first)",
+    "the shard tasks ran dataset after dataset, each dataset's shards as prepare dealt them",
+)
+HINTS = {
+    hint.name: hint for hint in (SEND_ORDER, ENDPOINT_AFFINITY, CHAIN_PRIORITY, LAST_LENGTHS, SHARED_FIT, RUN_ORDER)
+}
 
 
 class Hints:

@@ -82,7 +82,7 @@ def run_dag(params: dict[str, Any], run_id: str, when: datetime, stop_after: int
     listed = task(
         outcome,
         "list_shards",
-        lambda: pipeline.shard_groups(pipeline.finish_prepared(run, ready), run.shard_task_limit),
+        lambda: pipeline.run_groups(run, pipeline.finish_prepared(run, ready)),
     )
     for position, group in enumerate(listed or []):
         if stop_after is not None and position >= stop_after:

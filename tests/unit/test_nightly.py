@@ -119,8 +119,8 @@ def test_a_later_version_deals_the_longest_answers_of_the_last_into_the_first_sh
 ) -> None:
     """The simulator gives a prompt the same answer length every time (as a model roughly does): the next version
     knows every length, deals the longest into its first shards, and sends each shard's longest first. A dataset
-    left in parts is read once, by its reader: each part deals its own prompts, by the lengths they carry. The
-    records are the same whatever the order."""
+    left in parts is read once, by its reader: each part deals its own prompts, by the lengths they carry, and the
+    run takes the shards of every part longest first. The records are the same whatever the order."""
     if in_parts:
         config = yaml.safe_load((deployment / "regen.yaml").read_text())
         config["defaults"].update(prepare_part_prompts=8, shard_size=4)  # 36 prompts: 5 parts of 2 shards at most
@@ -148,8 +148,8 @@ def test_a_later_version_deals_the_longest_answers_of_the_last_into_the_first_sh
             assert min(p["expected_tokens"] for p in earlier) >= max(p["expected_tokens"] for p in later)
     sent = [lengths[body["rid"].rsplit("-", 2)[0]] for body in proxy.bodies]
     assert sorted(sent) == sorted(lengths.values()) and len(set(sent)) > 5  # lengths that differ
-    at = 0
-    for shard in shards:  # shard after shard, each one's longest first
+    at = 0  # shard after shard in the run's order (the longest first, across the parts), each one's longest first
+    for shard in sorted(shards, key=lambda shard: -max(p["expected_tokens"] for p in shard)):
         assert sent[at : at + len(shard)] == sorted((p["expected_tokens"] for p in shard), reverse=True)
         at += len(shard)
     if not in_parts:  # dealt across every shard: the whole version's longest first

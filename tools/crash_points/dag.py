@@ -195,7 +195,7 @@ class Dag:
 
         s3 = self.s3_client
         listed = self.task(
-            "list_shards", lambda: pipeline.shard_groups(pipeline.finish_prepared(run, ready, s3), run.shard_task_limit)
+            "list_shards", lambda: pipeline.run_groups(run, pipeline.finish_prepared(run, ready, s3), s3)
         )
         for group in listed or []:
             label = group_label(group)

@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from regen.errors import FinalError
+from regen.hints import RUN_ORDER, Hints
 from regen.manifest import PreparedDataset, ShardManifest
 from regen.metrics import current as metrics
 from regen.pipeline.run import renderer_for
@@ -25,6 +26,7 @@ from regen.sglang.auth import NO_KEYS, ApiKeys
 from regen.sglang.served_model import fleet_priority_order
 from regen.stages.export import ExportSettings, run_export
 from regen.stages.generate.generate import GenerateSettings, run_generate
+from regen.stages.generate.order import longest_work_first
 from regen.stages.validate import ValidateSettings, run_validate
 from regen.storage import S3ClientFactory, get_json
 
@@ -46,6 +48,31 @@ def shard_groups(prepared: list[dict[str, Any]], limit: int) -> list[dict[str, A
         for dataset, count in counts.items()
         for first in range(0, count, size)
     ]
+
+
+def run_groups(run: RunSpec, prepared: list[dict[str, Any]], s3_client: S3ClientFactory | None = None) -> list[Any]:
+    """The run's shard groups (`shard_groups`) in one order across its datasets, the longest work prepare expects
+    first (`longest_work_first`, from each shard's `longest_expected` in prepare's record): the scheduler starts a
+    mapped task's instances by map index, so the fleet's pool takes them in this order, and no dataset's long work
+    starts after another's short work to end the run alone. A hint: if the records cannot be read, dataset after
+    dataset. (Read here, not carried in prepare's XCom, which stays a few counts at any number of shards.)"""
+    groups = shard_groups(prepared, run.shard_task_limit)
+    if not run.longest_first:
+        return groups
+    return Hints().use(RUN_ORDER, groups, _longest_first, run, groups, s3_client)
+
+
+def _longest_first(run: RunSpec, groups: list[dict[str, Any]], s3_client: S3ClientFactory | None) -> list[Any]:
+    at = RunStorage.open(run, s3_client)
+    longest = {
+        dataset: [s.longest_expected for s in at.prepared(dataset).shards] for dataset in {g["dataset"] for g in groups}
+    }
+
+    def work(group: dict[str, Any]) -> int | None:
+        shards = longest[group["dataset"]][group["first"] : group["first"] + group["count"]]
+        return max((w for w in shards if w is not None), default=None)
+
+    return [groups[i] for i in longest_work_first([work(group) for group in groups])]
 
 
 def group_shards(run: RunSpec, group: dict[str, Any], s3_client: S3ClientFactory | None = None) -> list[dict[str, Any]]:

@@ -7,13 +7,14 @@ differential that keeps it honest (docs/benchmarks.md), and bench/drain_model.py
 
 What it models, each as the pipeline does it: a dataset dealt into shards of `shard_size` conversations (a
 single-turn row is a conversation of one turn), the longest predicted work first, or taken as prepare dealt them; the
-shards run as the DAG maps them (dataset after dataset), `shard_tasks` at a time (the pool), the next one `task_gap_s`
-after a task ends (Airflow's scheduling of the next mapped task); each task keeps at most `in_flight / shard_tasks`
-requests out, its conversations longest first, a conversation's next turn sent when its previous one is answered;
-the servers' `slots` admit their waiting queue by arrival or, with chain priority, by the level turn_priority gives
-the work a request's conversation has left; an answer takes its tokens x `decode_ms`. What it leaves out: prefill,
-the prefix cache, the servers' separate queues (one queue for the fleet), checkpoints, faults, and the length fit
-refining a first version's order as answers arrive.
+shards run as the DAG maps them (the longest predicted conversation first across datasets: `run_order`),
+`shard_tasks` at a time (the pool), the next one `task_gap_s` after a task ends (Airflow's scheduling of the next
+mapped task); each task keeps at most `in_flight / shard_tasks` requests out, its conversations longest first, a
+conversation's next turn sent when its previous one is answered; the servers' `slots` admit their waiting queue by
+arrival or, with chain priority, by the level turn_priority gives the work a request's conversation has left; an
+answer takes its tokens x `decode_ms`. What it leaves out: prefill, the prefix cache, the servers' separate queues
+(one queue for the fleet), checkpoints, faults, and the length fit refining a first version's order as answers
+arrive.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from regen.layout import VERDICTS_SUFFIX, DatasetLocation
 from regen.samples import sample_of, turn_of
 from regen.stages.generate.conversations import turn_priority
+from regen.stages.generate.order import longest_work_first
 from regen.storage import Storage, read_table
 
 MAX_ANSWERS = 1_000_000  # a run's answers the report models: at 10^6, 45 s and 600 MB on a 2-core machine
@@ -59,8 +61,24 @@ def deal(dataset: list[Conversation], settings: Settings) -> list[Shard]:
 
 def drain(datasets: list[list[Conversation]], settings: Settings) -> dict[str, float]:
     """The run's utilization (busy slot-seconds over slots x first request to last answer) and its window, the
-    datasets dealt as prepare deals them."""
-    return drain_shards([shard for dataset in datasets for shard in deal(dataset, settings)], settings)
+    datasets dealt as prepare deals them and their shards in the run's order."""
+    return drain_shards(
+        run_order([shard for dataset in datasets for shard in deal(dataset, settings)], settings), settings
+    )
+
+
+def run_order(shards: list[list[list[tuple[int | None, int]]]], settings: Settings) -> list[Any]:
+    """The shards (given dataset after dataset, as prepare dealt them) in the order the DAG maps them: the longest
+    predicted conversation first across datasets (regen.pipeline.shards.shard_groups; a shard with no prediction
+    where the median is), or as given when the run keeps the source's order."""
+    if not settings.longest_first:
+        return shards
+
+    def longest(shard: list[list[tuple[int | None, int]]]) -> int | None:
+        known = [[p for p, _ in c if p is not None] for c in shard]
+        return max((sum(turns) for turns in known if turns), default=None)
+
+    return [shards[i] for i in longest_work_first([longest(shard) for shard in shards])]
 
 
 def drain_shards(shards: list[Shard], settings: Settings) -> dict[str, float]:
@@ -164,6 +182,7 @@ def run_model(
     )
     known = sorted(p for shard in shards for c in shard for p, _ in c if p is not None)
     median = known[len(known) // 2] if known else 0
+    shards = run_order(shards, settings)
 
     def fed(length: Callable[[int | None, int], int]) -> list[Shard]:
         return [[[(median if p is None else p, length(p, n)) for p, n in c] for c in shard] for shard in shards]
@@ -183,8 +202,8 @@ def run_model(
 def run_figures(
     storage: Storage, run: dict[str, Any], published: list[dict[str, Any]], fleet_usage: dict[str, Any]
 ) -> dict[str, Any]:
-    """run_model for a run from its published datasets' reports: those it generated, in the order it generated them
-    (its datasets'), each version's every shard (a Resume's figure is its version's whole)."""
+    """run_model for a run from its published datasets' reports: those it generated (its datasets', in the run's
+    order: run_order), each version's every shard (a Resume's figure is its version's whole)."""
     order = {name: i for i, name in enumerate(run["datasets"])}
     generated = sorted((p for p in published if p.get("generation")), key=lambda p: order.get(p["dataset"], 0))
     answers = sum(p.get("stages", {}).get("generate", {}).get("kept", 0) for p in generated)

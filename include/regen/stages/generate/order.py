@@ -191,3 +191,13 @@ def pooled_answers(storage: Storage, shard: ShardManifest) -> list[Observation]:
             r = expected[row] if expected else None
             pooled.append((float(np.log1p(p)), None if r is None else float(np.log1p(max(r, 0))), float(np.log1p(n))))
     return pooled[-POOLED_ANSWERS:]
+
+
+def longest_work_first(works: list[int | None]) -> list[int]:
+    """The positions of `works` (each a shard's longest expected answer, an on-policy conversation's turns together;
+    None: unknown), the longest first: the run's order of shard tasks across datasets, so that one dataset's long
+    work never starts after another's short work and ends the run alone. Unknown work counts as the median of the
+    known (where prepare deals a row of unknown length); equal work keeps its given order."""
+    known = sorted(work for work in works if work is not None)
+    median = known[len(known) // 2] if known else 0
+    return sorted(range(len(works)), key=lambda i: -(median if (work := works[i]) is None else work))

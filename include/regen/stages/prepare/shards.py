@@ -155,7 +155,11 @@ class ShardWriter:
         key = self.location.shard(number).prompts
         digest = write_table(self.storage, key, pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA))
         answers = self._answers if self.on_policy else None
-        self.shards.append(ShardManifest(self.location, number, key, digest, len(rows), num_answers=answers))
+        known = [row["expected_tokens"] for row in rows if row["expected_tokens"] is not None]
+        longest = max(known) if self.by_length and known else None
+        self.shards.append(
+            ShardManifest(self.location, number, key, digest, len(rows), num_answers=answers, longest_expected=longest)
+        )
         if rows is self._rows:
             self._rows, self._answers = [], 0
 
