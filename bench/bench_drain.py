@@ -4,7 +4,7 @@
                                           [--length-median 500] [--decode-ms 4.5] [--report var/bench/drain.json]
     .venv/bin/python bench/bench_drain.py --on-policy 140 --endpoints 2 --shard-size 20 [--max-turns 8]
                                           [--only chain_priority]
-    .venv/bin/python bench/bench_drain.py --on-policy 140 --night 500 --endpoints 2 --shard-size 20
+    .venv/bin/python bench/bench_drain.py --on-policy 140 --night 500 --endpoints 2 --shard-size 20 [--chats-last]
 
 Airflow (scheduler, dag-processor, triggerer, api-server; LocalExecutor on PostgreSQL) runs the DAG, a pool of 4
 shard tasks, over two datasets of distinct prompts against `--endpoints` simulators of `--slots` running slots each.
@@ -34,9 +34,11 @@ versions, in roots of their own: the shards' own order, the longest chain of pre
 single-turn first version of M rows (references: the answers x lognormal(0, 0.5)) and the second version of another
 M rows (its first made just before), three times: at `--shard-size` and `--margin`, then at the shard size and
 budget that keep 6 requests a slot at the servers while tasks drain (`budget`), without and with chain
-priority. Each run prints, beside what it measured, what the drain model (drain_model.py) predicts for its settings,
-and where its idle slot-seconds fell (`timeline`: each tenth of the window, and whether requests waited meanwhile).
-Each holds every answer's record once, the same records.
+priority; the datasets listed in that order, or with `--chats-last` the conversations after both others. Each run
+prints, beside what it measured, what the drain model (drain_model.py) predicts for its settings, and where its idle
+slot-seconds fell (`timeline`: each tenth of the window, whether requests waited meanwhile, and `last_chain`, the
+conversation answered last: when it began, and how long its turns waited, decoded and took between them). Each
+holds every answer's record once, the same records.
 """
 
 from __future__ import annotations
@@ -163,11 +165,9 @@ def chat_datasets(args: argparse.Namespace) -> dict[str, list[list[tuple[int, in
     chats = {CHATS: drain_model.conversations(args.on_policy, args.max_turns, args.length_median)}
     if not args.night:
         return chats
-    return {
-        NIGHT_FIRST: drain_model.single_turn(args.night, 0.5, args.length_median, seed=51),
-        **chats,
-        NIGHT_SECOND: drain_model.single_turn(args.night, None, args.length_median, seed=52),
-    }
+    first = {NIGHT_FIRST: drain_model.single_turn(args.night, 0.5, args.length_median, seed=51)}
+    second = {NIGHT_SECOND: drain_model.single_turn(args.night, None, args.length_median, seed=52)}
+    return {**first, **second, **chats} if args.chats_last else {**first, **chats, **second}
 
 
 def hinted_row(name: str, i: int, turns: list[tuple[int, int]]) -> dict[str, Any]:
@@ -278,11 +278,13 @@ def timeline(answers: list[dict[str, Any]], slots: int, tenths: int = 10) -> dic
     # An on-policy turn's next one arrives after the worker rendered the conversation so far: the client's time.
     from regen.samples import sample_of, turn_of
 
-    turns: dict[str, list[tuple[int, float, float]]] = {}
+    turns: dict[str, list[tuple[int, float, float, float]]] = {}
     for a in answers:
         answer_id = a["rid"].rsplit("-", 2)[0]
         if (turn := turn_of(answer_id)) is not None:
-            turns.setdefault(sample_of(answer_id), []).append((turn, a["received_at"], a["answered_at"]))
+            turns.setdefault(sample_of(answer_id), []).append(
+                (turn, a["received_at"], a["answered_at"], a["admitted_at"])
+            )
     gaps = sorted(
         later[1] - earlier[2]
         for chain in turns.values()
@@ -290,6 +292,7 @@ def timeline(answers: list[dict[str, Any]], slots: int, tenths: int = 10) -> dic
         if later[0] == earlier[0] + 1
     )
     return {
+        "last_chain": last_chain(turns, start, end),
         "turn_gap_s": {"median": round(gaps[len(gaps) // 2], 3), "max": round(gaps[-1], 3)} if gaps else None,
         "tenths": [round(b / (slots * width), 3) for b in busy],
         "idle_while_waiting": round(idle_waiting / total, 4),
@@ -328,6 +331,9 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=8, help="user turns of an on-policy conversation, at most")
     parser.add_argument(
         "--night", type=int, default=0, help="a mixed night: also two single-turn datasets of this many rows"
+    )
+    parser.add_argument(
+        "--chats-last", action="store_true", help="with --night: the conversations listed after the other datasets"
     )
     parser.add_argument("--only", action="append", help="with --on-policy: only this of the runs (repeatable)")
     parser.add_argument("--report", type=Path, default=None, help="also write the figures here, as JSON")
@@ -416,6 +422,22 @@ def runs_asked(args: argparse.Namespace) -> list[tuple[str, bool, bool, bool]]:
     if unknown := set(args.only or ()) - {run[0] for run in runs}:
         raise SystemExit(f"--only {', '.join(sorted(unknown))}: not one of {', '.join(run[0] for run in runs)}")
     return [run for run in runs if not args.only or run[0] in args.only]
+
+
+def last_chain(turns: dict[str, list[tuple[int, float, float, float]]], start: float, end: float) -> Any:
+    """The conversation answered last, the run's critical path: when its first turn arrived, how long its turns
+    waited at a server, how long the client took between them, and how long they decoded (seconds)."""
+    if not turns:
+        return None
+    chain = sorted(max(turns.values(), key=lambda chain: max(answered for _, _, answered, _ in chain)))
+    return {
+        "turns": len(chain),
+        "first_arrival_s": round(chain[0][1] - start, 2),
+        "waited_s": round(sum(admitted - received for _, received, _, admitted in chain), 2),
+        "between_turns_s": round(sum(b[1] - a[2] for a, b in itertools.pairwise(chain)), 2),
+        "decoding_s": round(sum(answered - admitted for _, _, answered, admitted in chain), 2),
+        "ended_before_end_s": round(end - chain[-1][2], 2),
+    }
 
 
 def report_model(run: dict[str, Any]) -> str:
