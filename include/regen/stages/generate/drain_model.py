@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -67,14 +67,14 @@ def drain(datasets: list[list[Conversation]], settings: Settings) -> dict[str, f
     )
 
 
-def run_order(shards: list[list[list[tuple[int | None, int]]]], settings: Settings) -> list[Any]:
+def run_order(shards: Sequence[Sequence[Sequence[tuple[int | None, int]]]], settings: Settings) -> list[Any]:
     """The shards (given dataset after dataset, as prepare dealt them) in the order the DAG maps them: the longest
     predicted conversation first across datasets (regen.pipeline.shards.shard_groups; a shard with no prediction
     where the median is), or as given when the run keeps the source's order."""
     if not settings.longest_first:
-        return shards
+        return list(shards)
 
-    def longest(shard: list[list[tuple[int | None, int]]]) -> int | None:
+    def longest(shard: Sequence[Sequence[tuple[int | None, int]]]) -> int | None:
         known = [[p for p, _ in c if p is not None] for c in shard]
         return max((sum(turns) for turns in known if turns), default=None)
 
