@@ -136,13 +136,14 @@ class ShardPrompts:
 
     def expected_tokens(self, answer_id: str) -> int | None:
         """The answer length prepare expected (the last version's, or the reference's); None: not known. Of an
-        on-policy conversation (its sample id), its turns' together; of one of its turns, that turn's reference."""
+        on-policy conversation (its sample id), its turns' together; of one of its turns, that turn's (turn_tokens)."""
         if answer_id not in self.row_of:
             return self.turn_tokens(answer_id)
         return self._expected[self.row_of[answer_id]] if self._expected else None
 
     def turn_tokens(self, answer_id: str) -> int | None:
-        """An on-policy turn's reference answer length in the target's tokens, as prepare counted it; None: none."""
+        """An on-policy turn's expected answer length, as prepare recorded it: the last version's answer to the same
+        turn, else the turn's reference answer in the target's tokens; None: neither."""
         turns = self._turn_tokens[self.row(answer_id)] if self._turn_tokens else None
         turn = turn_of(answer_id)
         return turns[turn - 1] if turns and turn is not None and 0 < turn <= len(turns) else None

@@ -188,7 +188,10 @@ def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def run_stages(run_id: str, simulator: Simulator, **params: Any) -> dict[str, Any]:
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "skip_unchanged": False, **params}, run_id))
-    prepared = pipeline.finish_prepared(run, [pipeline.prepare_dataset(run, name) for name in run.datasets])
+    summaries = [pipeline.prepare_dataset(run, name) for name in run.datasets]
+    for part in pipeline.dataset_parts(run, summaries):  # a dataset left in parts: a task a part
+        pipeline.prepare_dataset_part(run, part)
+    prepared = pipeline.finish_prepared(run, summaries)
     for shard in each_shard(run, prepared):
         pipeline.export_shard(run, pipeline.validate_shard(run, pipeline.generate_shard(run, shard)))
     published = [pipeline.publish_dataset(run, p, [], pipeline.verify_dataset(run, p)) for p in prepared]
@@ -226,17 +229,7 @@ def test_an_on_policy_first_version_is_ranked_turn_by_turn_against_each_turns_re
 ) -> None:
     from regen.samples import sample_of, turn_of
 
-    rows = [
-        {"messages": [m for k in range(1 + i % 3) for m in (
-            {"role": "user", "content": f"Chat {i}, question {k}?"},
-            {"role": "assistant", "content": " ".join(["word"] * ((i * 11 + k * 29) % 50 + 1))},
-        )]}
-        for i in range(12)
-    ]  # fmt: skip
-    (deployment / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = yaml.safe_load((deployment / "regen.yaml").read_text())
-    config["datasets"] = {"chats": {"format": "openai_messages", "paths": ["chats.jsonl"], "turns": "on_policy"}}
-    (deployment / "regen.yaml").write_text(yaml.safe_dump(config))
+    chats(deployment)
     [published] = run_stages("v1", simulator)["datasets"]
     prediction = published["length_prediction"]
     manifest = json.loads(Path(published["manifest"]).read_text())
@@ -250,6 +243,58 @@ def test_an_on_policy_first_version_is_ranked_turn_by_turn_against_each_turns_re
     assert prediction["predictor"] == "reference_answers" and prediction["predicted"] == len(pairs)
     ranks = pd.DataFrame(pairs).rank()
     assert prediction["spearman"] == pytest.approx(float(np.corrcoef(ranks[0], ranks[1])[0, 1]), abs=1e-4)
+
+
+def chats(deployment: Path, **defaults: Any) -> list[dict[str, Any]]:
+    """An on-policy dataset of 12 conversations of 1 to 3 turns, each turn's recorded answer of its own length."""
+    rows = [
+        {"messages": [m for k in range(1 + i % 3) for m in (
+            {"role": "user", "content": f"Chat {i}, question {k}?"},
+            {"role": "assistant", "content": " ".join(["word"] * ((i * 11 + k * 29) % 50 + 1))},
+        )]}
+        for i in range(12)
+    ]  # fmt: skip
+    (deployment / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = yaml.safe_load((deployment / "regen.yaml").read_text())
+    config["datasets"] = {"chats": {"format": "openai_messages", "paths": ["chats.jsonl"], "turns": "on_policy"}}
+    config["defaults"].update(defaults)
+    (deployment / "regen.yaml").write_text(yaml.safe_dump(config))
+    return rows
+
+
+@pytest.mark.parametrize("in_parts", [False, True], ids=["whole", "in-parts"])
+def test_a_second_on_policy_version_predicts_each_turn_by_the_last_versions_answer_to_it(
+    deployment: Path, simulator: Simulator, in_parts: bool
+) -> None:
+    """A conversation's turn keeps its id from version to version: the next version expects each turn as long as
+    the last version's answer to it (the conversation's work, their sum), deals and ranks by that, and the report
+    names the last version as the predictor. Whole or read in parts (each part carries its prompts' lengths)."""
+    from regen.samples import turn_id
+
+    rows = chats(deployment, **({"prepare_part_prompts": 4, "shard_size": 4} if in_parts else {}))
+    [first] = run_stages("v1", simulator)["datasets"]
+    _, answered = prompts_and_answers(first["manifest"])
+    assert len(answered) == sum(1 + i % 3 for i in range(12))
+    [second] = run_stages("v2", simulator)["datasets"]
+    assert second["length_prediction"]["predictor"] == "last_version"
+    assert second["length_prediction"]["predicted"] == len(answered)
+    manifest = json.loads(Path(second["manifest"]).read_text())
+    seen = 0
+    for shard in manifest["shards"]:
+        table = pq.read_table(
+            Path(manifest["root"]) / shard["prompts"], columns=["id", "turn_tokens", "expected_tokens"]
+        )
+        for row in table.to_pylist():
+            turns = [answered[turn_id(row["id"], k)] for k in range(1, len(row["turn_tokens"]) + 1)]
+            assert row["turn_tokens"] == turns and row["expected_tokens"] == sum(turns)
+            seen += 1
+    assert seen == len(rows)
+    chains = [
+        pq.read_table(Path(manifest["root"]) / s["prompts"])["expected_tokens"].to_pylist() for s in manifest["shards"]
+    ]
+    if not in_parts:  # dealt longest first by the last version's chains
+        for earlier, later in itertools.pairwise(chains):
+            assert min(earlier) >= max(later)
 
 
 def test_another_models_version_predicts_a_first_version_under_a_new_profile(

@@ -461,9 +461,8 @@ def test_a_dataset_in_parts_with_a_gap_in_its_shard_numbers_is_published_group_b
 def test_the_last_lengths_are_read_only_where_used_and_after_the_claim(
     deployment: Path, simulator: Simulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Longest first reads the last version's verdicts only for a dataset whose writer uses them (not on-policy: an
-    answer there is a turn), and only once the version is this run's: a run refused for another run's claim reads
-    nothing first."""
+    """Longest first reads the last version's verdicts once the version is this run's (a run refused for another
+    run's claim reads nothing first), on-policy too (a turn's last length is found by its turn id)."""
     from regen.claims import VersionBusy, claim
 
     run_stages("night-1", simulator)
@@ -480,7 +479,7 @@ def test_the_last_lengths_are_read_only_where_used_and_after_the_claim(
     (deployment / "regen.yaml").write_text(yaml.safe_dump(config))
     run = pipeline.RunSpec(**pipeline.plan({"endpoints": [simulator.url], "skip_unchanged": False}, "night-3"))
     assert pipeline.prepare_dataset(run, DATASET)["prompts"] > 0
-    assert reads == []
+    assert reads == [DATASET]
 
 
 def test_the_dags_verify_names_a_file_no_manifest_would_list_as_regen_verify_does(

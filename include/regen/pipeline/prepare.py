@@ -59,8 +59,7 @@ def prepare_dataset(
             return {"dataset": dataset, "unchanged_since": latest}
         inputs = dated(inputs, run.logical_date)  # the version's date, kept when a later run resumes it
     hints = Hints()  # for the run report: an ordering hint that could not be used
-    # An on-policy answer is a turn, its length no sample's: on-policy goes by its turns' reference answers alone.
-    uses_lengths = run.longest_first and source.turns != "on_policy"
+    uses_lengths = run.longest_first  # (an on-policy turn's last length is found by its turn id)
     if uses_lengths and latest is None and inputs:  # a first version here: another model's answers, if any
         latest = hints.use(LAST_LENGTHS, None, latest_of_another_profile, at.storage, location.profile, dataset)
     if inputs:  # what its send order is predicted from, for the run report (not an input: the digest stands)

@@ -136,8 +136,9 @@ def turn_priority(base: int, order: str, tokens_left: int) -> int:
 
 @dataclass(frozen=True)
 class ChainWork:
-    """Each turn's predicted answer length (`turn_tokens`: its reference; a turn with none counts as the median of
-    those known, or UNKNOWN_TURN when none is), and what a conversation has left from a turn on."""
+    """Each turn's predicted answer length (`turn_tokens`: the last version's answer to it, else its reference; a
+    turn with neither counts as the median of those known, or UNKNOWN_TURN when none is), and what a conversation has
+    left from a turn on."""
 
     predicted: Callable[[str], int | None]
     median: int
@@ -171,9 +172,9 @@ def chain_priority(
 
 def longest_first(todo: list[str], turn_tokens: Callable[[str], int | None] = lambda _: None) -> list[str]:
     """The conversations with unfinished turns (`todo`: those turns), the longest chain of them first: the sum of
-    their answers' predicted lengths (`turn_tokens`: a turn's reference answer; one with none counts as the median
-    turn's), then the most such turns. A conversation's turns wait on one another, so a long chain started late is
-    the shard's tail alone; started first, the short ones fill the fleet around it to the end."""
+    their answers' predicted lengths (`turn_tokens`: a turn's last answer or reference; one with neither counts as the
+    median turn's), then the most such turns. A conversation's turns wait on one another, so a long chain started
+    late is the shard's tail alone; started first, the short ones fill the fleet around it to the end."""
     remaining: dict[str, list[str]] = {}
     for answer_id in todo:
         remaining.setdefault(sample_of(answer_id), []).append(answer_id)

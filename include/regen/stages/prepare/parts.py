@@ -147,7 +147,8 @@ class References:
 
 def references_of(renderer: ChatRenderer, shards: ShardWriter, conversation: Conversation) -> References:
     """A prompt's reference lengths, where they order its samples (ShardWriter); none where they do not."""
-    if not shards.needs_reference(conversation.sample_id):
+    answers = len(dataset_turns(conversation.later)) if shards.on_policy else 1
+    if not shards.needs_reference(conversation.sample_id, answers):
         return References()
 
     def tokens(text: str | None) -> int | None:

@@ -35,6 +35,7 @@ from regen.chat import ChatRenderer
 from regen.config.datasets import DatasetConfig
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, StageStats
+from regen.on_policy import dataset_turns
 from regen.rejections import RejectionWriter
 from regen.samples import samples_of
 from regen.scratch import scratch_folder
@@ -151,7 +152,8 @@ def run_prepare(
                     if isinstance(outcome, Rejection):
                         reject(rejections, origin, outcome)
                     else:
-                        known = shards.expected_of(outcome.sample_id)
+                        turns = len(dataset_turns(outcome.later)) if on_policy else 1
+                        known = shards.expected_of(outcome.sample_id, turns)
                         references = references_of(renderer, shards, outcome)
                         spool.add(prompt_row(origin, outcome, on_policy, known, references))
         spool.close()

@@ -15,7 +15,7 @@ import pyarrow as pa
 from regen.config.datasets import DatasetConfig
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, ShardManifest
-from regen.samples import samples_of
+from regen.samples import samples_of, turn_id
 from regen.stages.prepare.spill import LongestFirstSpill
 from regen.storage import Storage, write_table
 
@@ -37,8 +37,9 @@ PROMPT_SCHEMA = pa.schema(
         # short ones.
         ("expected_tokens", pa.int32()),
         ("reference_tokens", pa.int32()),  # the row's own answer at the cut, in the target's tokens; null: none
-        # on-policy: each turn's recorded answer, in the target's tokens (null: none), where they order the shards;
-        # the row's reference_tokens is then their sum, the chain of answers the conversation waits on
+        # on-policy: each turn's expected answer tokens (null: none), where they order the shards: the last version's
+        # answer to the same turn (by turn id), else the turn's recorded answer in the target's tokens; the row's
+        # expected_tokens is their sum, the chain of answers the conversation waits on
         ("turn_tokens", pa.list_(pa.int32())),
     ]
 )
@@ -61,8 +62,9 @@ PROMPT_FIELDS = (
 class ShardWriter:
     """Tokenized prompts -> shards of `shard_size` rows, numbered from `first_shard`, written as they fill.
 
-    `expected_tokens`: each sample's answer length in the dataset's last version, by sample id; a sample it does not
-    know takes its prompt's reference length (`reference_tokens`, the dataset's own answer). With `by_length`, the rows
+    `expected_tokens`: each answer's length in the dataset's last version, by answer id (a sample's; an on-policy
+    turn's, by turn id); an answer it does not know takes its reference length (`reference_tokens`, the dataset's own
+    answer; an on-policy turn's, its entry in `turn_tokens`). With `by_length`, the rows
     wait for the end (`flush`) and are dealt into shards longest first: the first shards hold the longest answers and
     the last ones the shortest, so the run's last minutes are short answers, not the few longest with most of the fleet
     idle. Generate then sends each shard's longest first too. An on-policy row's length is its conversation's: its
@@ -86,8 +88,7 @@ class ShardWriter:
         self.location, self.storage, self.shard_size, self.first_shard = location, storage, shard_size, first_shard
         self.temperatures, self.per_prompt = config.temperatures, config.samples_per_prompt
         self.on_policy = config.turns == "on_policy"
-        # An on-policy answer is a turn: its length is not its conversation's (and its id is not the sample's).
-        self.expected_tokens = {} if self.on_policy else (expected_tokens or {})
+        self.expected_tokens = expected_tokens or {}
         self.shards: list[ShardManifest] = []
         self._rows: list[dict[str, Any]] = []  # the shard being filled (never the rows waiting to be dealt)
         self._answers = 0  # on-policy: the turns of the shard's conversations
@@ -105,19 +106,33 @@ class ShardWriter:
         if self._waiting is not None:
             self._waiting.close()
 
-    def needs_reference(self, prompt_id: str) -> bool:
-        """Whether a prompt's reference length would order any of its samples: one the last version did not answer."""
+    def needs_reference(self, prompt_id: str, turns: int = 1) -> bool:
+        """Whether a prompt's reference lengths would order any of its answers: one the last version did not give
+        (on-policy: of its samples' `turns` turns)."""
         if not self.by_length:
             return False
-        return len(self.expected_of(prompt_id)) < len(samples_of(prompt_id, self.temperatures, self.per_prompt))
+        return len(self.expected_of(prompt_id, turns)) < len(self._answer_ids(prompt_id, turns))
 
-    def expected_of(self, prompt_id: str) -> dict[str, int]:
-        """The answer lengths this writer knows of the prompt's samples, by sample id."""
+    def expected_of(self, prompt_id: str, turns: int = 1) -> dict[str, int]:
+        """The answer lengths this writer knows of the prompt's samples, by answer id (on-policy: of their `turns`
+        turns, by turn id)."""
         if not self.expected_tokens:
             return {}
+        known = {answer_id: self.expected_tokens.get(answer_id) for answer_id in self._answer_ids(prompt_id, turns)}
+        return {answer_id: tokens for answer_id, tokens in known.items() if tokens is not None}
+
+    def _answer_ids(self, prompt_id: str, turns: int) -> list[str]:
         samples = samples_of(prompt_id, self.temperatures, self.per_prompt)
-        known = {s.id: self.expected_tokens.get(s.id) for s in samples}
-        return {sample_id: tokens for sample_id, tokens in known.items() if tokens is not None}
+        if not self.on_policy:
+            return [s.id for s in samples]
+        return [turn_id(s.id, k) for s in samples for k in range(1, turns + 1)]
+
+    def _turn_tokens(self, sample_id: str, prompt: dict[str, Any]) -> list[int | None] | None:
+        """An on-policy sample's expected answer length a turn: the last version's answer to that turn, else the
+        turn's reference (as prompt_row counted it); None when none is known."""
+        references = prompt.get("turn_tokens") or [None] * prompt["answers"]
+        turns = [self.expected_tokens.get(turn_id(sample_id, k), n) for k, n in enumerate(references, 1)]
+        return turns if any(n is not None for n in turns) else prompt.get("turn_tokens")
 
     def add(self, prompt: dict[str, Any], prompt_ids: list[int]) -> None:
         """One row per sample of the prompt (regen.samples); a prompt's samples may span two shards."""
@@ -125,7 +140,12 @@ class ShardWriter:
         waiting = self._waiting
         ids: list[int] | np.ndarray = np.asarray(prompt_ids, dtype=np.int32) if waiting is not None else prompt_ids
         for sample in samples_of(prompt["sample_id"], self.temperatures, self.per_prompt):
-            expected = self.expected_tokens.get(sample.id, prompt.get("reference_tokens"))
+            if self.on_policy:  # a conversation's work: its turns' answers together
+                turns = self._turn_tokens(sample.id, prompt)
+                known = [n for n in turns or () if n is not None]
+                expected, shared["turn_tokens"] = (sum(known) if known else None), turns
+            else:
+                expected = self.expected_tokens.get(sample.id, prompt.get("reference_tokens"))
             row = {"id": sample.id, **shared, "prompt_ids": ids, "expected_tokens": expected}
             row |= {"temperature": sample.temperature, "sampling_seed": sample.seed}
             self._answers += prompt["answers"]
