@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_drain.py [--prompts 1280] [--endpoints 4] [--slots 16] [--margin 3]
                                           [--length-median 500] [--decode-ms 4.5] [--report var/bench/drain.json]
     .venv/bin/python bench/bench_drain.py --on-policy 140 --endpoints 2 --shard-size 20 [--max-turns 8]
-                                          [--only chain_priority]
+                                          [--only chain_priority] [--second]
     .venv/bin/python bench/bench_drain.py --on-policy 140 --night 500 --endpoints 2 --shard-size 20 [--chats-last]
 
 Airflow (scheduler, dag-processor, triggerer, api-server; LocalExecutor on PostgreSQL) runs the DAG, a pool of 4
@@ -30,10 +30,11 @@ recorded answer (its reference) lognormal around `--length-median` tokens and th
 times lognormal(0, 0.5), at most 6,000 tokens (spelt in the turn for the simulators: `--length-hint`); three first
 versions, in roots of their own: the shards' own order, the longest chain of predicted answers first, and that with
 `chain_priority` (the simulators admit their waiting queues by priority, as SGLang with
---enable-priority-scheduling). With `--night M` too: a mixed night on one fleet, the conversations beside a
-single-turn first version of M rows (references: the answers x lognormal(0, 0.5)) and the second version of another
-M rows (its first made just before), three times: at `--shard-size` and `--margin`, then at the shard size and
-budget that keep 6 requests a slot at the servers while tasks drain (`budget`), without and with chain
+--enable-priority-scheduling); with `--second`, each run's second version, its first made just before (each turn
+expected as long as the first's answer to it). With `--night M` too: a mixed night on one fleet, the conversations
+beside a single-turn first version of M rows (references: the answers x lognormal(0, 0.5)) and the second version of
+another M rows (its first made just before), three times: at `--shard-size` and `--margin`, then at the shard size
+and budget that keep 6 requests a slot at the servers while tasks drain (`budget`), without and with chain
 priority; the datasets listed in that order, or with `--chats-last` the conversations after both others. Each run
 prints, beside what it measured, what the drain model (drain_model.py) predicts for its settings, and where its idle
 slot-seconds fell (`timeline`: each tenth of the window, whether requests waited meanwhile, and `last_chain`, the
@@ -335,6 +336,9 @@ def main() -> None:
     parser.add_argument(
         "--chats-last", action="store_true", help="with --night: the conversations listed after the other datasets"
     )
+    parser.add_argument(
+        "--second", action="store_true", help="with --on-policy: measure the second version (the first made before)"
+    )
     parser.add_argument("--only", action="append", help="with --on-policy: only this of the runs (repeatable)")
     parser.add_argument("--report", type=Path, default=None, help="also write the figures here, as JSON")
     args = parser.parse_args()
@@ -471,13 +475,17 @@ def on_policy(args: argparse.Namespace) -> None:
                 root = str(folder / name)
                 if args.night:  # the third dataset's first version, before the night that makes its second
                     one_run(stack, "prior", storage_root=root, datasets=[NIGHT_SECOND])
-                run = one_run(stack, "night" if args.night else "first", storage_root=root, skip_unchanged=False)
+                elif args.second:  # the conversations' first version, before the one measured
+                    one_run(stack, "prior", storage_root=root)
+                measured = "night" if args.night else "second" if args.second else "first"
+                run = one_run(stack, measured, storage_root=root, skip_unchanged=False)
                 shard_size, in_flight = budget(args, sized)
                 settings = drain_model.Settings(
                     shard_size, SHARD_TASKS, in_flight, args.endpoints * args.slots, longest_first, chain_priority
                 )
                 run["settings"] = {"shard_size": shard_size, "in_flight": in_flight, "chain_priority": chain_priority}
-                run["model"] = drain_model.drain(list(datasets.values()), settings)
+                known = [[[(n, n) for _, n in c] for c in rows] for rows in datasets.values()]  # a second's lengths
+                run["model"] = drain_model.drain(known if args.second else list(datasets.values()), settings)
                 print(name, json.dumps(run), flush=True)
                 runs[name] = run
             kept = [records(run.pop("manifests")) for run in runs.values()]

@@ -145,9 +145,10 @@ class Defaults(BaseModel):
         True,
         description="send each shard's prompts longest expected answer first, the lengths taken from the dataset's "
         "last published version, else from the rows' reference answers (on-policy: the longest chain of a "
-        "conversation's turns first): a shard task's last minutes then hold short answers, not the few longest "
-        "with most of its share of in_flight idle (docs/scaling.md). Only the order of the requests changes, never "
-        "the data",
+        "conversation's turns first, each turn's length its last answer's, else its reference's), and run the shard "
+        "tasks of every dataset in one order, the longest expected work first: a shard task's last minutes then hold "
+        "short answers, not the few longest with most of its share of in_flight idle (docs/scaling.md). Only the "
+        "order of the requests changes, never the data",
     )
     sample_timeouts: int = Field(
         2,
