@@ -211,6 +211,13 @@ def test_verify_recounts_the_counts_and_the_mapping_and_checks_every_records_sid
     altered(folder / "vocab" / "d2t.npy", out.getvalue(), manifest_path)
     problems = verify_version(str(manifest_path)).problems
     assert any("d2t.npy: not the draft vocabulary" in p for p in problems), problems
+    d2t[-1] -= 1
+    for dtype in (np.int32, np.float64):  # the right ids in another type (narrower, wider): not what trainers load
+        out = io.BytesIO()
+        np.save(out, d2t.astype(dtype))
+        altered(folder / "vocab" / "d2t.npy", out.getvalue(), manifest_path)
+        problems = verify_version(str(manifest_path)).problems
+        assert any("d2t.npy: not the draft vocabulary" in p for p in problems), (dtype, problems)
 
     # A validation record in place of its shard's first train record: on the wrong side.
     entry = next(s for s in manifest["shards"] if s.get("validation_records"))

@@ -410,3 +410,17 @@ def test_a_copy_is_verified_as_the_copy_it_is(
     assert any("train/" in p and "manifest says" in p for p in tampered.problems), tampered.problems
     (tmp_path / "moved-away").rename(storage.root)  # the original, untouched, still verifies
     assert verify_version(manifest_uri).problems == []
+
+
+def test_token_counts_compare_equal_up_to_trailing_zeros_whichever_is_shorter() -> None:
+    """A counts array ends at its last counted id or at the vocabulary: the same counts either way."""
+    import numpy as np
+
+    from regen.verify_vocab import same_counts
+
+    assert same_counts(np.array([1, 2, 0, 0]), np.array([1, 2])) and same_counts(
+        np.array([1, 2]), np.array([1, 2, 0, 0])
+    )
+    assert not same_counts(np.array([1, 2, 0, 3]), np.array([1, 2])) and not same_counts(
+        np.array([1]), np.array([1, 0, 5])
+    )
