@@ -129,11 +129,16 @@ def prompt_row(
         "source_key": source_key(conversation.messages, conversation.tools),  # its side of the held-out split
         "meta": json.dumps(conversation.meta, ensure_ascii=False, default=str),
         "later": json.dumps(conversation.later, ensure_ascii=False) if on_policy else None,
-        "answers": len(dataset_turns(conversation.later)) if on_policy else 1,
+        "answers": answers_of(conversation, on_policy),
         "expected_tokens": json.dumps(expected_tokens) if expected_tokens else None,
         "reference_tokens": references.tokens,
         "turn_tokens": references.turns,
     }
+
+
+def answers_of(conversation: Conversation, on_policy: bool) -> int:
+    """The answers a prompt asks for, each of its samples: one, or an on-policy conversation's turns."""
+    return len(dataset_turns(conversation.later)) if on_policy else 1
 
 
 @dataclass(frozen=True)
@@ -147,8 +152,7 @@ class References:
 
 def references_of(renderer: ChatRenderer, shards: ShardWriter, conversation: Conversation) -> References:
     """A prompt's reference lengths, where they order its samples (ShardWriter); none where they do not."""
-    answers = len(dataset_turns(conversation.later)) if shards.on_policy else 1
-    if not shards.needs_reference(conversation.sample_id, answers):
+    if not shards.needs_reference(conversation.sample_id, answers_of(conversation, shards.on_policy)):
         return References()
 
     def tokens(text: str | None) -> int | None:

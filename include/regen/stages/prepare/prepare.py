@@ -35,7 +35,6 @@ from regen.chat import ChatRenderer
 from regen.config.datasets import DatasetConfig
 from regen.layout import DatasetLocation
 from regen.manifest import PreparedDataset, StageStats
-from regen.on_policy import dataset_turns
 from regen.rejections import RejectionWriter
 from regen.samples import samples_of
 from regen.scratch import scratch_folder
@@ -46,6 +45,7 @@ from regen.stages.prepare.parts import (
     PartsNotPrepared,
     PartSpool,
     PreparedParts,
+    answers_of,
     finish_parts,
     leave_in_parts,
     part_layout,
@@ -152,8 +152,7 @@ def run_prepare(
                     if isinstance(outcome, Rejection):
                         reject(rejections, origin, outcome)
                     else:
-                        turns = len(dataset_turns(outcome.later)) if on_policy else 1
-                        known = shards.expected_of(outcome.sample_id, turns)
+                        known = shards.expected_of(outcome.sample_id, answers_of(outcome, on_policy))
                         references = references_of(renderer, shards, outcome)
                         spool.add(prompt_row(origin, outcome, on_policy, known, references))
         spool.close()
