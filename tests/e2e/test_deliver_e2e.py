@@ -38,6 +38,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         task_retries=0,  # nothing here is transient: a retry would hide a failure
         fleet_wait_s=5,  # a shard whose fleet is gone fails in seconds, not after the default two minutes
         verify_poll_s=2,
+        longest_first=False,  # the datasets in their listed order: longest first would rank the small one's shard
+        # by its rows' reference answers, maybe after the large one's, and the large one could end first
     )
     (folder / "regen.yaml").write_text(yaml.safe_dump(config))
     with pytest.MonkeyPatch.context() as patched:
