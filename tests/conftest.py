@@ -22,6 +22,8 @@ from regen.profiles import lookup
 from regen.records import ShardPrompts, read_raw
 from regen.stages.prepare.prepare import PrepareSettings, run_prepare
 from regen.storage import LocalStorage, Storage, read_table
+from tests import durations
+from tests.durations import REAL_SERVER_MODULES, work_unit
 from tools.devstack import Simulator, free_port, moto_client, start_simulator
 
 pytest_plugins = ["tests.real_sglang"]  # the real SGLang server fixtures
@@ -39,24 +41,11 @@ settings.load_profile("deterministic")
 hypothesis_providers._get_local_constants = lambda: hypothesis_providers._local_constants
 
 
-# Under pytest-xdist (make test runs `-n auto`), a module's tests stay on one worker, so its module-scoped fixtures
+# Under pytest-xdist (make test runs `-n 2`), a module's tests stay on one worker, so its module-scoped fixtures
 # (an Airflow stack, a finished run) are built once; the modules that use the session's real SGLang server share one
 # worker, which starts it once. Parity tests, each minutes of SGLang's own code, go wherever a worker is free. (xdist's
 # own --dist loadgroup cannot do this under pytest 9: it renames items through a private field pytest 9 dropped.)
-REAL_SERVER_MODULES = {
-    "tests/e2e/test_real_sglang.py",
-    "tests/e2e/test_real_sglang_chat.py",
-    "tests/e2e/test_simulator_matches_real_sglang.py",
-}
 REAL_SERVER_FIXTURES = {"real_sglang", "real_sglang_qwen"}
-
-
-def work_unit(nodeid: str) -> str:
-    """The unit one xdist worker runs whole: a parity test alone, the real server's modules together, else a module."""
-    module = nodeid.split("::", 1)[0]
-    if module.startswith("tests/parity/"):
-        return nodeid
-    return "real SGLang server" if module in REAL_SERVER_MODULES else module
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -71,23 +60,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByWorkUnit(config, log)
 
 
-def heaviest_first(item: pytest.Item, unit_sizes: Counter[str]) -> tuple[int, int]:
-    """Work units handed out longest first, so that no worker starts a ten-minute unit while the other runs out of
-    work: the real server's modules, then the other end-to-end modules, then the parity tests, then the rest (each
-    kind by its number of tests; a sort by test count alone put the e2e modules, few tests of minutes each, last)."""
-    unit = work_unit(item.nodeid)
-    long = "/e2e/" in unit or unit.endswith("test_crash_points.py")  # minutes each
-    kind = 0 if unit == "real SGLang server" else 1 if long else 2 if "/parity/" in unit else 3
-    return kind, -unit_sizes[unit]
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Work units in the order the workers take them: the longest first, by their seconds in a recent whole run
+    (tests/durations.py), so that no worker starts a unit of minutes while the other runs out of work."""
     unit_sizes = Counter(work_unit(item.nodeid) for item in items)
-    items.sort(key=lambda item: heaviest_first(item, unit_sizes))  # stable: a module's own order is kept
+    seconds = durations.recorded()
+
+    def longest_first(item: pytest.Item) -> tuple[float, str]:
+        unit = work_unit(item.nodeid)
+        return -durations.estimate(unit, unit_sizes[unit], seconds), unit
+
+    items.sort(key=longest_first)  # stable: a module's own order is kept
     strays = {i.nodeid for i in items if REAL_SERVER_FIXTURES & set(getattr(i, "fixturenames", ()))}
     strays = {n for n in strays if n.split("::", 1)[0] not in REAL_SERVER_MODULES}
     if strays:  # it would start another real server on another worker
-        raise pytest.UsageError(f"add the modules of {sorted(strays)} to REAL_SERVER_MODULES (tests/conftest.py)")
+        raise pytest.UsageError(f"add the modules of {sorted(strays)} to REAL_SERVER_MODULES (tests/durations.py)")
 
 
 def local_or_s3(request: pytest.FixtureRequest, tmp_path: Path, prefix: str) -> Storage:
