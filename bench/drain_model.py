@@ -3,6 +3,10 @@ second before one is measured:
 
     .venv/bin/python bench/drain_model.py [--on-policy 140] [--single 0] [--second 0] [--shard-size 20]
                                           [--shard-tasks 4] [--in-flight 96] [--slots 32] [--chain-priority]
+                                          [--datasets N] [--exact]
+
+`--datasets N` works out N datasets of the same shape, drawn with seeds 1 to N, and prints the spread of their
+utilization (how much of a row's figure is its one dataset); `--exact` predicts every answer exactly.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import statistics
 
 from regen.stages.generate.drain_model import Settings, Turn, drain
 
@@ -50,12 +55,37 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=32, help="the fleet's running slots")
     parser.add_argument("--source-order", action="store_true", help="longest_first off")
     parser.add_argument("--chain-priority", action="store_true")
+    parser.add_argument("--datasets", type=int, default=0, help="the spread over this many datasets (seeds 1 to N)")
+    parser.add_argument("--exact", action="store_true", help="every answer predicted exactly")
     args = parser.parse_args()
-    datasets = [single_turn(args.single, 0.5), conversations(args.on_policy), single_turn(args.second, None, seed=52)]
     settings = Settings(
         args.shard_size, args.shard_tasks, args.in_flight, args.slots, not args.source_order, args.chain_priority
     )
-    print(drain([d for d in datasets if d], settings))
+
+    def night(seed: int | None) -> list[list[list[Turn]]]:
+        seeds = (51, 55, 52) if seed is None else (seed, seed + 1000, seed + 2000)
+        datasets = [
+            single_turn(args.single, 0.5, seed=seeds[0]),
+            conversations(args.on_policy, seed=seeds[1]),
+            single_turn(args.second, None, seed=seeds[2]),
+        ]
+        if args.exact:
+            datasets = [[[(answer, answer) for _, answer in turns] for turns in rows] for rows in datasets]
+        return [d for d in datasets if d]
+
+    if not args.datasets:
+        print(drain(night(None), settings))
+        return
+    figures = sorted(drain(night(seed), settings)["utilization"] for seed in range(1, args.datasets + 1))
+    print(
+        {
+            "datasets": args.datasets,
+            "mean": round(statistics.mean(figures), 4),
+            "tenth_percentile": figures[len(figures) // 10],
+            "min": figures[0],
+            "below_0.95": sum(f < 0.95 for f in figures),
+        }
+    )
 
 
 if __name__ == "__main__":
