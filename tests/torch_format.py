@@ -11,7 +11,12 @@ import zipfile
 
 import numpy as np
 
-STORAGE_TYPES = {np.dtype(np.int64): "LongStorage", np.dtype(np.bool_): "BoolStorage"}
+STORAGE_TYPES = {
+    np.dtype(np.int64): "LongStorage",
+    np.dtype(np.int32): "IntStorage",
+    np.dtype(np.float64): "DoubleStorage",
+    np.dtype(np.bool_): "BoolStorage",
+}
 
 
 def _text(value: str) -> bytes:
@@ -40,8 +45,8 @@ def _tensor(name: str, key: int, array: np.ndarray) -> bytes:
 
 
 def torch_saved(tensors: dict[str, np.ndarray]) -> bytes:
-    """The bytes `torch.save({name: torch.from_numpy(array), ...})` writes, in substance, for 1-d int64 and bool
-    arrays."""
+    """The bytes `torch.save({name: torch.from_numpy(array), ...})` writes, in substance, for 1-d int64, int32,
+    float64 and bool arrays."""
     items = [_tensor(name, key, array) for key, (name, array) in enumerate(tensors.items())]
     pickled = pickle.PROTO + b"\x02" + pickle.EMPTY_DICT + pickle.MARK + b"".join(items) + pickle.SETITEMS + pickle.STOP
     out = io.BytesIO()

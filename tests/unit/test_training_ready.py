@@ -231,6 +231,29 @@ def test_verify_recounts_the_counts_and_the_mapping_and_checks_every_records_sid
     assert any(f"1 records not on their source prompt's side ({validation['id'][0]})" in p for p in problems), problems
 
 
+def test_a_damaged_validation_file_leaves_the_vocabulary_checked(deployment: Path, simulator: Simulator) -> None:
+    """vocab/ is counted from the train records only: a validation file that is no Parquet file (its digest the
+    manifest's: the writer's bytes) is named, not a crash of verify, and the counts are still checked against train
+    (only a train file read in part leaves them uncountable)."""
+    published = run_stages("v1", simulator, datasets=["every_turn"])["every_turn"]
+    manifest_path = Path(published["manifest"])
+    manifest = json.loads(manifest_path.read_text())
+    entry = next(s for s in manifest["shards"] if s.get("validation_records"))
+    altered(Path(manifest["root"]) / entry["validation"], b"not parquet", manifest_path)
+    freq_path = manifest_path.parent / "vocab" / "token_freq.parquet"
+    freq = pq.read_table(freq_path)
+    out = io.BytesIO()
+    pq.write_table(freq.set_column(1, "count", pa.array([c + 1 for c in freq["count"].to_pylist()])), out)
+    altered(freq_path, out.getvalue(), manifest_path)
+    problems = verify_version(str(manifest_path)).problems
+    assert f"{entry['validation']}: unreadable as a file of records (ArrowInvalid: " in "\n".join(problems), problems
+    assert any("token_freq.parquet: the counts differ from a count of the train records" in p for p in problems)
+    altered(Path(manifest["root"]) / entry["train"], b"not parquet either", manifest_path)
+    problems = verify_version(str(manifest_path)).problems
+    assert f"{entry['train']}: unreadable as a file of records" in "\n".join(problems), problems
+    assert not any("token_freq.parquet" in p for p in problems), problems  # train read in part: not recounted
+
+
 def test_a_share_of_zero_writes_no_validation_split(deployment: Path, simulator: Simulator) -> None:
     published = run_stages("v1", simulator, datasets=["temperatures"], validation_share=0)["temperatures"]
     manifest = json.loads(Path(published["manifest"]).read_text())
@@ -373,6 +396,11 @@ def test_verify_reads_the_handoff_s_specforge_copy_and_names_one_of_another_mapp
     assert verify_version(published["manifest"]).problems == [
         f"{key}: its d2t and t2d are not the version's draft vocabulary"
     ]
+    for dtype in (np.int32, np.float64):  # the right ids in another type (narrower, wider): not what trainers load
+        (vocab / "specforge.pt").write_bytes(torch_saved({"d2t": d2t.astype(dtype), "t2d": t2d}))
+        assert verify_version(published["manifest"]).problems == [
+            f"{key}: its d2t are not the version's draft vocabulary"
+        ], dtype
     (vocab / "specforge.pt").write_bytes(b"torch's bytes")
     [problem] = verify_version(published["manifest"]).problems
     assert problem.startswith(f"{key}: unreadable (not a torch file of plain tensors")
