@@ -12,9 +12,10 @@ Before the mutants, per module:
   * a deliberately broken module (its first line raises) must be killed: proof that the copy is what the suite loads.
 
 Mutants inside annotations (parameter, return and variable annotations) are not run: every module here has
-`from __future__ import annotations` and none defines a class that reads its annotations at runtime (msgspec Struct,
-pydantic, TypedDict, NamedTuple; checked per module), so such a mutant is never evaluated. They are counted apart as
-"annotation" (equivalent by construction) and left out of the score's denominator.
+`from __future__ import annotations`, so an annotation is never evaluated unless a class reads its fields' (msgspec
+Struct, pydantic, TypedDict, NamedTuple: those fields' annotations are run) or the module evaluates signatures
+(get_type_hints, validate_call: then every signature's are run). They are counted apart as "annotation"
+(equivalent by construction) and left out of the score's denominator.
 
 The killing suite (SUITES below) of a module: the fast-tier test files that import it, found by parsing the imports
 of tests/ (`--print-importers` prints them, to check the mapping against), minus the parity/e2e/contract files, which
@@ -36,9 +37,9 @@ run ("uncovered" in the report). --whole-suite turns the selection off.
     nice -n 19 .venv/bin/python bench/bench_mutants.py holdout vocab_files --report var/bench/mutants.json
     .venv/bin/python bench/bench_mutants.py --list            # the modules, their mutants and suites, nothing run
 
-One worker, always: the mutants of a module share its copy. --source head (the default) copies the committed tree
-(git archive HEAD), --source <commit> that commit's; --source worktree copies the working tree as it is, uncommitted
-changes included.
+--workers N runs N mutants at once, each worker in a copy of its own (one worker a core: the fast tier's tests run
+side by side as pytest-xdist runs them). --source head (the default) copies the committed tree (git archive HEAD),
+--source <commit> that commit's; --source worktree copies the working tree as it is, uncommitted changes included.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,7 +143,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
 }
 
-RUNTIME_ANNOTATIONS = re.compile(r"\b(Struct|BaseModel|TypedDict|NamedTuple|get_type_hints|validate_call)\b")
+# Classes that read their fields' annotations when they are made (msgspec, pydantic; NamedTuple and TypedDict only
+# compile theirs, but are treated alike), and calls that evaluate a function's.
+RUNTIME_CLASSES = {"Struct", "BaseModel", "TypedDict", "NamedTuple"}
+EVALUATES_SIGNATURES = re.compile(r"\b(get_type_hints|validate_call)\b")
 
 
 def importers(tests: Path) -> dict[str, list[str]]:
@@ -164,18 +170,29 @@ def importers(tests: Path) -> dict[str, list[str]]:
 
 
 def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """(start, end) positions of the annotations that are never evaluated; none when some may be."""
-    if "from __future__ import annotations" not in source or RUNTIME_ANNOTATIONS.search(source):
+    """(start, end) positions of the annotations that are never evaluated: under `from __future__ import
+    annotations`, every one but the fields of a class that reads them (RUNTIME_CLASSES) and, where the module
+    evaluates signatures (EVALUATES_SIGNATURES), those of functions."""
+    if "from __future__ import annotations" not in source:
         return []
+    tree = ast.parse(source)
+    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    read_fields = {
+        id(statement)
+        for node in classes
+        if {ast.unparse(base).split(".")[-1] for base in node.bases} & RUNTIME_CLASSES
+        for statement in node.body
+    }
+    signatures_read = bool(EVALUATES_SIGNATURES.search(source))
     spans = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         found: list[ast.expr | None] = []
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not signatures_read:
             arguments = node.args
             every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
             found = [argument.annotation for argument in every if argument is not None]
             found.append(node.returns)
-        elif isinstance(node, ast.AnnAssign):
+        elif isinstance(node, ast.AnnAssign) and id(node) not in read_fields:
             found = [node.annotation]
         for annotation in found:
             if annotation is not None and annotation.end_lineno is not None and annotation.end_col_offset is not None:
@@ -311,11 +328,14 @@ def describe(spec, source_lines: list[str], mutated: str | None) -> str:
     return f"{before}  ->  {after}"
 
 
-def run_module(key: str, args, copy: Path, report: dict, save) -> dict:
+def run_module(key: str, args, copies: list[Path], report: dict, save) -> dict:
+    """The module's baseline and broken-module check in the first copy, then its mutants, one a worker at a time,
+    each worker writing its mutant into a copy of its own."""
     from cosmic_ray.mutating import mutate_code
     from cosmic_ray.plugins import get_operator
 
     relative, suite = MODULES[key]
+    copy = copies[0]
     path = copy / relative
     source = path.read_text()
     lines = source.splitlines()
@@ -382,10 +402,10 @@ def run_module(key: str, args, copy: Path, report: dict, save) -> dict:
     ]
     done = {(entry["operator"], entry["occurrence"]) for entry in kept}
     result["results"] = kept
-    for count, index in enumerate(chosen, 1):
+    free, lock = list(copies), threading.Lock()
+
+    def run_mutant(count: int, index: int) -> None:
         spec = every[index]
-        if (spec.operator_name, spec.occurrence) in done:
-            continue
         operator = get_operator(spec.operator_name)(**(spec.operator_args or {}))
         mutated = mutate_code(source, operator, spec.occurrence)
         entry = {
@@ -404,22 +424,36 @@ def run_module(key: str, args, copy: Path, report: dict, save) -> dict:
         else:
             entry["tests"] = "suite" if tests is None else len(tests)
             selected = fastest_first(tests, took) if tests else suite
-            path.write_text(mutated)
+            with lock:
+                mine = free.pop()
+            (mine / relative).write_text(mutated)
             try:
-                status, seconds, output = run_suite(copy, selected, deselect, timeout)
+                status, seconds, output = run_suite(mine, selected, deselect, timeout)
             finally:
-                path.write_text(source)
+                (mine / relative).write_text(source)
+                with lock:
+                    free.append(mine)
             entry["seconds"] = round(seconds, 1)
             entry["outcome"] = {"passed": "survived", "failed": "killed", "timeout": "timeout"}[status]
             if status == "failed":
                 entry["killed_by"] = (failed_tests(output) or ["(collection or import)"])[0]
-        result["results"].append(entry)
-        if entry["outcome"] == "survived":
-            print(f"  [{count}/{len(chosen)}] SURVIVED {relative}:{entry['line']}  {entry['mutation']}", flush=True)
-        elif count % 10 == 0:
-            print(f"  [{count}/{len(chosen)}] {Counter(e['outcome'] for e in result['results'])}", flush=True)
-        save()
+        with lock:
+            result["results"].append(entry)
+            if entry["outcome"] == "survived":
+                print(f"  [{count}/{len(chosen)}] SURVIVED {relative}:{entry['line']}  {entry['mutation']}", flush=True)
+            elif count % 10 == 0:
+                print(f"  [{count}/{len(chosen)}] {Counter(e['outcome'] for e in result['results'])}", flush=True)
+            save()
+
+    todo = [(count, index) for count, index in enumerate(chosen, 1) if _key(every[index]) not in done]
+    with ThreadPoolExecutor(len(copies)) as pool:
+        list(pool.map(lambda item: run_mutant(*item), todo))  # raises what a worker raised
+    result["results"].sort(key=lambda entry: (entry["line"], entry["operator"], entry["occurrence"]))
     return result
+
+
+def _key(spec) -> tuple[str, int]:
+    return spec.operator_name, spec.occurrence
 
 
 def summary(result: dict) -> dict:
@@ -497,6 +531,7 @@ def main() -> None:
         "--source", default="head", help="what is copied and mutated: head (default), worktree, or a commit"
     )
     parser.add_argument("--whole-suite", action="store_true", help="every mutant runs the whole suite (no coverage)")
+    parser.add_argument("--workers", type=int, default=1, help="mutants run at once, each in a copy of its own")
     parser.add_argument("--report", type=Path, help="JSON report, rewritten after every mutant")
     parser.add_argument("--resume", action="store_true", help="skip the mutants the --report already has")
     parser.add_argument(
@@ -539,10 +574,13 @@ def main() -> None:
             args.report.write_text(json.dumps(report, indent=1) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="bench-mutants-") as directory:
-        copy = Path(directory)
-        report["tree"] = copy_tree(args.source, copy)
+        copies = [Path(directory) / f"worker-{n}" for n in range(max(1, args.workers))]
+        for copy in copies:
+            copy.mkdir()
+            report["tree"] = copy_tree(args.source, copy)
+        report["workers"] = len(copies)
         for key in keys:
-            run_module(key, args, copy, report, save)
+            run_module(key, args, copies, report, save)
             save()
     print_summary(report)
     if args.report:

@@ -224,13 +224,6 @@ def test_a_released_claim_lets_another_run_write_at_once(location: tuple[LocalSt
     assert json.loads(storage.get_bytes(where.writer))["run_id"] == "run-b"
 
 
-def test_an_unreadable_claim_counts_as_expired(location: tuple[LocalStorage, DatasetLocation]) -> None:
-    storage, where = location
-    storage.put_bytes(where.writer, b"{not json")
-    claim(storage, where, "run-b")
-    assert json.loads(storage.get_bytes(where.writer))["run_id"] == "run-b"
-
-
 def test_a_claim_is_renewed_while_its_block_writes_and_a_lost_one_fails_the_block(
     location: tuple[LocalStorage, DatasetLocation], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -370,3 +363,101 @@ def test_each_plan_of_a_run_is_a_try_of_its_own(tmp_roots_allowed: Path) -> None
     claim(storage, where, first.run_id, first.try_token)
     with pytest.raises(VersionBusy, match="another try of this run manual__1"):
         claim(storage, where, again.run_id, again.try_token)
+
+
+def test_a_refusal_says_when_the_claim_expires_and_a_just_renewed_claim_is_left_as_it_is(
+    location: tuple[LocalStorage, DatasetLocation], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a clock of the test's own, in the module's documented figures (renewed every 30 s, expired after 120 s, a
+    claim renewed less than 5 s ago left as it is): the refusal counts down to the claim's expiry (the operator waits
+    that long or takes another version), and a try's tasks claiming within 5 s of each other write once."""
+    from types import SimpleNamespace
+
+    storage, where = location
+    now = [1_000_000.0]
+    monkeypatch.setattr(claims, "time", SimpleNamespace(time=lambda: now[0]))
+
+    def renewed_at() -> float:
+        return float(json.loads(storage.get_bytes(where.writer))["renewed_at"])
+
+    claim(storage, where, "run-a", "try-1")
+    now[0] = 1_000_004.9
+    claim(storage, where, "run-a", "try-1")  # a sibling task, a moment later: nothing written
+    assert renewed_at() == 1_000_000.0
+    now[0] = 999_998.0
+    claim(storage, where, "run-a", "try-1")  # nor from a sibling on a machine whose clock is 2 s behind
+    assert renewed_at() == 1_000_000.0
+    now[0] = 1_000_005.0
+    claim(storage, where, "run-a", "try-1")
+    assert renewed_at() == 1_000_005.0
+    now[0] += 20
+    with pytest.raises(VersionBusy, match=r"renewed 20 s ago\).*expires 100 s from now"):
+        claim(storage, where, "run-b")
+    now[0] = 1_000_005.0 + 120  # silent for exactly the expiry: taken over
+    claim(storage, where, "run-b")
+    assert json.loads(storage.get_bytes(where.writer))["run_id"] == "run-b"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b'{"token": "t", "renewed_at": 1}', b'{"run_id": "run-a", "renewed_at": null}', b"[1, 2]"],
+    ids=["not json", "no run", "no time", "not an object"],
+)
+def test_a_claim_of_any_unreadable_shape_counts_as_expired(
+    location: tuple[LocalStorage, DatasetLocation], body: bytes
+) -> None:
+    storage, where = location
+    storage.put_bytes(where.writer, body)
+    claim(storage, where, "run-b")
+    assert json.loads(storage.get_bytes(where.writer))["run_id"] == "run-b"
+
+
+def test_a_claim_that_changes_under_every_try_gives_up_after_twenty_reads(
+    location: tuple[LocalStorage, DatasetLocation],
+) -> None:
+    """Each read then write that finds the claim changed reads it again, twenty times at most: then the task is
+    refused with a message to try again, rather than spin."""
+    from regen.storage import Changed
+
+    storage, where = location
+    storage.put_bytes(where.writer, json.dumps({"run_id": "run-a", "renewed_at": 0.0}).encode())
+    reads = []
+
+    class Contended:
+        def get_tagged(self, key: str) -> tuple[bytes, str]:
+            reads.append(key)
+            return storage.get_tagged(key)
+
+        def replace(self, key: str, data: bytes, tag: str) -> str:
+            raise Changed(key)
+
+    with pytest.raises(VersionBusy, match="kept changing under 20 tries"):
+        claim(cast(Storage, Contended()), where, "run-b")
+    assert len(reads) == 20
+
+
+def test_a_renewal_that_meets_a_storage_fault_tries_again_at_the_next(
+    location: tuple[LocalStorage, DatasetLocation], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim renewal that fails on the storage (a dropped connection) is logged and tried again one period later;
+    the block goes on writing and ends green once a renewal lands."""
+    storage, where = location
+    monkeypatch.setattr(claims, "RENEW_S", 0.05)
+    faults = [OSError("connection reset")] * 2
+
+    class Flaky:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(storage, name)
+
+        def get_tagged(self, key: str) -> tuple[bytes, str]:
+            if faults and threading.current_thread().name.startswith("claim-"):
+                raise faults.pop()
+            return storage.get_tagged(key)
+
+    with held(cast(Storage, Flaky()), where, "run-a"):
+        first = json.loads(storage.get_bytes(where.writer))["renewed_at"]
+        deadline = time.monotonic() + 10
+        while json.loads(storage.get_bytes(where.writer))["renewed_at"] == first and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert not faults  # both faults met by renewals
+    assert json.loads(storage.get_bytes(where.writer))["renewed_at"] > first
