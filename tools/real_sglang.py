@@ -45,9 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 STAND_IN = ROOT / "tools" / "sglang_cpu"
 # On CPU the KV cache is sized from the machine's free memory: what other processes take while the model loads counts
 # against --mem-fraction-static, and 0.1 failed beside a parallel test run. --max-total-tokens bounds the pool anyway.
+# --sleep-on-idle: an idle scheduler otherwise polls its sockets in a loop, a core each; a test holding two servers
+# idle while it starts two more took the 2-core machine from everything else running. It waits on the sockets instead
+# (a request wakes it at once), and changes no answer.
 CPU_FLAGS = (
     "--device cpu --attention-backend torch_native --dtype float32 --disable-cuda-graph --tp 1 "
-    "--mem-fraction-static 0.4 --max-total-tokens 16384 --chunked-prefill-size 2048"
+    "--mem-fraction-static 0.4 --max-total-tokens 16384 --chunked-prefill-size 2048 --sleep-on-idle"
 ).split()
 CONTEXT = 16384
 
