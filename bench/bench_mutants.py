@@ -51,6 +51,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -575,9 +576,10 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-mutants-") as directory:
         copies = [Path(directory) / f"worker-{n}" for n in range(max(1, args.workers))]
-        for copy in copies:
-            copy.mkdir()
-            report["tree"] = copy_tree(args.source, copy)
+        copies[0].mkdir()
+        report["tree"] = copy_tree(args.source, copies[0])
+        for copy in copies[1:]:  # the first copy's files: every worker mutates the same tree, whatever moves meanwhile
+            shutil.copytree(copies[0], copy, symlinks=True)
         report["workers"] = len(copies)
         for key in keys:
             run_module(key, args, copies, report, save)
