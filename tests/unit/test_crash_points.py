@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -121,6 +122,38 @@ def test_a_write_killed_before_its_rename_leaves_no_temporary_file_in_the_root(
     monkeypatch.setattr(RunStorage, "remove_stale_temporaries", lambda *_: None)
     [left] = running.run(point).violations
     assert left.startswith("1 temporary files left by killed writers: ['crashpoint-mini/tools/cp-1/train/.tmp-")
+
+
+@pytest.mark.parametrize("running", ["local"], indirect=True)  # the check reads storage alike on both roots
+def test_a_retry_that_asks_a_checkpointed_answer_again_is_a_violation(
+    running: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generate try killed after it checkpointed answers: its retry must ask only what no checkpoint held. Planted:
+    each try forgets one checkpointed answer when it decides what to ask (and only then, so the shard still ends
+    whole), which re-asks one answer, fewer than the count bound on answers asked again lets through."""
+    from regen.stages.generate import generate
+
+    [point] = [
+        p
+        for p in running.points()
+        if p.task == "generate_group[tools/shard-00002]"
+        and p.after is None
+        and p.fault == "crash"
+        and p.op.key.endswith("/raw/shard-00002.generation.json")
+    ]
+    load, calls = generate.load_checkpoints, []
+
+    def forgetting(storage: Any, shard: Any) -> Any:
+        found = load(storage, shard)
+        if not calls and found.answers:  # a try's first read: what it asks
+            found.answers.pop(min(found.answers))
+        calls.append(shard)
+        return found
+
+    monkeypatch.setattr(generate, "load_checkpoints", forgetting)
+    outcome = running.run(point)
+    assert outcome.extra_generations == 1  # within the count bound (IN_FLIGHT, CHECKPOINT_EVERY): the exact check
+    assert [v.split(", e.g.")[0] for v in outcome.violations] == ["1 checkpointed answers asked again by a later try"]
 
 
 KEY = "crashpoint-mini/tools/cp-1"

@@ -23,9 +23,10 @@ Then the run goes on as Airflow runs it, and when it ends red, a Resume of its v
 published version passes `regen verify`'s verifier, its records are the fault-free run's split by split (ids and
 input_ids), each once, none both published and rejected; latest.json names the run's version and verifies; no
 temporary file of a killed writer is left; the run ends green, or red with errors, and the Resume green; and no
-answer was asked twice unless the fault hit a generate task (then at most its requests in flight and its unflushed
-answers, a killed try). A point whose operation no try made fails the harness (after MEET_TRIES runs), never counts
-as fired.
+answer was asked twice unless the fault hit a generate task: then never one a killed try had checkpointed, and at
+most its requests in flight and its unflushed answers a killed try (not counted at a renewal point, whose try's
+writes wait for the renewal). A point whose operation no try made fails the harness (after MEET_TRIES runs),
+never counts as fired.
 
 With a losing fleet (`--fleet losing`, tools/crash_points/fleet.py) the run faulted is the Resume of a run that went
 red past the fleet-loss allowance (max_server_rejected_share), on a fleet mended but for one prompt: it reopens the

@@ -123,9 +123,13 @@ class Dag:
         asked: Callable[[], int],
         recording: Trace | None = None,
         replaying: Trace | None = None,
+        landed: Callable[[], set[str]] | None = None,
     ) -> None:
-        self.point, self.s3_client, self.asked = point, s3_client, asked
+        self.point, self.s3_client, self.asked, self.landed = point, s3_client, asked, landed
         self.recording, self.replaying = recording, replaying
+        # After each failed try of the point's task: the answers asked so far, and those its checkpoints then held
+        # (none of which a later try may ask again)
+        self.retried_after: list[tuple[int, set[str]]] = []
         self.errors: dict[str, str] = {}
         self.ops: dict[str, list[Operation]] = {}
         self.missed: list[str] = []
@@ -162,6 +166,8 @@ class Dag:
             self.errors[name] = tried.error
             if tried.final:
                 return None
+            if arms and self.landed is not None:
+                self.retried_after.append((self.asked(), self.landed()))
         return None
 
     def run(self, params: dict[str, Any], run_id: str) -> RunResult:

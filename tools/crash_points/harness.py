@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import random
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +210,10 @@ class Harness:
         asked_before = self._asked()
         trace = Trace(root, self.folder / "trace", s3=self.store) if point is None else None
         replay = self.trace if point is not None else None
-        result = Dag(point, self.s3_client, self._asked, recording=trace, replaying=replay).run(params, f"cp-{n}")
+        dag = Dag(
+            point, self.s3_client, self._asked, recording=trace, replaying=replay, landed=partial(self._landed, uri)
+        )
+        result = dag.run(params, f"cp-{n}")
         outcome = Outcome(point, result.green, False, [], dict(result.errors), list(result.missed))
         if not result.green:
             if not result.errors:
@@ -231,15 +236,43 @@ class Harness:
         for dataset, got in self._delivered(uri).items():
             outcome.violations += differences(dataset, got, self._reference_data[dataset], result.version)
         outcome.extra_generations = asked - replay.asked_from(point.task)
+        outcome.violations += self._asked_again(dag.retried_after)
         bound = len(point.arms()) * (2 * IN_FLIGHT + CHECKPOINT_EVERY) if point.task.startswith("generate_") else 0
+        if any(arm.op.method == RENEW for arm in point.arms()):
+            # Its try's writes into the version waited for the renewal (Injector): what it got meanwhile is unwritten
+            # however many, so only _asked_again bounds what is asked again.
+            return outcome
         if outcome.extra_generations > bound:
             outcome.violations.append(f"{outcome.extra_generations} answers generated again (at most {bound})")
         return outcome
 
+    def _asked_again(self, retried_after: list[tuple[int, set[str]]]) -> list[str]:
+        """A retry never asks again an answer a try before it checkpointed: only what no checkpoint held."""
+        asked = self._asked_ids()
+        found = []
+        for start, landed in retried_after:
+            if again := sorted(landed.intersection(asked[start:])):
+                found.append(f"{len(again)} checkpointed answers asked again by a later try, e.g. {again[:2]}")
+        return found
+
     def _asked(self) -> int:
-        """Answers the simulator has sent for samples (its record: a line an answer), the fleet check's probes aside."""
+        return len(self._asked_ids())
+
+    def _asked_ids(self) -> list[str]:
+        """The answer of each line of the simulator's record (an answer sent), in order, the fleet check's probes
+        aside: a request's rid is its answer's id, the client's nonce and the attempt (regen.sglang.client)."""
         with self.simulator.record.open("rb") as record:
-            return sum(1 for line in record if b'"rid": "regen-probe-' not in line)
+            rids = [json.loads(line)["rid"] for line in record if b'"rid": "regen-probe-' not in line]
+        return [rid.rsplit("-", 2)[0] for rid in rids]
+
+    def _landed(self, root: str) -> set[str]:
+        """The answers the shards' checkpoint parts hold now (rejections aside: a retry may ask those again)."""
+        from regen.storage import open_storage
+
+        storage = open_storage(root, self.s3_client() if self.s3_client else None)
+        parts = [k for k in storage.list_keys("") if "/raw/shard-" in k and "/part-" in k and k.endswith(".jsonl")]
+        lines = (json.loads(line) for key in parts for line in storage.get_bytes(key).splitlines())
+        return {line["id"] for line in lines if "id" in line and "rejected" not in line}
 
     def _delivered(self, root: str) -> dict[str, Delivered]:
         client = self.s3_client() if self.s3_client else None
