@@ -14,9 +14,10 @@ hands the loop back by rescheduling itself (no executor there, so no stale event
 
 from __future__ import annotations
 
-import asyncio
+from asyncio import sleep
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from time import monotonic
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -27,6 +28,14 @@ SHARD_TASKS = ("process_shard.generate_shard", "process_shard.validate_shard", "
 DAG_TEST_USER = "dag_test"  # the triggering user Airflow's dag.test() names on the run it makes
 # A shard task in any other state (none yet, queued, running, up_for_retry, restarting) is still to finish.
 NOT_SUCCEEDED = frozenset({"failed", "upstream_failed", "skipped", "removed"})
+FIRST_POLL_S = 1.0
+
+
+def next_poll_s(waited_s: float, poll_s: float) -> float:
+    """How long to sleep before asking again, having waited `waited_s`: half that, from FIRST_POLL_S up to `poll_s`.
+    So a wait ends at most a third of its length after its shards did (a small run's few seconds, not `poll_s`),
+    and a night's long wait asks every `poll_s`."""
+    return min(poll_s, max(FIRST_POLL_S, waited_s / 2))
 
 
 def group_label(group: dict[str, Any]) -> str:
@@ -103,12 +112,13 @@ class OwnShardsTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from asgiref.sync import sync_to_async
 
+        started = monotonic()
         while True:
             states = await sync_to_async(shard_states)(self.dag_id, self.run_id)
             if (event := settled(self.indexes, states)) is not None:
                 yield TriggerEvent(event)
                 return
-            await asyncio.sleep(self.poll_s)
+            await sleep(next_poll_s(monotonic() - started, self.poll_s))
 
 
 class WaitForOwnShards(BaseOperator):
@@ -134,7 +144,9 @@ class WaitForOwnShards(BaseOperator):
         if context["dag_run"].triggering_user_name == DAG_TEST_USER:  # no triggerer: see the module's docstring
             event = settled(indexes, shard_states(ti.dag_id, ti.run_id))
             if event is None:
-                raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=self.poll_s))
+                now, started = datetime.now(UTC), context["dag_run"].start_date
+                waited = (now - started).total_seconds() if started else self.poll_s
+                raise AirflowRescheduleException(now + timedelta(seconds=next_poll_s(waited, self.poll_s)))
             return self.execute_complete(context, event)
         trigger = OwnShardsTrigger(ti.dag_id, ti.run_id, indexes, self.poll_s)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=self.wait_limit)

@@ -3,6 +3,9 @@ waits (deferred to the triggerer)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
 import pytest
 
 from regen_airflow.shard_states import (
@@ -89,21 +92,57 @@ def test_under_dag_test_the_wait_reschedules_itself_until_its_shards_settle(monk
     from regen_airflow import shard_states
     from regen_airflow.shard_states import DAG_TEST_USER, ShardsDidNotFinish, WaitForOwnShards
 
+    started = datetime.now(UTC) - timedelta(seconds=60)  # the run's: it has waited a minute, so it asks in 2 s
     context = {
         "ti": SimpleNamespace(dag_id="eagle3_regen", run_id="manual__1"),
-        "dag_run": SimpleNamespace(triggering_user_name=DAG_TEST_USER),
+        "dag_run": SimpleNamespace(triggering_user_name=DAG_TEST_USER, start_date=started),
     }
     wait = WaitForOwnShards(task_id="wait", prepared={"dataset": "large"}, groups=GROUPS, poll_s=2)
     export = "process_shard.export_shard"
     for states in [{}, {f"{export}_1": "success", f"{export}_2": "running"}]:
         monkeypatch.setattr(shard_states, "shard_states", lambda dag_id, run_id, found=states: found)
-        with pytest.raises(AirflowRescheduleException):
+        with pytest.raises(AirflowRescheduleException) as rescheduled:
             wait.execute(context)
+        assert 1.9 < (rescheduled.value.reschedule_date - datetime.now(UTC)).total_seconds() <= 2
     monkeypatch.setattr(shard_states, "shard_states", lambda *_: {f"{export}_1": "success", f"{export}_2": "success"})
     assert wait.execute(context) is None
     monkeypatch.setattr(shard_states, "shard_states", lambda *_: {f"{export}_1": "success", f"{export}_2": "failed"})
     with pytest.raises(ShardsDidNotFinish, match="large/shard"):
         wait.execute(context)
+
+
+def test_the_trigger_asks_after_a_second_then_at_half_the_time_waited_up_to_poll_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A small dataset's shards end within seconds of the wait's start: asked every 30 s, each run's delivery would
+    idle up to 30 s after its shards. It asks after 1 s, then after half what it has waited, at most every poll_s."""
+    import asyncio
+
+    from regen_airflow import shard_states
+    from regen_airflow.shard_states import OwnShardsTrigger
+
+    clock, sleeps, asks = [0.0], [], []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock[0] += seconds
+
+    export = "process_shard.export_shard"
+
+    def states(dag_id: str, run_id: str) -> dict[str, str]:
+        asks.append(clock[0])
+        return {f"{export}_1": "success" if len(asks) > 8 else "running"}
+
+    monkeypatch.setattr(shard_states, "shard_states", states)
+    monkeypatch.setattr(shard_states, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(shard_states, "sleep", sleep)
+
+    async def first_event() -> Any:
+        return await anext(OwnShardsTrigger("eagle3_regen", "manual__1", [1], poll_s=4).run())
+
+    event = asyncio.run(first_event())
+    assert event.payload == {"status": "success"} and len(asks) == 9
+    assert sleeps == [1, 1, 1, 1.5, 2.25, 3.375, 4, 4]
 
 
 def test_the_wait_fails_naming_the_failed_shard_when_the_trigger_says_so() -> None:

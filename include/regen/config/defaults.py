@@ -226,7 +226,10 @@ class Defaults(BaseModel):
     )
 
     verify_poll_s: float = Field(
-        30.0, gt=0, description="how often the triggerer asks whether a dataset's own shards finished (no slot held)"
+        30.0,
+        gt=0,
+        description="at most this long between the triggerer's asks whether a dataset's own shards finished (no slot "
+        "held): it asks after 1 s, then after half the time it has waited, up to this",
     )
     sglang_conn_id: str = Field(
         "sglang_default",
