@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import random
+import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -43,6 +44,7 @@ from tools.crash_points.points import (
     installed,
 )
 
+RID = re.compile(rb'{"rid": "([^"]+)"')  # a record line's first field (regen.simulator.server)
 S3_ATTEMPTS = 5  # botocore's, of every client of the harness
 MEET_TRIES = 3  # runs of a point whose operation was not made before it fails (a harness that drifted: see summary)
 
@@ -261,9 +263,9 @@ class Harness:
     def _asked_ids(self) -> list[str]:
         """The answer of each line of the simulator's record (an answer sent), in order, the fleet check's probes
         aside: a request's rid is its answer's id, the client's nonce and the attempt (regen.sglang.client)."""
-        with self.simulator.record.open("rb") as record:
-            rids = [json.loads(line)["rid"] for line in record if b'"rid": "regen-probe-' not in line]
-        return [rid.rsplit("-", 2)[0] for rid in rids]
+        with self.simulator.record.open("rb") as record:  # the rid alone: a line holds its prompt's and answer's ids
+            rids = [RID.match(line) for line in record if b'"rid": "regen-probe-' not in line]
+        return [rid.group(1).decode().rsplit("-", 2)[0] for rid in rids if rid]
 
     def _landed(self, root: str) -> set[str]:
         """The answers the shards' checkpoint parts hold now (rejections aside: a retry may ask those again)."""
