@@ -442,6 +442,9 @@ class Stack(Started):
 
     def wait_for_run(self, run_id: str, timeout_s: float = 600) -> str:
         def finished() -> str | None:
+            scheduler = self.processes.get("scheduler")
+            if scheduler is not None and (code := scheduler.poll()) is not None:  # no run would move again
+                raise RuntimeError(f"run {run_id}: the scheduler exited ({code}): see {self.home / 'scheduler.log'}")
             state = self.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
             return state if state in ("success", "failed") else None
 
