@@ -68,13 +68,20 @@ def moto_client(endpoint: str, max_attempts: int | None = None) -> Any:
     )
 
 
+_HANDED_OUT: set[int] = set()  # ports this process gave servers that may not listen yet
+
+
 def port_to_hold() -> int:
     """A free port below the kernel's ephemeral range, for a server started on it later, and again after a kill: a
-    port from free_port is in that range, where any process's next outgoing connection may be given it meanwhile."""
+    port from free_port is in that range, where any process's next outgoing connection may be given it meanwhile.
+    Never one handed out before in this process: a server that starts slowly does not listen on its port yet."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for port in random.SystemRandom().sample(range(min(10_000, low // 2), low), 200):  # not the tests' seeded draw
         with socket.socket() as s, contextlib.suppress(OSError):
+            if port in _HANDED_OUT:
+                continue
             s.bind(("127.0.0.1", port))
+            _HANDED_OUT.add(port)
             return port
     raise RuntimeError(f"no free port below {low} in 200 tries")
 

@@ -39,7 +39,7 @@ import requests
 
 from regen.config import find_profile
 from regen.profiles import Profile
-from tools.devstack import free_port
+from tools.devstack import port_to_hold
 
 ROOT = Path(__file__).resolve().parents[1]
 STAND_IN = ROOT / "tools" / "sglang_cpu"
@@ -229,7 +229,7 @@ def launch_real_server(
     """A real server's process, started (not yet ready: see start_real_servers)."""
     profile = PROFILES[profile_name]
     model = model or model_dir(profile_name)
-    port = port or free_port()
+    port = port or port_to_hold()  # a server takes half a minute to bind it: out of the ephemeral range
     argv = server_command(sglang_python(), model, port, profile, extra_args)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
@@ -268,9 +268,10 @@ def start_real_servers(
 def _wait_ready(server: RealServer, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not server.alive():
-            tail = "\n".join(server.log.read_text(errors="replace").splitlines()[-25:])
-            raise RuntimeError(f"the SGLang server exited with {server.process.returncode}; {server.log}:\n{tail}")
+        text = server.log.read_text(errors="replace")
+        if not server.alive() or "error while attempting to bind" in text:  # a server that cannot bind hangs on
+            tail = "\n".join(text.splitlines()[-25:])
+            raise RuntimeError(f"the SGLang server failed ({server.process.poll()}); {server.log}:\n{tail}")
         with contextlib.suppress(requests.RequestException):
             if requests.get(f"{server.url}/health_generate", timeout=10).status_code == 200:
                 return
