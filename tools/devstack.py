@@ -76,10 +76,9 @@ def port_to_hold() -> int:
     port from free_port is in that range, where any process's next outgoing connection may be given it meanwhile.
     Never one handed out before in this process: a server that starts slowly does not listen on its port yet."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for port in random.SystemRandom().sample(range(min(10_000, low // 2), low), 200):  # not the tests' seeded draw
+    drawn = random.SystemRandom().sample(range(min(10_000, low // 2), low), 200)  # not the tests' seeded draw
+    for port in (p for p in drawn if p not in _HANDED_OUT):
         with socket.socket() as s, contextlib.suppress(OSError):
-            if port in _HANDED_OUT:
-                continue
             s.bind(("127.0.0.1", port))
             _HANDED_OUT.add(port)
             return port

@@ -239,11 +239,11 @@ class Harness:
             outcome.violations += differences(dataset, got, self._reference_data[dataset], result.version)
         outcome.extra_generations = asked - replay.asked_from(point.task)
         outcome.violations += self._asked_again(dag.retried_after)
-        bound = len(point.arms()) * (2 * IN_FLIGHT + CHECKPOINT_EVERY) if point.task.startswith("generate_") else 0
         if any(arm.op.method == RENEW for arm in point.arms()):
             # Its try's writes into the version waited for the renewal (Injector): what it got meanwhile is unwritten
             # however many, so only _asked_again bounds what is asked again.
             return outcome
+        bound = len(point.arms()) * (2 * IN_FLIGHT + CHECKPOINT_EVERY) if point.task.startswith("generate_") else 0
         if outcome.extra_generations > bound:
             outcome.violations.append(f"{outcome.extra_generations} answers generated again (at most {bound})")
         return outcome
@@ -258,13 +258,17 @@ class Harness:
         return found
 
     def _asked(self) -> int:
-        return len(self._asked_ids())
+        """Answers the simulator has sent for samples (its record: a line an answer), the fleet check's probes aside."""
+        with self.simulator.record.open("rb") as record:  # counted at every task of a run: no line parsed
+            return sum(1 for line in record if b'"rid": "regen-probe-' not in line)
 
     def _asked_ids(self) -> list[str]:
         """The answer of each line of the simulator's record (an answer sent), in order, the fleet check's probes
         aside: a request's rid is its answer's id, the client's nonce and the attempt (regen.sglang.client)."""
         with self.simulator.record.open("rb") as record:  # the rid alone: a line holds its prompt's and answer's ids
             rids = [RID.match(line) for line in record if b'"rid": "regen-probe-' not in line]
+        if not all(rids):  # each line answers an index of _asked's count: none may be skipped
+            raise RuntimeError(f"{self.simulator.record}: a line that does not open with its rid")
         return [rid.group(1).decode().rsplit("-", 2)[0] for rid in rids if rid]
 
     def _landed(self, root: str) -> set[str]:
