@@ -40,6 +40,7 @@ from regen.manifest import PreparedDataset  # noqa: E402
 from regen.profiles import lookup  # noqa: E402
 from regen.records import read_raw  # noqa: E402
 from regen.samples import TURN, sample_of, turn_id  # noqa: E402
+from regen.sglang.client import answer_id_of  # noqa: E402
 from regen.stages.generate.generate import GenerateSettings, run_generate  # noqa: E402
 from regen.stages.prepare.prepare import PrepareSettings, run_prepare  # noqa: E402
 from regen.storage import LocalStorage  # noqa: E402
@@ -77,7 +78,7 @@ def one_pass(
         shards = [run_generate(shard, storage, settings, renderer) for shard in prepared.shards]
     answers = {a.id: a for shard in shards for a in read_raw(storage, shard.raw_key or "", folder)}
     server = {  # answer id -> the simulator that answered it, from its own record (a rid is the id, nonce, attempt)
-        json.loads(line)["rid"].rsplit("-", 2)[0]: simulator.url
+        answer_id_of(json.loads(line)["rid"]): simulator.url
         for simulator in simulators
         for line in simulator.record.read_text().splitlines()
     }

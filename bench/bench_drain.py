@@ -63,6 +63,7 @@ import drain_model  # noqa: E402
 from report_file import save  # noqa: E402
 
 from regen.run_report import ADVISED_REQUESTS_PER_SLOT  # noqa: E402
+from regen.sglang.client import answer_id_of  # noqa: E402
 from tools.devstack import Stack  # noqa: E402
 
 DATASETS = ("drain_a", "drain_b")
@@ -281,7 +282,7 @@ def timeline(answers: list[dict[str, Any]], slots: int, tenths: int = 10) -> dic
 
     turns: dict[str, list[tuple[int, float, float, float]]] = {}
     for a in answers:
-        answer_id = a["rid"].rsplit("-", 2)[0]
+        answer_id = answer_id_of(a["rid"])
         if (turn := turn_of(answer_id)) is not None:
             turns.setdefault(sample_of(answer_id), []).append(
                 (turn, a["received_at"], a["answered_at"], a["admitted_at"])

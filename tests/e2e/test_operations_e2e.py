@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from regen.layout import version_from_run_id
+from regen.sglang.client import answer_id_of
 from tests.conftest import kept_keys
 from tools.devstack import ADMIN, DAG_ID, Simulator, Stack, port_to_hold, start_simulator, wait_until
 
@@ -98,7 +99,7 @@ def readme_block(name: str) -> str:
 
 def requested(sim: Simulator) -> Counter[str]:
     """Sample ids the server answered (a rid is sample id, nonce, attempt); check_server's probes left out."""
-    return Counter(r["rid"].rsplit("-", 2)[0] for r in sim.records() if not r["rid"].startswith("regen-probe"))
+    return Counter(answer_id_of(r["rid"]) for r in sim.records() if not r["rid"].startswith("regen-probe"))
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +284,7 @@ def test_sigkill_of_a_runner_or_a_supervisor_mid_generate_is_resumed_exactly_onc
         answered = requested(sim) - earlier
         first_answered_at: dict[str, float] = {}  # sample id -> when the server first answered it, in this run
         for record in sim.records()[earlier_records:]:
-            first_answered_at.setdefault(record["rid"].rsplit("-", 2)[0], record["answered_at"])
+            first_answered_at.setdefault(answer_id_of(record["rid"]), record["answered_at"])
     finally:
         sim.stop()
     report = stack.xcom(run_id, "report")

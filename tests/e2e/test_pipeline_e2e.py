@@ -19,6 +19,7 @@ import yaml
 import zstandard
 
 from regen.chat import ChatRenderer
+from regen.sglang.client import answer_id_of
 from regen.simulator.defects import BY_NAME
 from regen_airflow.usage import parse_usage_line
 from tests.conftest import kept_keys, kept_records
@@ -225,7 +226,7 @@ def test_on_policy_conversations_regenerate_turn_by_turn_through_airflow(stack: 
     assert check_histories(by_turn, tokenizer) > 40
     diverged = [r for r in rejected if r["reason"] == "diverged_tool_call"]
     assert diverged and manifest["stages"]["generate"]["dropped_by_reason"] == {"diverged_tool_call": len(diverged)}
-    asked = {r["rid"].rsplit("-", 2)[0] for r in sent.values()}
+    asked = {answer_id_of(r["rid"]) for r in sent.values()}
     assert not asked & {r["id"] for r in diverged}  # a turn after the divergence is never requested
     assert published["verified"]["records_checked"] == len(raw)
 

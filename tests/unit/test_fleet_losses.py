@@ -22,6 +22,7 @@ from regen.layout import DatasetLocation, run_report_key
 from regen.manifest import PreparedDataset, ShardManifest
 from regen.run_report import IncompleteRun, write_run_report
 from regen.samples import sample_of, turn_id
+from regen.sglang.client import answer_id_of
 from regen.simulator.faults import abort_answer
 from regen.stages.export import run_export
 from regen.stages.generate.checkpoints import load_checkpoints
@@ -48,7 +49,7 @@ class Meddler(AppOnLoopback):
         body = await request.read()
         if request.path == "/generate":
             payload = json.loads(body)
-            answer_id = payload["rid"].rsplit("-", 2)[0]  # the client's rid: answer id, nonce, attempt
+            answer_id = answer_id_of(payload["rid"])  # the client's rid: answer id, nonce, attempt
             if answer_id in self.aborted:
                 return web.json_response(abort_answer(payload["rid"], 0.0, 0.0))
             if answer_id in self.cut:
@@ -162,7 +163,7 @@ def test_the_share_is_the_dataset_versions_so_shards_each_losing_one_answer_are_
 
     seen = len(simulator.records())
     finish(prepared.shards, storage, renderer, simulator.url)  # the Resume's shard tasks
-    assert sorted({r["rid"].rsplit("-", 2)[0] for r in simulator.records()[seen:]}) == lost  # only they were asked
+    assert sorted({answer_id_of(r["rid"]) for r in simulator.records()[seen:]}) == lost  # only they were asked
     published = run_publish(prepared, storage, fleet=[], run_id="manual__v1")
     assert published["stages"]["generate"] == {"total": 24, "kept": 24, "dropped": 0, "dropped_by_reason": {}}
     assert "fleet_losses" not in published and not storage.exists(location.fleet_losses)

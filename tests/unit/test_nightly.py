@@ -18,6 +18,7 @@ from regen import pipeline, read_training_data
 from regen.config import ConfigError, DatasetConfig
 from regen.errors import FinalError
 from regen.layout import latest_key
+from regen.sglang.client import answer_id_of
 from regen.stages.prepare.sources import source_digests
 from regen.verify import VerificationFailed, verify_published
 from regen.version_inputs import dataset_inputs
@@ -146,7 +147,7 @@ def test_a_later_version_deals_the_longest_answers_of_the_last_into_the_first_sh
     for dealt in dealt_together:  # dealt longest first
         for earlier, later in itertools.pairwise(dealt):
             assert min(p["expected_tokens"] for p in earlier) >= max(p["expected_tokens"] for p in later)
-    sent = [lengths[body["rid"].rsplit("-", 2)[0]] for body in proxy.bodies]
+    sent = [lengths[answer_id_of(body["rid"])] for body in proxy.bodies]
     assert sorted(sent) == sorted(lengths.values()) and len(set(sent)) > 5  # lengths that differ
     at = 0  # shard after shard in the run's order (the longest first, across the parts), each one's longest first
     for shard in sorted(shards, key=lambda shard: -max(p["expected_tokens"] for p in shard)):

@@ -33,6 +33,7 @@ from regen.manifest import ShardManifest
 from regen.on_policy import DatasetTurn, Ended, assistant_message, dataset_turns, next_prompt, turn_count
 from regen.reasons import Reason
 from regen.samples import TURN, sample_of, turn_id
+from regen.sglang.client import answer_id_of
 from regen.stages.generate.generate import GenerateSettings, run_generate
 from regen.stages.prepare.formats import normalize_row
 from regen.stages.publish.publish import run_publish
@@ -177,7 +178,7 @@ def test_on_policy_run_renders_each_turn_from_the_regenerated_answers(
     waiting = Catalog(storage, location.profile).summary(location.dataset, location.version)
     assert waiting is not None and (waiting["done"], waiting["prompts"]) == (0, 66)
     shards = finish_shards(prepared.shards, storage, renderer, quirky_simulator.url)
-    sent = {r["rid"].rsplit("-", 2)[0]: r for r in quirky_simulator.records()}
+    sent = {answer_id_of(r["rid"]): r for r in quirky_simulator.records()}
     raw = [a for s in shards for a in raw_answers(storage, s.raw_key)]
     rejected = [r for s in shards for r in _rejected(storage, s)]
 
@@ -238,7 +239,7 @@ def test_sigkill_mid_conversation_resumes_each_at_its_first_unfinished_turn(
         process.send_signal(signal.SIGKILL)
         process.wait(10)
         killed_at = time.time()
-        before = {line["rid"].rsplit("-", 2)[0] for line in slow.records()}
+        before = {answer_id_of(line["rid"]) for line in slow.records()}
         parts = [json.loads(line) for p in checkpoints.glob("part-*.jsonl") for line in p.read_text().splitlines()]
         kept = {part["id"] for part in parts if "id" in part}
         generated = run_generate(ShardManifest.from_dict(shard.to_dict()), storage, _settings(slow), renderer)
@@ -252,12 +253,12 @@ def test_sigkill_mid_conversation_resumes_each_at_its_first_unfinished_turn(
     midway = [c for c, finished in by_conversation(list(kept)).items() if len(finished) < len(turns[c])]
     assert midway, "the kill came after some conversations' turns were checkpointed and before their last"
     # No checkpointed turn was asked for again; only the killed try's requests in flight were.
-    after = Counter(r["rid"].rsplit("-", 2)[0] for r in requests if r["answered_at"] > killed_at)
+    after = Counter(answer_id_of(r["rid"]) for r in requests if r["answered_at"] > killed_at)
     assert not kept & set(after)
     redone = {i for i in after if i in before}
     assert len(redone) <= 4, redone  # the killed try's requests in flight (concurrency 4)
     # The resumed turns were rendered from the checkpointed answers of the turns before them.
-    sent = {r["rid"].rsplit("-", 2)[0]: r for r in requests}
+    sent = {answer_id_of(r["rid"]): r for r in requests}
     assert check_histories({a["id"]: sent[a["id"]] for a in answers}, renderer.tokenizer) > 40
 
 
@@ -386,7 +387,7 @@ def test_chain_priority_raises_each_turn_by_the_work_its_conversation_has_left(
         settings = GenerateSettings([simulator.url], Sampling().as_params(), concurrency=4, priority=base)
         [shard] = [run_generate(s, storage, dataclasses.replace(settings, priority_order=order), renderer)
                    for s in prepared.shards]  # fmt: skip
-        sent = {r["rid"].rsplit("-", 2)[0]: r for r in simulator.records()}
+        sent = {answer_id_of(r["rid"]): r for r in simulator.records()}
     references = {t: n for shard in prepared.shards for t, n in reference_turns(storage, shard).items()}
     known = sorted(n for n in references.values() if n is not None)
     median = known[len(known) // 2]

@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from regen.sglang.client import answer_id_of
 from tools.crash_points.checks import (
     CHECKPOINT_EVERY,
     DATASETS,
@@ -269,7 +270,7 @@ class Harness:
             rids = [RID.match(line) for line in record if b'"rid": "regen-probe-' not in line]
         if not all(rids):  # each line answers an index of _asked's count: none may be skipped
             raise RuntimeError(f"{self.simulator.record}: a line that does not open with its rid")
-        return [rid.group(1).decode().rsplit("-", 2)[0] for rid in rids if rid]
+        return [answer_id_of(rid.group(1).decode()) for rid in rids if rid]
 
     def _landed(self, root: str) -> set[str]:
         """The answers the shards' checkpoint parts hold now (rejections aside: a retry may ask those again)."""

@@ -91,6 +91,11 @@ class Generation:
         return dict(self.meta_info["finish_reason"])
 
 
+def answer_id_of(request_rid: str) -> str:
+    """The answer a request's rid asks for: the client sends `<answer id>-<nonce>-<attempt>` (ids hold dashes)."""
+    return request_rid.rsplit("-", 2)[0]
+
+
 def error_message(body: str) -> str:
     """The message out of any of SGLang's error shapes ({"error": {"message"}} from the engine, {"error": "..."} from
     its request parser, {"message"} from the schema check), or the raw body."""

@@ -15,6 +15,7 @@ from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.manifest import ShardManifest
 from regen.records import ShardPrompts
+from regen.sglang.client import answer_id_of
 from regen.stages.generate.generate import GenerateSettings, run_generate
 from regen.stages.generate.order import LengthOrder, fitted_lengths
 from regen.storage import LocalStorage
@@ -66,7 +67,7 @@ def test_references_capped_alike_never_fail_the_shard_and_every_sample_is_answer
     assert generated.stats["generate"].kept == len(ids) == 48  # finished: every sample answered
     assert answer_lengths(storage, generated) == lengths  # the same answers: the order never changes the data
     assert generated.generation is not None and generated.generation.hints_off == {}  # the fit copes: no fallback
-    sent = [record["rid"].rsplit("-", 2)[0] for record in simulator.records()][-len(ids) :]
+    sent = [answer_id_of(record["rid"]) for record in simulator.records()][-len(ids) :]
     assert set(sent[:16]) == set(capped)
 
 

@@ -11,7 +11,7 @@ import pytest
 from regen.layout import DatasetLocation
 from regen.stages.publish.vocab_files import VocabSizes, version_vocab
 from regen.storage import LocalStorage
-from regen.vocab import dense_counts, vocab_mapping
+from regen.vocab import add_counts, dense_counts, vocab_mapping
 
 
 def test_the_profiles_vocabulary_wins_and_a_larger_tokenizer_does_not_widen_it() -> None:
@@ -23,9 +23,16 @@ def test_the_profiles_vocabulary_wins_and_a_larger_tokenizer_does_not_widen_it()
 
 def test_an_answer_id_outside_the_models_vocabulary_fails_the_mapping() -> None:
     sizes = VocabSizes.of(4, 1_000, [], 1_200)
-    counts = dense_counts([np.array([3, 3, 1_100])], size=1_200)
-    with pytest.raises(ValueError, match="outside the target vocabulary of 1000"):
+    counts = dense_counts([np.array([3, 3, 1_100])])  # as export counts: up to the highest id seen
+    with pytest.raises(ValueError, match=r"^id 1100 counted, outside the target vocabulary of 1000$"):
         vocab_mapping(counts, sizes.draft, sizes.target)
+
+
+def test_counts_of_different_lengths_add_up_to_the_longer() -> None:
+    """The shards' counts are as long as each one's highest id: their sum is exactly as long as the longest."""
+    assert add_counts(np.array([1, 2], np.int64), np.array([1, 1, 1, 4], np.int64)).tolist() == [2, 3, 1, 4]
+    assert add_counts(np.array([1, 2, 0, 5], np.int64), np.array([1], np.int64)).tolist() == [2, 2, 0, 5]
+    assert add_counts(np.zeros(0, np.int64), np.array([0, 7], np.int64)).tolist() == [0, 7]
 
 
 def test_with_no_declared_or_served_size_the_tokenizer_says() -> None:
