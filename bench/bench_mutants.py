@@ -15,7 +15,8 @@ Mutants inside annotations (parameter, return and variable annotations) are not 
 `from __future__ import annotations`, so an annotation is never evaluated unless a class reads its fields' (msgspec
 Struct, pydantic, TypedDict, NamedTuple: those fields' annotations are run) or the module evaluates signatures
 (get_type_hints, validate_call: then every signature's are run). They are counted apart as "annotation"
-(equivalent by construction) and left out of the score's denominator.
+(equivalent by construction) and left out of the score's denominator. So is a mutant that is no Python at all
+("invalid": cosmic-ray turns `{**x}` into `{+x}`), which no test needs to kill.
 
 The killing suite (SUITES below) of a module: the fast-tier test files that import it, found by parsing the imports
 of tests/ (`--print-importers` prints them, to check the mapping against), minus the parity/e2e/contract files, which
@@ -417,6 +418,8 @@ def run_module(key: str, args, copies: list[Path], report: dict, save) -> dict:
         }
         if mutated is None:
             entry["outcome"] = "no mutation"
+        elif not compiles(mutated, relative):
+            entry["outcome"] = "invalid"  # cosmic-ray wrote no Python (`{+x}` from `{**x}`): not a program to kill
         elif in_annotation(spans, spec.start_pos, spec.end_pos):
             entry["outcome"] = "annotation"
         elif (tests := None if args.whole_suite else covering(by_line, statement_lines(tree, spec.start_pos))) == set():
@@ -453,6 +456,14 @@ def run_module(key: str, args, copies: list[Path], report: dict, save) -> dict:
     return result
 
 
+def compiles(source: str, path: str) -> bool:
+    try:
+        compile(source, path, "exec")
+    except SyntaxError:
+        return False
+    return True
+
+
 def _key(spec) -> tuple[str, int]:
     return spec.operator_name, spec.occurrence
 
@@ -468,6 +479,7 @@ def summary(result: dict) -> dict:
         "timeouts": outcomes["timeout"],
         "survived": outcomes["survived"],
         "annotation": outcomes["annotation"],
+        "invalid": outcomes["invalid"],
         "score": round(100 * (outcomes["killed"] + outcomes["timeout"]) / ran, 1) if ran else None,
     }
 

@@ -3,16 +3,17 @@ gone once the reader is done with it, and gone too when reading them fails."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from regen.layout import DatasetLocation
+from regen.layout import DatasetLocation, latest_key
 from regen.manifest import PublishedManifest
 from regen.storage import LocalStorage, write_table
-from regen.version_inputs import answer_lengths
+from regen.version_inputs import answer_lengths, latest_of_another_profile
 
 LAST = DatasetLocation("/unused", "kimi-k2.5-mini", "B1_glaive", "v1")
 
@@ -77,3 +78,30 @@ def test_a_verdicts_file_that_cannot_be_read_fails_and_leaves_no_table(tmp_path:
     with pytest.raises(FileNotFoundError):
         answer_lengths(storage, latest, location)
     assert lengths_folders() == before
+
+
+def test_a_first_version_borrows_the_newest_version_another_profile_published(tmp_path: Path) -> None:
+    """Another target model's last version of the same dataset, the newest by logical date, marked with its profile;
+    never this profile's own, nor a version whose manifest is gone, nor a folder that is no profile's name."""
+    storage = LocalStorage(tmp_path)
+
+    def publish(profile: str, version: str, logical_date: str, manifest: bool = True) -> None:
+        if manifest:
+            storage.put_bytes(DatasetLocation(storage.root_uri, profile, "chats", version).manifest, b"{}")
+        entry = {"version": version, "logical_date": logical_date, "inputs_digest": profile}
+        storage.put_bytes(latest_key(profile, "chats"), json.dumps(entry).encode())
+
+    assert latest_of_another_profile(storage, "kimi-k2.5", "chats") is None
+    publish("kimi-k2.5", "v9", "2026-12-05T00:00:00+00:00")  # this profile's own: never borrowed
+    assert latest_of_another_profile(storage, "kimi-k2.5", "chats") is None
+    publish("kimi-k2", "v2", "2026-12-01T00:00:00+00:00")
+    publish("qwen3", "v4", "2026-12-03T00:00:00+00:00")
+    publish("glm-4", "v7", "2026-12-04T00:00:00+00:00", manifest=False)  # its manifest is gone
+    storage.put_bytes("Not A Profile!/chats/latest.json", b"{}")
+    assert latest_of_another_profile(storage, "kimi-k2.5", "chats") == {
+        "version": "v4",
+        "logical_date": "2026-12-03T00:00:00+00:00",
+        "inputs_digest": "qwen3",
+        "profile": "qwen3",
+    }
+    assert latest_of_another_profile(storage, "qwen3", "chats")["profile"] == "kimi-k2.5"  # type: ignore[index]
