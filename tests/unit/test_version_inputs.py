@@ -3,6 +3,7 @@ gone once the reader is done with it, and gone too when reading them fails."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -10,10 +11,17 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from regen.config import DatasetConfig
 from regen.layout import DatasetLocation, latest_key
 from regen.manifest import PublishedManifest
 from regen.storage import LocalStorage, write_table
-from regen.version_inputs import answer_lengths, latest_of_another_profile
+from regen.version_inputs import (
+    answer_lengths,
+    dataset_inputs,
+    latest_of_another_profile,
+    latest_published,
+    unchanged_since,
+)
 
 LAST = DatasetLocation("/unused", "kimi-k2.5-mini", "B1_glaive", "v1")
 
@@ -105,3 +113,36 @@ def test_a_first_version_borrows_the_newest_version_another_profile_published(tm
         "profile": "qwen3",
     }
     assert latest_of_another_profile(storage, "qwen3", "chats")["profile"] == "kimi-k2.5"  # type: ignore[index]
+
+
+def test_the_eval_suites_are_an_input_and_what_they_rejected_is_not() -> None:
+    """The suites (their names and content) decide what a version holds; the count each rejected follows from them
+    and the source, and is not an input of its own."""
+    dataset = DatasetConfig.model_validate({"paths": ["chats.jsonl"], "format": "sharegpt"})
+
+    def inputs(suites: dict[str, str], rejected: dict[str, int]) -> dict[str, object]:
+        record = {"suites": suites, "rejected_by_suite": rejected}
+        return dataset_inputs(dataset, {}, {}, None, {"hf://org/chats": "abc"}, record)
+
+    first = inputs({"gsm8k": "d1"}, {"gsm8k": 3})
+    assert first["decontamination"] == {"suites": {"gsm8k": "d1"}}
+    assert inputs({"gsm8k": "d1"}, {"gsm8k": 5})["digest"] == first["digest"]
+    assert inputs({"gsm8k": "d2"}, {"gsm8k": 3})["digest"] != first["digest"]
+
+
+def test_a_latest_entry_whose_manifest_is_not_the_one_published_is_ignored(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    manifest = DatasetLocation(storage.root_uri, "kimi-k2.5", "chats", "v1").manifest
+    storage.put_bytes(manifest, b"{}")
+    for digest, found in [("f" * 64, False), ("0" * 64, False), (hashlib.sha256(b"{}").hexdigest(), True)]:
+        entry = {"version": "v1", "manifest_sha256": digest, "inputs_digest": "x"}
+        storage.put_bytes(latest_key("kimi-k2.5", "chats"), json.dumps(entry).encode())
+        assert (latest_published(storage, "kimi-k2.5", "chats") == entry) is found
+
+
+def test_a_nightly_skips_only_on_the_same_digest() -> None:
+    for last, now in [("f" * 64, "0" * 64), ("0" * 64, "f" * 64)]:
+        assert not unchanged_since({"version": "v1", "inputs_digest": last}, "chats", {"digest": now})
+    assert unchanged_since({"version": "v1", "inputs_digest": "a" * 64}, "chats", {"digest": "a" * 64})
+    assert not unchanged_since(None, "chats", {"digest": "a" * 64})
+    assert not unchanged_since({"version": "v1", "inputs_digest": None}, "chats", {"digest": None})

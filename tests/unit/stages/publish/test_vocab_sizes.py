@@ -32,8 +32,8 @@ def test_the_profiles_vocabulary_wins_and_a_larger_tokenizer_does_not_widen_it()
 
 def test_an_answer_id_outside_the_models_vocabulary_fails_the_mapping() -> None:
     sizes = VocabSizes.of(4, 1_000, [], 1_200)
-    counts = dense_counts([np.array([3, 3, 1_100])])  # as export counts: up to the highest id seen
-    with pytest.raises(ValueError, match=r"^id 1100 counted, outside the target vocabulary of 1000$"):
+    counts = dense_counts([np.array([3, 3, 1_101])])  # as export counts: up to the highest id seen
+    with pytest.raises(ValueError, match=r"^id 1101 counted, outside the target vocabulary of 1000$"):
         vocab_mapping(counts, sizes.draft, sizes.target)
 
 
