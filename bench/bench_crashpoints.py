@@ -10,6 +10,7 @@ stack, the traced run and the second tries' recording).
     .venv/bin/python bench/bench_crashpoints.py                      # both roots, every point (hours here)
     .venv/bin/python bench/bench_crashpoints.py --root s3 --sample 50 --seed 3
     .venv/bin/python bench/bench_crashpoints.py --root s3 --part 0/2 & ... --part 1/2    # two processes, two cores
+    .venv/bin/python bench/bench_crashpoints.py --root local --fleet losing    # the Resume of a run red on fleet losses
 """
 
 from __future__ import annotations
@@ -25,21 +26,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report_file import save
 from tools.crash_points import harness, outcome_lines, result_line, sample, summary
+from tools.crash_points.fleet import FLEETS
 
 
 def enumerate_root(
-    root: str, count: int | None, seed: int, part: tuple[int, int], log: Path | None = None
+    root: str, count: int | None, seed: int, part: tuple[int, int], log: Path | None = None, fleet: str = "sound"
 ) -> dict[str, object]:
     started = time.monotonic()
-    with harness(root) as running:
+    with harness(root, fleet) as running:
         every = running.points()  # (the second tries recorded)
         baseline_s = time.monotonic() - started  # the stack, the traced fault-free run, the second tries recorded
         index, parts = part
         points = sample(every, count, seed)[index::parts]
         second = sum(p.after is not None for p in every)
         print(
-            f"{root}: {len(every)} crash points ({len(running._reference_ops)} tasks, {second} in second tries); "
-            f"running {len(points)}"
+            f"{root} ({fleet} fleet): {len(every)} crash points ({len(running._reference_ops)} tasks, {second} in "
+            f"second tries); running {len(points)}"
         )
         outcomes, began = [], time.monotonic()
         for number, point in enumerate(points, 1):
@@ -78,6 +80,7 @@ def main() -> int:
     parser.add_argument("--root", choices=("local", "s3"), action="append", help="default: both")
     parser.add_argument("--sample", type=int, default=None, help="this many points a root, drawn by --seed")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fleet", choices=FLEETS, default="sound", help="losing: tools/crash_points/fleet.py")
     parser.add_argument("--part", default="0/1", help="i/n: every n-th point from the i-th, to run n processes at once")
     parser.add_argument("--report", type=Path, help="write the figures as JSON here")
     parser.add_argument("--log", type=Path, help="append each point's outcome here as a JSON line, as it is run")
@@ -85,7 +88,9 @@ def main() -> int:
     logging.disable(logging.WARNING)
     index, parts = (int(n) for n in args.part.split("/"))
     roots = args.root or ["local", "s3"]
-    figures = {root: enumerate_root(root, args.sample, args.seed, (index, parts), args.log) for root in roots}
+    figures = {
+        root: enumerate_root(root, args.sample, args.seed, (index, parts), args.log, args.fleet) for root in roots
+    }
     if args.report:
         save(args.report, figures)
     return 1 if any(f["violations"] or f["missed"] for f in figures.values()) else 0
