@@ -11,6 +11,9 @@ stack, the traced run and the second tries' recording).
     .venv/bin/python bench/bench_crashpoints.py --root s3 --sample 50 --seed 3
     .venv/bin/python bench/bench_crashpoints.py --root s3 --part 0/2 & ... --part 1/2    # two processes, two cores
     .venv/bin/python bench/bench_crashpoints.py --root local --fleet losing    # the Resume of a run red on fleet losses
+
+`--skip LOG` (repeatable) leaves out the points an earlier enumeration's `--log` holds: an enumeration cut short goes
+on, in as many parts as the machine takes, and its figures are the logs' lines together.
 """
 
 from __future__ import annotations
@@ -30,14 +33,20 @@ from tools.crash_points.fleet import FLEETS
 
 
 def enumerate_root(
-    root: str, count: int | None, seed: int, part: tuple[int, int], log: Path | None = None, fleet: str = "sound"
+    root: str,
+    count: int | None,
+    seed: int,
+    part: tuple[int, int],
+    log: Path | None = None,
+    fleet: str = "sound",
+    done: frozenset[str] = frozenset(),
 ) -> dict[str, object]:
     started = time.monotonic()
     with harness(root, fleet) as running:
         every = running.points()  # (the second tries recorded)
         baseline_s = time.monotonic() - started  # the stack, the traced fault-free run, the second tries recorded
         index, parts = part
-        points = sample(every, count, seed)[index::parts]
+        points = [p for p in sample(every, count, seed) if str(p) not in done][index::parts]
         second = sum(p.after is not None for p in every)
         print(
             f"{root} ({fleet} fleet): {len(every)} crash points ({len(running._reference_ops)} tasks, {second} in "
@@ -84,12 +93,14 @@ def main() -> int:
     parser.add_argument("--part", default="0/1", help="i/n: every n-th point from the i-th, to run n processes at once")
     parser.add_argument("--report", type=Path, help="write the figures as JSON here")
     parser.add_argument("--log", type=Path, help="append each point's outcome here as a JSON line, as it is run")
+    parser.add_argument("--skip", type=Path, action="append", default=[], help="a --log whose points are not run again")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     index, parts = (int(n) for n in args.part.split("/"))
     roots = args.root or ["local", "s3"]
+    done = frozenset(json.loads(line)["point"] for log in args.skip for line in log.read_text().splitlines())
     figures = {
-        root: enumerate_root(root, args.sample, args.seed, (index, parts), args.log, args.fleet) for root in roots
+        root: enumerate_root(root, args.sample, args.seed, (index, parts), args.log, args.fleet, done) for root in roots
     }
     if args.report:
         save(args.report, figures)
