@@ -17,6 +17,7 @@ from regen.manifest import PublishedManifest
 from regen.storage import LocalStorage, write_table
 from regen.version_inputs import (
     answer_lengths,
+    canonical_digest,
     dataset_inputs,
     latest_of_another_profile,
     latest_published,
@@ -146,3 +147,23 @@ def test_a_nightly_skips_only_on_the_same_digest() -> None:
     assert unchanged_since({"version": "v1", "inputs_digest": "a" * 64}, "chats", {"digest": "a" * 64})
     assert not unchanged_since(None, "chats", {"digest": "a" * 64})
     assert not unchanged_since({"version": "v1", "inputs_digest": None}, "chats", {"digest": None})
+
+
+def test_the_digest_of_the_same_inputs_does_not_depend_on_their_order() -> None:
+    assert canonical_digest({"a": 1, "b": [2, {"c": 3, "d": 4}]}) == canonical_digest(
+        {"b": [2, {"d": 4, "c": 3}], "a": 1}
+    )
+    assert canonical_digest({"a": 1}) != canonical_digest({"a": 2})
+
+
+def test_versions_are_ordered_by_their_instants_whatever_their_zones(tmp_path: Path) -> None:
+    """A logical date without a zone is UTC's (an entry written before zones were kept); one with a zone is read as
+    that instant: 23:00 at UTC-5 is after midnight UTC of the next day."""
+    storage = LocalStorage(tmp_path)
+    for profile, version, when in [
+        ("kimi-k2", "v1", "2026-12-03T00:00:00"),
+        ("qwen3", "v2", "2026-12-02T23:00:00-05:00"),
+    ]:
+        storage.put_bytes(DatasetLocation(storage.root_uri, profile, "chats", version).manifest, b"{}")
+        storage.put_bytes(latest_key(profile, "chats"), json.dumps({"version": version, "logical_date": when}).encode())
+    assert latest_of_another_profile(storage, "kimi-k2.5", "chats")["version"] == "v2"  # type: ignore[index]

@@ -60,6 +60,32 @@ def test_an_entry_from_before_dates_were_recorded_is_ordered_by_when_it_was_publ
     assert record_published(storage, PROFILE, DATASET, entry("night-1", 1))
 
 
+class CreatedFirstByAnother:
+    """Storage on which another publisher's first latest.json (`theirs`) lands between this one's read, which found
+    none, and its own create."""
+
+    def __init__(self, inner: Storage, theirs: dict[str, Any]) -> None:
+        self.inner, self.theirs = inner, theirs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def create(self, key: str, data: bytes) -> str:
+        if self.theirs:
+            self.inner.create(key, json.dumps(self.theirs).encode())
+            self.theirs = {}
+        return self.inner.create(key, data)
+
+
+@pytest.mark.parametrize(("theirs", "moved"), [(1, True), (3, False)])
+def test_a_publisher_whose_first_write_loses_the_race_compares_with_the_winners(
+    storage: Storage, theirs: int, moved: bool
+) -> None:
+    raced = cast(Storage, CreatedFirstByAnother(storage, entry(f"night-{theirs}", theirs)))
+    assert record_published(raced, PROFILE, DATASET, entry("night-2", 2)) is moved
+    assert latest(storage)["version"] == ("night-2" if moved else f"night-{theirs}")
+
+
 def test_a_slow_publisher_of_an_older_version_cannot_move_it_back(storage: Storage) -> None:
     """The older version's publisher read latest.json (night-0) and writes after the newer one's: its write was
     conditional on what it read, so it reads again, finds night-2 and leaves it."""
