@@ -121,14 +121,16 @@ def test_the_eval_suites_are_an_input_and_what_they_rejected_is_not() -> None:
     and the source, and is not an input of its own."""
     dataset = DatasetConfig.model_validate({"paths": ["chats.jsonl"], "format": "sharegpt"})
 
-    def inputs(suites: dict[str, str], rejected: dict[str, int]) -> dict[str, object]:
-        record = {"suites": suites, "rejected_by_suite": rejected}
+    def inputs(suites: dict[str, str], rejected: dict[str, int], ngram: int = 13) -> dict[str, object]:
+        settings = {"ngram": ngram, "threshold": 0.5, "min_item_words": 8}  # the record prepare writes, and counts
+        record = {**settings, "suites": suites, "rejected_by_suite": rejected}
         return dataset_inputs(dataset, {}, {}, None, {"hf://org/chats": "abc"}, record)
 
     first = inputs({"gsm8k": "d1"}, {"gsm8k": 3})
-    assert first["decontamination"] == {"suites": {"gsm8k": "d1"}}
+    assert first["decontamination"] == {"ngram": 13, "threshold": 0.5, "min_item_words": 8, "suites": {"gsm8k": "d1"}}
     assert inputs({"gsm8k": "d1"}, {"gsm8k": 5})["digest"] == first["digest"]
     assert inputs({"gsm8k": "d2"}, {"gsm8k": 3})["digest"] != first["digest"]
+    assert inputs({"gsm8k": "d1"}, {"gsm8k": 3}, ngram=8)["digest"] != first["digest"]
 
 
 def test_a_latest_entry_whose_manifest_is_not_the_one_published_is_ignored(tmp_path: Path) -> None:
