@@ -18,10 +18,12 @@ Struct, pydantic, TypedDict, NamedTuple: those fields' annotations are run) or t
 (equivalent by construction) and left out of the score's denominator. So is a mutant that is no Python at all
 ("invalid": cosmic-ray turns `{**x}` into `{+x}`), which no test needs to kill.
 
-The killing suite (SUITES below) of a module: the fast-tier test files that import it, found by parsing the imports
+The killing suite (MODULES below) of a module: the fast-tier test files that import it, found by parsing the imports
 of tests/ (`--print-importers` prints them, to check the mapping against), minus the parity/e2e/contract files, which
 the marker expression deselects anyway. verify_vocab is imported by no test, only by verify, so its suite is verify's
-tests that reach it. Files are ordered fastest first so that `-x` stops a killed mutant early. Each run is
+tests that reach it, and export's adds the two files that check its splits through the pipeline (the held-out split,
+older releases' files), which import the pipeline rather than export. Files are ordered fastest first so that `-x`
+stops a killed mutant early. Each run is
 
     python -m pytest -x -q -p no:randomly -p no:cacheprovider
         -m "not e2e and not parity and not crashpoints and not generated" <suite files>
@@ -116,12 +118,14 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/unit/test_fleet_losses.py",
         ],
     ),
-    "export": (
+    "export": (  # and the held-out split through the pipeline, where export's splits are checked whole
         "include/regen/stages/export.py",
         [
             "tests/unit/stages/export/test_export.py",
             "tests/unit/stages/publish/test_publish.py",
             "tests/unit/test_fleet_losses.py",
+            "tests/unit/test_training_ready.py",
+            "tests/unit/test_older_releases.py",
         ],
     ),
     "judge": (

@@ -116,6 +116,9 @@ def test_the_dataset_report_counts_what_landed(published: tuple[PreparedDataset,
     assert report["train_records"] == manifest["splits"]["train"] == summary["records"] == len(train)
     assert report["truncated_records"] == manifest["splits"]["truncated"] == len(truncated)
     assert report["rejected_records"] == len(rejected) == manifest["stages"]["validate"]["dropped"]
+    exported = manifest["stages"]["export"]  # kept: the ok answers; the truncated are export's drops, by verdict
+    assert exported["kept"] == len(train) and exported["total"] == len(train) + len(truncated)
+    assert exported["dropped_by_reason"] == dict(Counter(r["verdict"] for r in truncated))
     verdicts = Counter(r["verdict"] for r in train + truncated) + Counter(r["reason"] for r in rejected)
     assert report["verdicts"] == dict(verdicts)
     kept = train + truncated
@@ -173,9 +176,12 @@ def test_a_shard_past_an_arrow_lists_int32_offsets_is_built_in_chunks(monkeypatc
     prompts = [rng.integers(0, 1000, n).astype(np.int32) for n in rng.integers(1, 20, 40)]
     outputs = [rng.integers(0, 1000, n).astype(np.int32) for n in rng.integers(1, 20, 40)]
     whole_ids, whole_mask = export.build_training_columns(prompts, outputs)
+    assert np.iinfo(np.int32).max == export.MAX_LIST_VALUES  # the most an int32 offset addresses
     monkeypatch.setattr(export, "MAX_LIST_VALUES", 50)
     ids, mask = export.build_training_columns(prompts, outputs)
     assert ids.num_chunks > 10 and all(len(chunk.values) <= 50 for chunk in ids.chunks)
+    # each chunk as full as it can be: the next record would have taken it past the limit
+    assert all(len(c.values) + len(n[0].values) > 50 for c, n in zip(ids.chunks, ids.chunks[1:], strict=False))
     pairs = list(zip(prompts, outputs, strict=True))
     assert ids.to_pylist() == whole_ids.to_pylist() == [[*p, *o] for p, o in pairs]
     assert mask.to_pylist() == whole_mask.to_pylist() == [[0] * len(p) + [1] * len(o) for p, o in pairs]
