@@ -185,3 +185,19 @@ def test_a_shard_past_an_arrow_lists_int32_offsets_is_built_in_chunks(monkeypatc
     pairs = list(zip(prompts, outputs, strict=True))
     assert ids.to_pylist() == whole_ids.to_pylist() == [[*p, *o] for p, o in pairs]
     assert mask.to_pylist() == whole_mask.to_pylist() == [[0] * len(p) + [1] * len(o) for p, o in pairs]
+
+
+def test_one_record_past_the_list_limit_is_refused_by_its_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from regen.stages import export
+
+    monkeypatch.setattr(export, "MAX_LIST_VALUES", 50)
+    prompts, outputs = [np.arange(5, dtype=np.int32), np.arange(30, dtype=np.int32)], [np.arange(3), np.arange(31)]
+    with pytest.raises(ValueError, match=r"^a record of 61 token ids does not fit an Arrow list$"):
+        export.build_training_columns(prompts, outputs)
+
+
+def test_by_default_a_shard_is_exported_to_parquet_alone_with_nothing_held_out() -> None:
+    assert (ExportSettings().formats, ExportSettings().validation_share) == (("parquet",), 0.0)
+    assert ExportSettings(jsonl=True).formats == ("parquet", "jsonl")
