@@ -44,12 +44,6 @@ def worker_hostname() -> str:
     return os.environ.get("REGEN_WORKER_NAME") or socket.getfqdn()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def moto_client(endpoint: str, max_attempts: int | None = None) -> Any:
     """A boto3 client of a moto server (or of the fault proxy in front of one), with moto's test credentials;
     `max_attempts`: botocore's retries, else botocore's defaults."""
@@ -71,18 +65,26 @@ def moto_client(endpoint: str, max_attempts: int | None = None) -> Any:
 _HANDED_OUT: set[int] = set()  # ports this process gave servers that may not listen yet
 
 
-def port_to_hold() -> int:
-    """A free port below the kernel's ephemeral range, for a server started on it later, and again after a kill: a
-    port from free_port is in that range, where any process's next outgoing connection may be given it meanwhile.
-    Never one handed out before in this process: a server that starts slowly does not listen on its port yet."""
+def free_port() -> int:
+    """A free loopback port for a server to listen on, maybe much later (an api-server binds its port after half a
+    minute of starting) or again after a kill. Below the kernel's ephemeral range: a port there, free when handed
+    out, may meanwhile become any process's next outgoing connection's, and the server then fails to bind it. In a
+    stripe of its own for each pytest-xdist worker, so that two workers never hand out the same one; never one
+    handed out before in this process, as a server that starts slowly does not listen on its port yet."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    drawn = random.SystemRandom().sample(range(min(10_000, low // 2), low), 200)  # not the tests' seeded draw
-    for port in (p for p in drawn if p not in _HANDED_OUT):
+    first = min(10_000, low // 2)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    stripe = (low - first) // workers
+    ports = range(first + worker * stripe, first + (worker + 1) * stripe)
+    for port in random.SystemRandom().sample(ports, min(200, len(ports))):  # not the tests' seeded draw
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s, contextlib.suppress(OSError):
             s.bind(("127.0.0.1", port))
             _HANDED_OUT.add(port)
             return port
-    raise RuntimeError(f"no free port below {low} in 200 tries")
+    raise RuntimeError(f"no free port left in {ports.start}-{ports.stop - 1}")
 
 
 def wait_until(what: str, check: Any, timeout_s: float, poll_s: float = 0.5) -> Any:
@@ -405,8 +407,15 @@ class Stack(Started):
             wait_until("S3 API", lambda: requests.get(self.s3_endpoint, timeout=2).status_code < 500, 60)
         if self.s3_proxied:
             wait_until("S3 fault proxy", lambda: requests.get(f"{self.s3_tasks_endpoint}/__faults", timeout=2).ok, 60)
-        wait_until("Airflow API", lambda: requests.get(f"{self.api}/api/v2/monitor/health", timeout=2).ok, 120)
+        wait_until("Airflow API", self._api_up, 120)
         return self
+
+    def _api_up(self) -> bool:
+        """The API answers its health check; an api-server that exited will never: say why at once."""
+        if (code := self.processes["api-server"].poll()) is not None:
+            tail = "".join((self.home / "api-server.log").read_text().splitlines(True)[-20:])
+            raise RuntimeError(f"the Airflow api-server exited ({code}) before it answered; its log ends:\n{tail}")
+        return requests.get(f"{self.api}/api/v2/monitor/health", timeout=2).ok
 
     def stop(self) -> None:
         for simulator in self.fleet:

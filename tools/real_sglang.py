@@ -39,7 +39,7 @@ import requests
 
 from regen.config import find_profile
 from regen.profiles import Profile
-from tools.devstack import port_to_hold
+from tools.devstack import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 STAND_IN = ROOT / "tools" / "sglang_cpu"
@@ -229,7 +229,7 @@ def launch_real_server(
     """A real server's process, started (not yet ready: see start_real_servers)."""
     profile = PROFILES[profile_name]
     model = model or model_dir(profile_name)
-    port = port or port_to_hold()  # a server takes half a minute to bind it: out of the ephemeral range
+    port = port or free_port()  # a server takes half a minute to bind it: out of the ephemeral range
     argv = server_command(sglang_python(), model, port, profile, extra_args)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:

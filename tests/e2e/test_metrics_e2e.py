@@ -22,7 +22,7 @@ import requests
 import yaml
 
 from regen.layout import run_report_key, version_from_run_id
-from tools.devstack import Stack, port_to_hold, wait_until
+from tools.devstack import Stack, free_port, wait_until
 from tools.prometheus_stack import RULES, PrometheusStack
 
 pytestmark = pytest.mark.e2e
@@ -117,7 +117,7 @@ def run_dag(stack: Stack, conf: dict[str, Any], watch: Any = None) -> tuple[str,
 @pytest.fixture(scope="module")
 def night_without_pushgateway(observed: Observed) -> dict[str, Any]:
     """A run of B1's first rows with `metrics.pushgateway` at a port where nothing listens."""
-    closed = f"http://127.0.0.1:{port_to_hold()}"
+    closed = f"http://127.0.0.1:{free_port()}"
     write_config(observed.config, observed.storage, {"pushgateway": closed, "push_interval_s": 1})
     try:
         run_id, state = run_dag(observed.stack, {"datasets": ["B1_glaive"], "limit": 12})

@@ -29,7 +29,7 @@ import yaml
 from regen.layout import version_from_run_id
 from regen.sglang.client import answer_id_of
 from tests.conftest import kept_keys
-from tools.devstack import ADMIN, DAG_ID, Simulator, Stack, port_to_hold, start_simulator, wait_until
+from tools.devstack import ADMIN, DAG_ID, Simulator, Stack, free_port, start_simulator, wait_until
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
     lines = (ROOT / "data" / "samples" / "C1_multiturn.jsonl").read_text().splitlines()
     (folder / "C1.jsonl").write_text("\n".join(lines[:4] + lines[12:16]) + "\n")
     config["datasets"]["C1_multiturn"]["paths"] = [str(folder / "C1.jsonl")]
-    port = port_to_hold()  # the fleet's, started and killed on it all module long
+    port = free_port()  # the fleet's, started and killed on it all module long
     config["governance"]["allowed_storage_roots"] = [f"s3://{BUCKET}"]
     config["defaults"].update(
         endpoints=[f"http://127.0.0.1:{port}"],

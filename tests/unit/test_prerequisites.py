@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tools.devstack import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "prerequisites.sh"
 BASH = shutil.which("bash") or "/bin/bash"
@@ -56,12 +58,6 @@ while True:
     except socket.timeout:
         break
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def listening(port: int) -> bool:
