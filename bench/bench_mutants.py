@@ -35,7 +35,9 @@ Only the tests that run the mutated code, as a mutant cannot change a test that 
 under coverage with one context per test (pytest-cov's --cov-context=test), and a mutant runs the tests that executed
 its statement (an `if`'s or a loop's header lines, not its body). A statement run at import time (a default, a
 decorator, a module constant) or found in no statement runs the whole suite; one that no test runs survives without a
-run ("uncovered" in the report). --whole-suite turns the selection off.
+run ("uncovered" in the report). A mutant the selected tests let pass runs their whole files too before it counts
+as a survivor: a test reading a module-scoped fixture's result is not given the lines the fixture ran. --whole-suite
+turns the selection off.
 
     nice -n 19 .venv/bin/python bench/bench_mutants.py holdout vocab_files --report var/bench/mutants.json
     .venv/bin/python bench/bench_mutants.py --list            # the modules, their mutants and suites, nothing run
@@ -326,6 +328,19 @@ def fastest_first(tests: set[str], seconds: dict[str, float]) -> list[str]:
     return sorted(tests, key=lambda test: (seconds.get(test, float("inf")), test))
 
 
+def whole_files(tests: set[str], seconds: dict[str, float]) -> list[str]:
+    """The files of the selected tests, fastest first. A test that reads a module-scoped fixture's result runs none of
+    the module's code itself: coverage gives those lines to the test that set the fixture up, so the selection can
+    leave out the test that would kill the mutant. A mutant the selection lets pass runs these before it survives."""
+    took: dict[str, float] = {}
+    for test in tests:
+        took.setdefault(test.split("::")[0], 0.0)
+    for test, taken in seconds.items():
+        if (file := test.split("::")[0]) in took:
+            took[file] += taken
+    return sorted(took, key=lambda file: (took[file], file))
+
+
 def describe(spec, source_lines: list[str], mutated: str | None) -> str:
     """The mutated line, before -> after."""
     line = spec.start_pos[0]
@@ -437,6 +452,10 @@ def run_module(key: str, args, copies: list[Path], report: dict, save) -> dict:
             (mine / relative).write_text(mutated)
             try:
                 status, seconds, output = run_suite(mine, selected, deselect, timeout)
+                if status == "passed" and tests:  # a survivor of the selection: see whole_files
+                    entry["files"] = len(files := whole_files(tests, took))
+                    status, more, output = run_suite(mine, files, deselect, timeout)
+                    seconds += more
             finally:
                 (mine / relative).write_text(source)
                 with lock:
