@@ -66,6 +66,20 @@ class Operations:
         assert done.returncode == 0, f"{blocks}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
         return done.stdout
 
+    def first_night(self) -> str:
+        """The scheduled run that unpausing the DAG starts at once (its latest night, no catch-up), once it has ended:
+        made by the module's first test, or by a later test run alone, which must not share the fleet with it."""
+        if not self.failed_night:
+            wait_until("DAG parsed", lambda: self.stack.call("GET", f"/dags/{DAG_ID}"), 180)
+            self.stack.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+            scheduled = wait_until(
+                "a scheduled run", lambda: [r for r in self.runs() if r["run_type"] == "scheduled"], 120
+            )
+            assert len(scheduled) == 1
+            self.failed_night = scheduled[0]["dag_run_id"]
+            self.stack.wait_for_run(self.failed_night, 180)
+        return self.failed_night
+
     def runs(self) -> list[dict[str, Any]]:
         return list(self.stack.call("GET", f"/dags/{DAG_ID}/dagRuns", params={"limit": 100})["dag_runs"])
 
@@ -147,16 +161,11 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operations]:
 
 def test_the_first_scheduled_run_with_no_fleet_is_red_and_writes_nothing(ops: Operations) -> None:
     """Unpaused, a scheduled DAG runs its latest night at once (and only it: no catch-up). Nothing listens yet."""
-    stack = ops.stack
-    wait_until("DAG parsed", lambda: stack.call("GET", f"/dags/{DAG_ID}"), 180)
-    stack.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
-    scheduled = wait_until("a scheduled run", lambda: [r for r in ops.runs() if r["run_type"] == "scheduled"], 120)
-    assert len(scheduled) == 1
-    assert stack.wait_for_run(scheduled[0]["dag_run_id"], 180) == "failed"
-    states = {task: state for task, _, state in stack.task_states(scheduled[0]["dag_run_id"])}
+    stack, night = ops.stack, ops.first_night()
+    assert stack.wait_for_run(night, 1) == "failed"
+    states = {task: state for task, _, state in stack.task_states(night)}
     assert states["check_server"] == "failed" and states["prepare_dataset"] == "upstream_failed"
     assert "Contents" not in stack.s3_client().list_objects_v2(Bucket=BUCKET, Prefix="nightly/kimi-k2.5-mini/B")
-    ops.failed_night = scheduled[0]["dag_run_id"]
 
 
 def test_the_failed_night_is_completed_by_a_new_run_with_its_id_as_version(ops: Operations) -> None:
@@ -236,6 +245,7 @@ def _generating_task_processes(stack: Stack, port: int, at_least: int = 1) -> li
 
 
 def test_sigkill_of_a_runner_or_a_supervisor_mid_generate_is_resumed_exactly_once_per_sample(ops: Operations) -> None:
+    ops.first_night()  # ended: no other run asks the fleet meanwhile (the counts below are this run's alone)
     stack, sim = ops.stack, ops.fleet(*SLOW)
     s3, earlier = stack.s3_client(), requested(sim)  # the port's record file is shared by every server on it
     earlier_records = len(sim.records())
