@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from regen.chat import ChatRenderer
-from regen.judge import FLAG_NO_REASONING_END, OK, judge
+from regen.judge import FLAG_NO_REASONING_END, OK, judge, judge_output, mark_table
 from regen.reasons import Reason
 from regen.records import RawAnswer, text_digest
 
@@ -135,6 +135,18 @@ DEFECTS = [
             ("arguments-not-json", '{"city": "Paris"}', '{"city": "Par', Reason.TOOL_CALL_BAD_ARGUMENTS),
             ("arguments-not-an-object", '{"city": "Paris"}', "[1, 2]", Reason.TOOL_CALL_BAD_ARGUMENTS),
             ("undeclared-tool", "get_weather", "delete_files", Reason.TOOL_CALL_UNDECLARED),
+            (
+                "call-begin-in-its-id",
+                "<|tool_call_argument_begin|>",
+                "<|tool_call_begin|>",
+                Reason.TOOL_CALL_UNBALANCED,
+            ),
+            (
+                "section-end-in-its-id",
+                "<|tool_call_argument_begin|>",
+                "<|tool_calls_section_end|>",
+                Reason.TOOL_CALL_UNBALANCED,
+            ),
         )
     ),
     pytest.param("Hm.</think>Hi<|im_end|>", {"meta": {"prompt_tokens": 3}}, Reason.PROMPT_TOKENS_MISMATCH, id="pt"),
@@ -176,9 +188,11 @@ def test_tool_calls_when_the_prompt_declares_none(renderer: ChatRenderer, prompt
 
 
 def test_prompt_without_the_generation_suffix(renderer: ChatRenderer, prompt: list[int]) -> None:
-    shorter = prompt[:-1]
-    record = answer(renderer, shorter, "Hm.</think>Hi<|im_end|>")
-    assert verdict_of(renderer, shorter, record) == Reason.PROMPT_SUFFIX
+    suffix = renderer.roles.generation_suffix
+    # one id short; the suffix's ids each one higher (a comparison, not equality, would pass these)
+    for other in (prompt[:-1], prompt[: -len(suffix)] + [i + 1 for i in suffix]):
+        record = answer(renderer, other, "Hm.</think>Hi<|im_end|>")
+        assert verdict_of(renderer, other, record) == Reason.PROMPT_SUFFIX
 
 
 def test_empty_output(renderer: ChatRenderer, prompt: list[int]) -> None:
@@ -254,6 +268,23 @@ def test_trailing_replacement_characters_must_match_when_not_cut(renderer: ChatR
         ),
         pytest.param("<think><think>Hm.</think>Hi.<|im_end|>", ("reasoning_start_repeated",), id="think-repeated"),
         pytest.param("Hm." + CALL + CALL + "<|im_end|>", ("tool_call_without_reasoning_end",), id="two-sections"),
+        pytest.param(
+            "Hm.</think>" + CALL.removesuffix("<|tool_calls_section_end|>") + CALL + "<|im_end|>",
+            ("tool_call_section_unclosed",),
+            id="a-section-with-a-call-left-open-by-the-next",
+        ),
+        pytest.param(
+            "Hm.</think><|tool_calls_section_begin|>" + CALL + "<|im_end|>",
+            ("tool_call_section_empty",),
+            id="an-empty-section-left-open-by-the-next",
+        ),
+        pytest.param(
+            "Hm.</think><|tool_calls_section_begin|><|tool_call_end|>"
+            + CALL.removeprefix("<|tool_calls_section_begin|>")
+            + "<|im_end|>",
+            ("tool_call_markup_stray",),
+            id="a-stray-end-in-a-section-leaves-it-open",
+        ),
     ],
 )
 def test_what_sglang_reads_leniently_is_kept_and_flagged(
@@ -335,3 +366,88 @@ def test_markup_spelt_in_ordinary_tokens_is_rejected(renderer: ChatRenderer, pro
     assert verdict_of(renderer, prompt, spelt) == Reason.MARKUP_AS_TEXT
     whole = answer(renderer, prompt, text + "<|im_end|>")  # the same text, its markers as marker ids
     assert verdict_of(renderer, prompt, whole) != Reason.MARKUP_AS_TEXT
+
+
+def record_of(renderer: ChatRenderer, prompt: list[int], output: list[int]) -> RawAnswer:
+    """An answer of these ids, the server's text their decode."""
+    inside = all(0 <= i < renderer.roles.vocab_size for i in output)
+    meta = {"finish_reason": STOP, "prompt_tokens": len(prompt), "completion_tokens": len(output)}
+    return RawAnswer("s1", output, meta, *text_digest(renderer.decode(output) if inside else ""))
+
+
+def test_the_first_id_outside_the_vocabulary_is_named_wherever_it_falls(
+    renderer: ChatRenderer, prompt: list[int]
+) -> None:
+    size, ids = renderer.roles.vocab_size, renderer.tokenizer.encode("Hm.</think>Hi", add_special_tokens=False)
+    for bad in (size + 3, -2, size):
+        record = record_of(renderer, prompt, [0, *ids, bad, size + 9, -7, 163586])  # id 0 is in the vocabulary
+        judged = judge(prompt, record, renderer.roles, TOOLS, renderer.decode)
+        assert (judged.verdict, judged.detail) == (Reason.ID_OUT_OF_VOCAB, f"id {bad} outside the vocabulary of {size}")
+
+
+def test_a_reasoning_start_after_any_other_token_is_rejected_not_taken_for_a_repeat(
+    renderer: ChatRenderer, prompt: list[int]
+) -> None:
+    """SGLang strips only the reasoning starts that open the output; one after any other token, whatever its id, is
+    no repeat."""
+    roles = renderer.roles
+    above = roles.reasoning_start + 50  # an id above the marker's that marks nothing
+    assert above < roles.vocab_size and mark_table(roles)[above] == 0
+    rest = renderer.tokenizer.encode("Hm.</think>Hi<|im_end|>", add_special_tokens=False)
+    for before in (above, 39):
+        record = record_of(renderer, prompt, [before, roles.reasoning_start, *rest])
+        assert verdict_of(renderer, prompt, record) == Reason.REASONING_START_IN_OUTPUT
+    repeated = record_of(renderer, prompt, [roles.reasoning_start, roles.reasoning_start, *rest])
+    judged = judge(prompt, repeated, roles, TOOLS, renderer.decode)
+    assert (judged.verdict, judged.flags) == (OK, ("reasoning_start_repeated",))
+
+
+def test_a_rejected_answer_counts_no_reasoning_and_no_calls(renderer: ChatRenderer, prompt: list[int]) -> None:
+    record = answer(renderer, prompt, f"Need the tool.</think>{CALL}</think><|im_end|>")
+    judged = judge(prompt, record, renderer.roles, TOOLS, renderer.decode)
+    assert (judged.verdict, judged.reasoning_len, judged.tool_calls) == (Reason.REASONING_END_REPEATED, 0, 0)
+
+
+def test_an_answer_with_reasoning_off_has_no_reasoning_length(renderer: ChatRenderer) -> None:
+    roles = renderer.roles
+    prompt = [*renderer.render_ids([{"role": "user", "content": "Hi"}], None), roles.reasoning_end]
+    off_roles = type(roles)(**{**roles.__dict__, "generation_suffix": (*roles.generation_suffix, roles.reasoning_end)})
+    judged = judge(prompt, answer(renderer, prompt, "Hello.<|im_end|>"), off_roles, None, renderer.decode)
+    assert (judged.verdict, judged.reasoning_len) == (OK, 0)
+
+
+def test_the_output_alone_is_judged_as_the_whole_record(renderer: ChatRenderer, prompt: list[int]) -> None:
+    """judge_output (on-policy turns, the fleet check) without the ids as an array: the verdict judge gives."""
+    roles = renderer.roles
+    for text in [p.values[0] for p in VALID] + ["Hm.</think>A<|im_end|>B<|im_end|>", "Never closes.<|im_end|>"]:
+        record = answer(renderer, prompt, text)
+        alone = judge_output(record.output_ids, roles, TOOLS, renderer.decode, roles.opening_phase)
+        whole = judge(prompt, record, roles, TOOLS, renderer.decode)
+        assert (alone.verdict, alone.flags, alone.tool_calls) == (whole.verdict, whole.flags, whole.tool_calls)
+
+
+def test_hundreds_of_calls_in_one_answer_are_judged_as_one_is(renderer: ChatRenderer, prompt: list[int]) -> None:
+    """Each marker's count in the text against its ids' count: more than 256 of them is no markup as text."""
+    calls = "".join(
+        f'<|tool_call_begin|>functions.get_weather:{n}<|tool_call_argument_begin|>{{"city": "P{n}"}}<|tool_call_end|>'
+        for n in range(300)
+    )
+    record = answer(
+        renderer, prompt, f"Many.</think><|tool_calls_section_begin|>{calls}<|tool_calls_section_end|><|im_end|>"
+    )
+    judged = judge(prompt, record, renderer.roles, TOOLS, renderer.decode)
+    assert (judged.verdict, judged.flags, judged.tool_calls) == (OK, (), 300)
+
+
+def test_a_call_to_an_undeclared_function_names_the_first_ten_declared(
+    renderer: ChatRenderer, prompt: list[int]
+) -> None:
+    declared = frozenset(f"tool_{n:02d}" for n in range(12))
+    judged = judge(
+        prompt, answer(renderer, prompt, f"Hm.</think>{CALL}<|im_end|>"), renderer.roles, declared, renderer.decode
+    )
+    first_ten = [f"tool_{n:02d}" for n in range(10)]
+    assert (judged.verdict, judged.detail) == (
+        Reason.TOOL_CALL_UNDECLARED,
+        f"call to 'get_weather'; declared: {first_ten}",
+    )
