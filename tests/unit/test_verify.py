@@ -19,7 +19,7 @@ from regen.chat import ChatRenderer
 from regen.manifest import PreparedDataset
 from regen.stages.publish.publish import ChangedSinceVerified, VersionExists, run_publish, verify_contents
 from regen.storage import LocalStorage, S3Storage
-from regen.verify import VerificationFailed, read_training_data, verify_version
+from regen.verify import VerificationFailed, read_training_data, unlisted, verify_version
 from regen.version_inputs import latest_published
 from tests.conftest import Simulator, finish_shards, prepare_sample
 
@@ -62,6 +62,15 @@ def test_a_published_version_verifies_clean(published: tuple[PreparedDataset, Lo
     assert any("/rejected/" in key for key in listed) and set(manifest["sizes"]) == listed
 
 
+def rewrite(path: Path, manifest: dict[str, Any], key: str, table: pa.Table) -> None:
+    """The split file `key` written anew, and the manifest at `path` updated to its sha256 and size."""
+    file = Path(manifest["root"]) / key
+    pq.write_table(table, file)
+    manifest["files"][key] = hashlib.sha256(file.read_bytes()).hexdigest()
+    manifest["sizes"][key] = file.stat().st_size
+    path.write_text(json.dumps(manifest))
+
+
 def test_records_that_break_an_invariant_are_found_even_when_their_checksums_match(
     tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
 ) -> None:
@@ -75,19 +84,13 @@ def test_records_that_break_an_invariant_are_found_even_when_their_checksums_mat
     rows[0]["input_ids"][-2] += 1  # the server's output, altered
     rows[1]["loss_mask"][rows[1]["prompt_len"]] = 0  # the boundary moved by one
     rows[2]["input_ids"][3] = manifest["token_roles"]["vocab_size"]
-    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), root / key)
-    manifest["files"][key] = hashlib.sha256((root / key).read_bytes()).hexdigest()
-    manifest["sizes"][key] = (root / key).stat().st_size
-    path.write_text(json.dumps(manifest))
+    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
 
     [problem] = verify_version(str(path)).problems  # a file that breaks the structure is not compared further
     vocab = manifest["token_roles"]["vocab_size"]
     assert problem == f"{key}: 1 records with ids outside the vocabulary of {vocab} ({rows[2]['id']})"
     rows[2]["input_ids"][3] = 7  # inside the vocabulary again, and so a prompt altered: the others are found
-    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), root / key)
-    manifest["files"][key] = hashlib.sha256((root / key).read_bytes()).hexdigest()
-    manifest["sizes"][key] = (root / key).stat().st_size
-    path.write_text(json.dumps(manifest))
+    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
     problems = verify_version(str(path)).problems
     assert any(f"whose loss mask is not the prompt boundary ({rows[1]['id']})" in p for p in problems), problems
     [sent] = [p for p in problems if "not the prompt sent + the server's output" in p]
@@ -424,3 +427,33 @@ def test_token_counts_compare_equal_up_to_trailing_zeros_whichever_is_shorter() 
     assert not same_counts(np.array([1, 2, 0, 3]), np.array([1, 2])) and not same_counts(
         np.array([1]), np.array([1, 0, 5])
     )
+
+
+def test_strays_past_the_fifth_are_counted_not_named(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    for n in range(12):
+        storage.put_bytes(f"v1/stray-{n:02d}.txt", b"not listed")
+    named = ", ".join(f"v1/stray-{n:02d}.txt" for n in range(5))
+    assert unlisted("v1", [], storage) == [
+        f"12 files in the version's folder are not listed in the manifest: {named} and 7 more"
+    ]
+
+
+def test_records_with_a_mask_of_another_length_no_prompt_or_no_output_are_named(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    """The structure checked before any comparison, each problem with the records it names."""
+    path, manifest = copy_version(tmp_path, published)
+    root = Path(manifest["root"])
+    key = manifest["shards"][0]["train"]
+    table = pq.read_table(root / key)
+    rows = table.to_pylist()
+    rows[0]["loss_mask"] = rows[0]["loss_mask"][:-1]
+    rows[1]["prompt_len"] = 0
+    rows[2]["prompt_len"] = len(rows[2]["input_ids"])  # all prompt: no output
+    rows[3]["prompt_len"] = len(rows[3]["input_ids"]) - 1  # one output id: still a record
+    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
+    assert verify_version(str(path)).problems == [
+        f"{key}: 1 records whose mask length differs ({rows[0]['id']})",
+        f"{key}: 2 records with no prompt or no output ({rows[1]['id']}, {rows[2]['id']})",
+    ]
