@@ -458,3 +458,48 @@ def test_records_with_a_mask_of_another_length_no_prompt_or_no_output_are_named(
         f"{key}: 1 records whose mask length differs ({rows[0]['id']})",
         f"{key}: 3 records with no prompt or no output ({rows[1]['id']}, {rows[2]['id']}, {rows[4]['id']})",
     ]
+
+
+def test_a_held_out_file_that_breaks_the_structure_still_has_its_split_counted(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    """Only a train file that breaks the structure goes uncounted (its token counts cannot be trusted); the records
+    of another split's file were read, so its split's count is compared all the same."""
+    path, manifest = copy_version(tmp_path, published)
+    shard = manifest["shards"][0]
+    table = pq.read_table(Path(manifest["root"]) / shard["train"])
+    rows = table.to_pylist()[:3]
+    rows[0]["prompt_len"] = 0
+    key = shard["validation"] = shard["train"].replace("/train/", "/validation/")
+    (Path(manifest["root"]) / key).parent.mkdir()
+    shard["validation_records"], manifest["splits"]["validation"] = 3, 4
+    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
+    assert verify_version(str(path)).problems == [
+        f"{key}: 1 records with no prompt or no output ({rows[0]['id']})",
+        "validation/ holds 3 records, manifest says 4",
+    ]
+
+
+def test_a_dataset_two_profiles_hold_is_verified_with_the_profile_given(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    prepared, storage, _ = published
+    root, dataset = tmp_path / "root", prepared.location.dataset
+    shutil.copytree(storage.root, root)
+    (root / "qwen3.6" / dataset / "v1").mkdir(parents=True)
+    (root / "qwen3.6" / dataset / "v1" / "manifest.json").write_text("{}")
+    assert main(["verify", dataset, "--root", str(root)]) == 2
+    assert f"give --profile (profiles holding {dataset}: kimi-k2.5-mini, qwen3.6)" in capsys.readouterr().err
+
+
+def test_a_record_kept_as_ok_must_end_with_an_eos_id(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    path, manifest = copy_version(tmp_path, published)
+    key = manifest["shards"][0]["train"]
+    table = pq.read_table(Path(manifest["root"]) / key)
+    rows = table.to_pylist()
+    rows[1]["input_ids"][-1] = 39  # an ordinary token where the EOS was
+    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
+    problems = verify_version(str(path)).problems
+    assert f"{key}: 1 records kept as ok that do not end with an EOS id ({rows[1]['id']})" in problems, problems
