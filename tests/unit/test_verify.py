@@ -110,6 +110,11 @@ def test_split_counts_and_files_the_manifest_does_not_list_are_named(
         f"truncated/ holds {truncated} records, manifest says {truncated + 1}"
     ]
     manifest["splits"]["truncated"] = truncated
+    trained = manifest["splits"]["train"]
+    manifest["splits"]["train"] = trained - 1  # fewer than it holds, as well as more
+    path.write_text(json.dumps(manifest))
+    assert verify_version(str(path)).problems == [f"train/ holds {trained} records, manifest says {trained - 1}"]
+    manifest["splits"]["train"] = trained
     path.write_text(json.dumps(manifest))
     folder = path.parent
     (folder / "train" / "shard-00099.parquet").write_bytes(b"not listed")
