@@ -454,13 +454,14 @@ def test_records_with_a_mask_of_another_length_no_prompt_or_no_output_are_named(
     table = pq.read_table(root / key)
     rows = table.to_pylist()
     rows[0]["loss_mask"] = rows[0]["loss_mask"][:-1]
+    rows[5]["loss_mask"] = [*rows[5]["loss_mask"], 1]
     rows[1]["prompt_len"] = 0
     rows[2]["prompt_len"] = len(rows[2]["input_ids"])  # all prompt: no output
     rows[3]["prompt_len"] = len(rows[3]["input_ids"]) - 1  # one output id: still a record
     rows[4].update(input_ids=[], loss_mask=[], prompt_len=0)  # neither
     rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
     assert verify_version(str(path)).problems == [
-        f"{key}: 1 records whose mask length differs ({rows[0]['id']})",
+        f"{key}: 2 records whose mask length differs ({rows[0]['id']}, {rows[5]['id']})",
         f"{key}: 3 records with no prompt or no output ({rows[1]['id']}, {rows[2]['id']}, {rows[4]['id']})",
     ]
 
@@ -508,3 +509,16 @@ def test_a_record_kept_as_ok_must_end_with_an_eos_id(
     rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
     problems = verify_version(str(path)).problems
     assert f"{key}: 1 records kept as ok that do not end with an EOS id ({rows[1]['id']})" in problems, problems
+
+
+def test_a_split_file_holding_more_or_fewer_records_than_its_shard_says_is_named(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    path, manifest = copy_version(tmp_path, published)
+    shard = manifest["shards"][0]
+    held = shard["records"]
+    for said in (held - 1, held + 1):
+        shard["records"] = said
+        path.write_text(json.dumps(manifest))
+        problems = verify_version(str(path)).problems
+        assert f"{shard['train']}: {held} records, manifest says {said}" in problems, problems
