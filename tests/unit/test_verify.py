@@ -19,7 +19,7 @@ from regen.chat import ChatRenderer
 from regen.manifest import PreparedDataset
 from regen.stages.publish.publish import ChangedSinceVerified, VersionExists, run_publish, verify_contents
 from regen.storage import LocalStorage, S3Storage
-from regen.verify import VerificationFailed, read_training_data, unlisted, verify_version
+from regen.verify import VerificationFailed, read_training_data, unlisted, verify_published, verify_version
 from regen.version_inputs import latest_published
 from tests.conftest import Simulator, finish_shards, prepare_sample
 
@@ -522,3 +522,28 @@ def test_a_split_file_holding_more_or_fewer_records_than_its_shard_says_is_named
         path.write_text(json.dumps(manifest))
         problems = verify_version(str(path)).problems
         assert f"{shard['train']}: {held} records, manifest says {said}" in problems, problems
+
+
+def test_the_shards_records_are_summed_against_the_manifests_either_way(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    path, manifest = copy_version(tmp_path, published)
+    held = manifest["records"]
+    for said in (held - 1, held + 1):
+        manifest["records"] = said
+        path.write_text(json.dumps(manifest))
+        assert f"shards hold {held} records, manifest says {said}" in verify_version(str(path)).problems
+
+
+def test_a_whole_version_is_summed_up_without_problems(published: tuple[PreparedDataset, LocalStorage, str]) -> None:
+    manifest_uri = published[2]
+    manifest = json.loads(Path(manifest_uri).read_text())
+    assert verify_published(manifest_uri) == {
+        "manifest": manifest_uri,
+        "dataset": manifest["dataset"],
+        "version": manifest["version"],
+        "records": manifest["records"],
+        "files": len(manifest["files"]),
+        "bytes": sum(manifest["sizes"].values()),
+        "records_checked": manifest["splits"]["train"] + manifest["splits"]["truncated"],
+    }
