@@ -549,3 +549,26 @@ def test_a_whole_version_is_summed_up_without_problems(published: tuple[Prepared
         "bytes": sum(manifest["sizes"].values()),
         "records_checked": manifest["splits"]["train"] + manifest["splits"]["truncated"],
     }
+
+
+def test_a_missing_split_file_is_named_missing_and_nothing_else_about_it(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    path, manifest = copy_version(tmp_path, published)
+    shard = manifest["shards"][0]
+    (Path(manifest["root"]) / shard["train"]).unlink()
+    assert verify_version(str(path)).problems == [f"{shard['train']}: missing"]  # nor its split counted short
+
+
+def test_ids_at_and_far_past_the_vocabulary_are_both_outside_it(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    path, manifest = copy_version(tmp_path, published)
+    key, vocab = manifest["shards"][0]["train"], manifest["token_roles"]["vocab_size"]
+    table = pq.read_table(Path(manifest["root"]) / key)
+    rows = table.to_pylist()
+    rows[0]["input_ids"][2], rows[1]["input_ids"][2] = vocab, vocab + 1000
+    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
+    assert verify_version(str(path)).problems == [
+        f"{key}: 2 records with ids outside the vocabulary of {vocab} ({rows[0]['id']}, {rows[1]['id']})"
+    ]
