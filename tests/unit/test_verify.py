@@ -572,3 +572,27 @@ def test_ids_at_and_far_past_the_vocabulary_are_both_outside_it(
     assert verify_version(str(path)).problems == [
         f"{key}: 2 records with ids outside the vocabulary of {vocab} ({rows[0]['id']}, {rows[1]['id']})"
     ]
+
+
+def test_a_shard_listing_no_raw_file_has_its_records_not_compared_and_said_so(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    path, manifest = copy_version(tmp_path, published)
+    shard = manifest["shards"][0]
+    del manifest["files"][shard["raw"]], manifest["sizes"][shard["raw"]]
+    del shard["raw"]
+    path.write_text(json.dumps(manifest))
+    said = (
+        f"{shard['train']}: no prompts/ and raw/ listed for {shard['shard']}: records not compared with what was sent"
+    )
+    assert said in verify_version(str(path)).problems
+
+
+def test_a_version_named_under_a_root_is_that_version_not_the_latest(
+    published: tuple[PreparedDataset, LocalStorage, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    prepared, storage, _ = published
+    location = prepared.location
+    target = f"{location.dataset}/v999"  # no such version: the latest would verify clean
+    assert main(["verify", target, "--root", storage.root_uri, "--profile", location.profile]) != 0
+    assert "v999" in capsys.readouterr().err
