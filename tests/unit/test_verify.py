@@ -460,6 +460,7 @@ def test_records_with_a_mask_of_another_length_no_prompt_or_no_output_are_named(
     rows[3]["prompt_len"] = len(rows[3]["input_ids"]) - 1  # one output id: still a record
     rows[4].update(input_ids=[], loss_mask=[], prompt_len=0)  # neither
     rows[6]["prompt_len"] = -1
+    rows[7]["prompt_len"] = 1  # a one-id prompt: still a record
     rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
     assert verify_version(str(path)).problems == [
         f"{key}: 2 records whose mask length differs ({rows[0]['id']}, {rows[5]['id']})",
