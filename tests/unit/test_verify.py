@@ -597,3 +597,15 @@ def test_a_version_named_under_a_root_is_that_version_not_the_latest(
     target = f"{location.dataset}/v999"  # no such version: the latest would verify clean
     assert main(["verify", target, "--root", storage.root_uri, "--profile", location.profile]) != 0
     assert "v999" in capsys.readouterr().err
+
+
+def test_a_shards_file_missing_from_the_manifests_files_is_named(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    for kind in ("train", "raw", "prompts"):
+        path, manifest = copy_version(tmp_path / kind, published)
+        shard = manifest["shards"][0]
+        del manifest["files"][shard[kind]], manifest["sizes"][shard[kind]]
+        path.write_text(json.dumps(manifest))
+        said = f"{shard[kind]}: part of {shard['shard']} but not listed in the manifest's files"
+        assert said in verify_version(str(path), records=False).problems
