@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from regen.chat import ChatRenderer
 from regen.config import load_config
-from regen.judge import FLAG_NO_REASONING_END, OK, judge
+from regen.judge import FLAG_NO_REASONING_END, OK, Judgement, judge
 from regen.on_policy import read_message
 from regen.profiles import Profile, TaggedCalls
 from regen.records import RawAnswer, text_digest
@@ -176,13 +176,18 @@ def test_a_named_parser_reads_by_its_own_rule() -> None:
         read_section_call_id("get_weather:0", list, "{}", None, kimi)
 
 
-def verdict(renderer: ChatRenderer, text: str, tools: frozenset[str] | None = TOOLS) -> tuple[str, tuple[str, ...]]:
-    """The judgement of an answer written as text after the profile's prompt (which opens the reasoning)."""
+def judged(renderer: ChatRenderer, text: str, tools: frozenset[str] | None = TOOLS, schemas: Any = list) -> Judgement:
+    """The judgement of an answer written as text after the profile's prompt (which opens the reasoning); `schemas`:
+    the declared tools, by which qwen3_coder types each parameter."""
     prompt = renderer.render_ids([{"role": "user", "content": "Weather in Paris?"}], None)
     output = renderer.tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
     meta = {"finish_reason": {"type": "stop", "matched": output[-1]}, "prompt_tokens": len(prompt)}
     record = RawAnswer("s1", output, {**meta, "completion_tokens": len(output)}, *text_digest(renderer.decode(output)))
-    judgement = judge(prompt, record, renderer.roles, tools, renderer.decode)
+    return judge(prompt, record, renderer.roles, tools, renderer.decode, schemas)
+
+
+def verdict(renderer: ChatRenderer, text: str, tools: frozenset[str] | None = TOOLS) -> tuple[str, tuple[str, ...]]:
+    judgement = judged(renderer, text, tools)
     return judgement.verdict, judgement.flags
 
 
@@ -261,37 +266,28 @@ TYPED_TOOL = {
 }
 
 
-def xml_judged(xml: ChatRenderer, text: str) -> Any:
-    """The judgement with the tool's schema declared (qwen3_coder types each parameter by it)."""
-    prompt = xml.render_ids([{"role": "user", "content": "Weather in Paris?"}], None)
-    output = xml.tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
-    meta = {"finish_reason": {"type": "stop", "matched": output[-1]}, "prompt_tokens": len(prompt)}
-    record = RawAnswer("s1", output, {**meta, "completion_tokens": len(output)}, *text_digest(xml.decode(output)))
-    return judge(prompt, record, xml.roles, TOOLS, xml.decode, lambda: [TYPED_TOOL])
-
-
 def test_an_xml_value_its_schema_types_as_no_json_loses_every_call(xml: ChatRenderer) -> None:
     """qwen3_coder reads an array parameter as JSON, else as a Python literal: a set, which no JSON holds, fails the
     detector as a whole (SGLang returns the text as content); the same value as a JSON list is a call."""
     call = (
         "Hm.</think><tool_call>\n<function=get_weather>\n<parameter=days>\n{v}\n</parameter>\n</function>\n</tool_call>"
     )
-    assert xml_judged(xml, call.format(v="[1, 2]")).verdict == OK
-    judged = xml_judged(xml, call.format(v="{1, 2}"))
-    assert judged.verdict == "tool_call_bad_arguments" and "not JSON" in judged.detail
+    assert judged(xml, call.format(v="[1, 2]"), schemas=lambda: [TYPED_TOOL]).verdict == OK
+    judgement = judged(xml, call.format(v="{1, 2}"), schemas=lambda: [TYPED_TOOL])
+    assert judgement.verdict == "tool_call_bad_arguments" and "not JSON" in judgement.detail
 
 
 def test_tagged_json_arguments_holding_xml_text_are_not_read_as_xml(tagged_json: ChatRenderer) -> None:
     """qwen25's detector reads JSON alone: XML in a string argument is text, whatever qwen3_coder would make of it."""
     xml_text = "<function=get_weather><parameter=days>{1, 2}</parameter></function>"
     call = f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{xml_text}"}}}}\n</tool_call>'
-    assert xml_judged(tagged_json, f"Hm.</think>{call}").verdict == OK
+    assert judged(tagged_json, f"Hm.</think>{call}", schemas=lambda: [TYPED_TOOL]).verdict == OK
 
 
 def test_a_call_end_with_no_call_open_is_out_of_order_where_it_stands(xml: ChatRenderer) -> None:
-    judged = xml_judged(xml, "Hm.</think>It is sunny.</tool_call>")
+    judgement = judged(xml, "Hm.</think>It is sunny.</tool_call>")
     end = xml.tokenizer.encode("Hm.</think>It is sunny.", add_special_tokens=False)
-    assert (judged.verdict, judged.detail) == ("tool_call_unbalanced", f"call_end out of order at {len(end)}")
+    assert (judgement.verdict, judgement.detail) == ("tool_call_unbalanced", f"call_end out of order at {len(end)}")
 
 
 def test_deepseek_v3s_reasoning_ends_at_the_tool_call_text_before_a_section(deepseek_parsers: ChatRenderer) -> None:

@@ -62,10 +62,17 @@ def test_a_published_version_verifies_clean(published: tuple[PreparedDataset, Lo
     assert any("/rejected/" in key for key in listed) and set(manifest["sizes"]) == listed
 
 
-def rewrite(path: Path, manifest: dict[str, Any], key: str, table: pa.Table) -> None:
-    """The split file `key` written anew, and the manifest at `path` updated to its sha256 and size."""
+def train_records(manifest: dict[str, Any]) -> tuple[str, list[dict[str, Any]], pa.Schema]:
+    """The first shard's train file: its key, its records as rows to alter, and its schema to write them back."""
+    key = manifest["shards"][0]["train"]
+    table = pq.read_table(Path(manifest["root"]) / key)
+    return key, table.to_pylist(), table.schema
+
+
+def rewrite(path: Path, manifest: dict[str, Any], key: str, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
+    """The split file `key` written anew from `rows`, and the manifest at `path` updated to its sha256 and size."""
     file = Path(manifest["root"]) / key
-    pq.write_table(table, file)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), file)
     manifest["files"][key] = hashlib.sha256(file.read_bytes()).hexdigest()
     manifest["sizes"][key] = file.stat().st_size
     path.write_text(json.dumps(manifest))
@@ -77,20 +84,17 @@ def test_records_that_break_an_invariant_are_found_even_when_their_checksums_mat
     """A train file rewritten with one output id changed, one mask shifted and one id past the vocabulary, and the
     manifest updated to its new sha256 and size: only reading the records can tell."""
     path, manifest = copy_version(tmp_path, published)
-    root = Path(manifest["root"])
-    key = manifest["shards"][0]["train"]
-    table = pq.read_table(root / key)
-    rows = table.to_pylist()
+    key, rows, schema = train_records(manifest)
     rows[0]["input_ids"][-2] += 1  # the server's output, altered
     rows[1]["loss_mask"][rows[1]["prompt_len"]] = 0  # the boundary moved by one
     rows[2]["input_ids"][3] = manifest["token_roles"]["vocab_size"]
-    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
+    rewrite(path, manifest, key, rows, schema)
 
     [problem] = verify_version(str(path)).problems  # a file that breaks the structure is not compared further
     vocab = manifest["token_roles"]["vocab_size"]
     assert problem == f"{key}: 1 records with ids outside the vocabulary of {vocab} ({rows[2]['id']})"
     rows[2]["input_ids"][3] = 7  # inside the vocabulary again, and so a prompt altered: the others are found
-    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
+    rewrite(path, manifest, key, rows, schema)
     problems = verify_version(str(path)).problems
     assert any(f"whose loss mask is not the prompt boundary ({rows[1]['id']})" in p for p in problems), problems
     [sent] = [p for p in problems if "not the prompt sent + the server's output" in p]
@@ -449,10 +453,7 @@ def test_records_with_a_mask_of_another_length_no_prompt_or_no_output_are_named(
 ) -> None:
     """The structure checked before any comparison, each problem with the records it names."""
     path, manifest = copy_version(tmp_path, published)
-    root = Path(manifest["root"])
-    key = manifest["shards"][0]["train"]
-    table = pq.read_table(root / key)
-    rows = table.to_pylist()
+    key, rows, schema = train_records(manifest)
     rows[0]["loss_mask"] = rows[0]["loss_mask"][:-1]
     rows[5]["loss_mask"] = [*rows[5]["loss_mask"], 1]
     rows[1]["prompt_len"] = 0
@@ -461,7 +462,7 @@ def test_records_with_a_mask_of_another_length_no_prompt_or_no_output_are_named(
     rows[4].update(input_ids=[], loss_mask=[], prompt_len=0)  # neither
     rows[6]["prompt_len"] = -1
     rows[7]["prompt_len"] = 1  # a one-id prompt: still a record
-    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
+    rewrite(path, manifest, key, rows, schema)
     assert verify_version(str(path)).problems == [
         f"{key}: 2 records whose mask length differs ({rows[0]['id']}, {rows[5]['id']})",
         f"{key}: 4 records with no prompt or no output ({rows[1]['id']}, {rows[2]['id']}, {rows[4]['id']}, "
@@ -476,13 +477,13 @@ def test_a_held_out_file_that_breaks_the_structure_still_has_its_split_counted(
     of another split's file were read, so its split's count is compared all the same."""
     path, manifest = copy_version(tmp_path, published)
     shard = manifest["shards"][0]
-    table = pq.read_table(Path(manifest["root"]) / shard["train"])
-    rows = table.to_pylist()[:3]
+    train, rows, schema = train_records(manifest)
+    rows = rows[:3]
     rows[0]["prompt_len"] = 0
-    key = shard["validation"] = shard["train"].replace("/train/", "/validation/")
+    key = shard["validation"] = train.replace("/train/", "/validation/")
     (Path(manifest["root"]) / key).parent.mkdir()
     shard["validation_records"], manifest["splits"]["validation"] = 3, 4
-    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
+    rewrite(path, manifest, key, rows, schema)
     assert verify_version(str(path)).problems == [
         f"{key}: 1 records with no prompt or no output ({rows[0]['id']})",
         "validation/ holds 3 records, manifest says 4",
@@ -505,11 +506,9 @@ def test_a_record_kept_as_ok_must_end_with_an_eos_id(
     tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
 ) -> None:
     path, manifest = copy_version(tmp_path, published)
-    key = manifest["shards"][0]["train"]
-    table = pq.read_table(Path(manifest["root"]) / key)
-    rows = table.to_pylist()
+    key, rows, schema = train_records(manifest)
     rows[1]["input_ids"][-1] = 39  # an ordinary token where the EOS was
-    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
+    rewrite(path, manifest, key, rows, schema)
     problems = verify_version(str(path)).problems
     assert f"{key}: 1 records kept as ok that do not end with an EOS id ({rows[1]['id']})" in problems, problems
 
@@ -565,11 +564,10 @@ def test_ids_at_and_far_past_the_vocabulary_are_both_outside_it(
     tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
 ) -> None:
     path, manifest = copy_version(tmp_path, published)
-    key, vocab = manifest["shards"][0]["train"], manifest["token_roles"]["vocab_size"]
-    table = pq.read_table(Path(manifest["root"]) / key)
-    rows = table.to_pylist()
+    key, rows, schema = train_records(manifest)
+    vocab = manifest["token_roles"]["vocab_size"]
     rows[0]["input_ids"][2], rows[1]["input_ids"][2] = vocab, vocab + 1000
-    rewrite(path, manifest, key, pa.Table.from_pylist(rows, schema=table.schema))
+    rewrite(path, manifest, key, rows, schema)
     assert verify_version(str(path)).problems == [
         f"{key}: 2 records with ids outside the vocabulary of {vocab} ({rows[0]['id']}, {rows[1]['id']})"
     ]

@@ -368,19 +368,12 @@ def test_markup_spelt_in_ordinary_tokens_is_rejected(renderer: ChatRenderer, pro
     assert verdict_of(renderer, prompt, whole) != Reason.MARKUP_AS_TEXT
 
 
-def record_of(renderer: ChatRenderer, prompt: list[int], output: list[int]) -> RawAnswer:
-    """An answer of these ids, the server's text their decode."""
-    inside = all(0 <= i < renderer.roles.vocab_size for i in output)
-    meta = {"finish_reason": STOP, "prompt_tokens": len(prompt), "completion_tokens": len(output)}
-    return RawAnswer("s1", output, meta, *text_digest(renderer.decode(output) if inside else ""))
-
-
 def test_the_first_id_outside_the_vocabulary_is_named_wherever_it_falls(
     renderer: ChatRenderer, prompt: list[int]
 ) -> None:
     size, ids = renderer.roles.vocab_size, renderer.tokenizer.encode("Hm.</think>Hi", add_special_tokens=False)
     for bad in (size + 3, -2, size):
-        record = record_of(renderer, prompt, [0, *ids, bad, size + 9, -7, 163586])  # id 0 is in the vocabulary
+        record = answer(renderer, prompt, "", extra_ids=[0, *ids, bad, size + 9, -7, 163586])  # 0: in the vocabulary
         judged = judge(prompt, record, renderer.roles, TOOLS, renderer.decode)
         assert (judged.verdict, judged.detail) == (Reason.ID_OUT_OF_VOCAB, f"id {bad} outside the vocabulary of {size}")
 
@@ -395,9 +388,9 @@ def test_a_reasoning_start_after_any_other_token_is_rejected_not_taken_for_a_rep
     assert above < roles.vocab_size and mark_table(roles)[above] == 0
     rest = renderer.tokenizer.encode("Hm.</think>Hi<|im_end|>", add_special_tokens=False)
     for before in (above, 39):
-        record = record_of(renderer, prompt, [before, roles.reasoning_start, *rest])
+        record = answer(renderer, prompt, "", extra_ids=[before, roles.reasoning_start, *rest])
         assert verdict_of(renderer, prompt, record) == Reason.REASONING_START_IN_OUTPUT
-    repeated = record_of(renderer, prompt, [roles.reasoning_start, roles.reasoning_start, *rest])
+    repeated = answer(renderer, prompt, "", extra_ids=[roles.reasoning_start, roles.reasoning_start, *rest])
     judged = judge(prompt, repeated, roles, TOOLS, renderer.decode)
     assert (judged.verdict, judged.flags) == (OK, ("reasoning_start_repeated",))
 
