@@ -607,3 +607,23 @@ def test_a_shards_file_missing_from_the_manifests_files_is_named(
         path.write_text(json.dumps(manifest))
         said = f"{shard[kind]}: part of {shard['shard']} but not listed in the manifest's files"
         assert said in verify_version(str(path), records=False).problems
+
+
+def test_a_split_file_of_more_than_256_records_is_compared_by_its_count_not_its_identity(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, str]
+) -> None:
+    """Python keeps one object for each small int only: a count past 256 read from the file and the manifest's are two
+    objects of one value."""
+    path, manifest = copy_version(tmp_path, published)
+    key, rows, schema = train_records(manifest)
+    many = (rows * (300 // len(rows) + 1))[:300]
+    shard = manifest["shards"][0]
+    manifest["records"] += len(many) - shard["records"]
+    manifest["splits"]["train"] += len(many) - shard["records"]
+    shard["records"] = len(many)
+    rewrite(path, manifest, key, many, schema)
+    problems = verify_version(str(path)).problems
+    assert not [said for said in problems if "manifest says" in said], problems
+    shard["records"] = manifest["records"] = 301
+    path.write_text(json.dumps(manifest))
+    assert f"{key}: 300 records, manifest says 301" in verify_version(str(path)).problems
