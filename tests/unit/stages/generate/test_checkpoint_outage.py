@@ -359,6 +359,16 @@ def test_a_part_is_tried_on_its_schedule_up_to_the_bound_and_once_past_it(
     monkeypatch.setattr(asyncio, "sleep", clock.sleep)  # tenacity's waits
     monkeypatch.setattr(tenacity.wait, "random", SimpleNamespace(uniform=lambda low, high: high))
     tried: list[float] = []
+    cut_off_at: list[float] = []  # each try's time limit, as the checkpointer gives it to the put's thread
+    real_wait_for = asyncio.wait_for
+
+    async def timed(awaitable: Awaitable[T], timeout: float | None) -> T:
+        if getattr(awaitable, "__name__", "") == "to_thread":
+            assert timeout is not None
+            cut_off_at.append(timeout)
+        return await real_wait_for(awaitable, timeout)
+
+    monkeypatch.setattr(asyncio, "wait_for", timed)
 
     def down_since_1000(key: str) -> None:
         tried.append(clock.now - 1000.0)
@@ -378,6 +388,8 @@ def test_a_part_is_tried_on_its_schedule_up_to_the_bound_and_once_past_it(
 
     message = asyncio.run(run())
     assert tried == pytest.approx(tries_at)
+    bound = outage_s or 30
+    assert cut_off_at == pytest.approx([max(bound - at, 0.05) for at in tries_at])
     assert message.startswith(f"storage took no checkpoint for {outage_s or 30:g} s (")
 
 

@@ -81,3 +81,28 @@ def test_a_shard_without_fleet_losses_or_of_a_published_version_is_left_as_it_is
     storage.put_bytes(shard.keys.rejected("generate"), b'{"id": "c", "stage": "generate", "reason": "empty"}\n')
     assert not reopen(storage, shard)
     assert storage.exists(shard.keys.raw) and parts(storage, shard) == []
+
+
+def test_a_record_already_read_stands_unless_it_is_a_rejection_a_later_try_asks_again(tmp_path: Path) -> None:
+    """A later part repeats an id when it is a merge of earlier parts, or when a try asked again what an earlier one
+    lost to the fleet: only then does its record replace the first."""
+    storage = LocalStorage(tmp_path)
+    shard = ShardManifest(DatasetLocation(str(tmp_path), "p", "d", "v1"), 0, "", "", 4)
+    first = [
+        encode_answer(RawAnswer("a", [1], {})),
+        rejection_line("b", Reason.DIVERGED_TOOL_CALL, "a call the history does not hold"),
+        rejection_line("c", Reason.SERVER_ABORTED, "aborted"),
+        rejection_line("d#1", Reason.EARLIER_TURN_UNUSABLE, "d#0 unusable", ended_by={"turn": "d#0"}),
+    ]
+    later = [
+        rejection_line("a", Reason.SERVER_REJECTED, "400"),
+        encode_answer(RawAnswer("b", [2], {})),
+        encode_answer(RawAnswer("c", [3], {})),
+        encode_answer(RawAnswer("d#1", [4], {})),
+    ]
+    for number, lines in enumerate([first, later]):
+        storage.put_bytes(f"{shard.keys.checkpoints}part-{number:05d}.jsonl", b"".join(line + b"\n" for line in lines))
+    found = load_checkpoints(storage, shard)
+    assert sorted(found.answers) == ["a", "c", "d#1"] and found.answers["a"] == first[0]
+    assert list(found.rejected) == ["b"] and found.rejected["b"]["reason"] == "diverged_tool_call"
+    assert found.next_part == 2
