@@ -7,11 +7,14 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -19,7 +22,7 @@ from regen.chat import ChatRenderer
 from regen.config import Sampling
 from regen.judge import FLAG_NO_REASONING_END
 from regen.layout import report_writer
-from regen.manifest import PreparedDataset
+from regen.manifest import PreparedDataset, ShardManifest
 from regen.simulator.defects import BY_NAME
 from regen.stages.export import ExportSettings, run_export
 from regen.stages.generate.generate import GenerateSettings, run_generate
@@ -201,3 +204,36 @@ def test_one_record_past_the_list_limit_is_refused_by_its_length(monkeypatch: py
 def test_by_default_a_shard_is_exported_to_parquet_alone_with_nothing_held_out() -> None:
     assert (ExportSettings().formats, ExportSettings().validation_share) == (("parquet",), 0.0)
     assert ExportSettings(jsonl=True).formats == ("parquet", "jsonl")
+
+
+def test_truncated_answers_stay_in_truncated_whichever_side_their_prompt_is_on(
+    tmp_path: Path, published: tuple[PreparedDataset, LocalStorage, dict[str, Any]]
+) -> None:
+    """Exported again at a share of 0.5 in a copy of the root: truncated/ keeps every cut answer and names its side,
+    validation/ holds ok answers only; with no answer cut, no truncated/ file is written at all."""
+    prepared, storage, _ = published
+    [prepared_shard] = prepared.shards
+    shard = ShardManifest.from_dict(json.loads(storage.get_bytes(prepared_shard.keys.report)))
+    copy = LocalStorage(tmp_path / "copy")
+    shutil.copytree(storage.root, copy.root, dirs_exist_ok=True)
+    truncated_before = {r["id"] for r in parquet(storage, shard.keys.split("truncated"))}
+    held = ExportSettings(validation_share=0.5)
+
+    exported = run_export(shard, copy, held)
+    truncated = parquet(copy, shard.keys.split("truncated"))
+    validation = parquet(copy, shard.keys.split("validation"))
+    assert {r["id"] for r in truncated} == truncated_before
+    assert {r["side"] for r in truncated} == {"train", "validation"}  # both sides cut, at 0.5 of about 20 sources
+    assert validation and {r["verdict"] for r in validation} == {"ok"}
+    assert exported.split_records["truncated"] == len(truncated_before)
+
+    verdicts = pq.read_table(copy.root / shard.keys.verdicts)
+    cut = pa.array([v.startswith("truncated_") for v in verdicts.column("verdict").to_pylist()])
+    uncut = verdicts.set_column(
+        verdicts.column_names.index("verdict"), "verdict", pc.if_else(cut, "empty_output", verdicts.column("verdict"))
+    )
+    pq.write_table(uncut, copy.root / shard.keys.verdicts)
+    copy.delete(shard.keys.split("truncated"))
+    exported = run_export(shard, copy, held)
+    assert not copy.exists(shard.keys.split("truncated"))
+    assert copy.exists(shard.keys.split("validation")) and exported.split_records["truncated"] == 0
