@@ -229,6 +229,24 @@ def test_verify_recounts_the_counts_and_the_mapping_and_checks_every_records_sid
     altered(root / entry["train"], out.getvalue(), manifest_path)
     problems = verify_version(str(manifest_path)).problems
     assert any(f"1 records not on their source prompt's side ({validation['id'][0]})" in p for p in problems), problems
+    # And the other way: a train record in place of the validation file's first record.
+    moved = pa.concat_tables([train.slice(0, 1), validation.slice(1)])
+    out = io.BytesIO()
+    pq.write_table(moved, out)
+    altered(root / entry["validation"], out.getvalue(), manifest_path)
+    problems = verify_version(str(manifest_path)).problems
+    assert any(f"1 records not on their source prompt's side ({train['id'][0]})" in p for p in problems), problems
+
+
+def test_answers_cut_on_both_sides_verify_clean_by_the_side_their_file_names(
+    deployment: Path, simulator: Simulator
+) -> None:
+    """truncated/ holds the cut answers of both sides and names each one's side in a column: read back from the file,
+    each equals the side its source prompt is on."""
+    published = run_stages("v1", simulator, datasets=["temperatures"], max_new_tokens=60)["temperatures"]
+    truncated = split_rows(published["manifest"])["truncated"]
+    assert {row["side"] for row in truncated} == {"train", "validation"}
+    assert verify_version(published["manifest"]).problems == []
 
 
 def test_a_damaged_validation_file_leaves_the_vocabulary_checked(deployment: Path, simulator: Simulator) -> None:
