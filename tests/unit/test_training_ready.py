@@ -171,6 +171,12 @@ def test_the_version_counts_its_train_answers_and_maps_the_draft_vocabulary(
     assert verify_version(published["manifest"]).problems == []
 
 
+def parquet_bytes(table: pa.Table) -> bytes:
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    return out.getvalue()
+
+
 def altered(path: Path, body: bytes, manifest_path: Path) -> None:
     """A file rewritten, and the manifest updated to its new sha256 and size: only a recount can tell."""
     path.write_bytes(body)
@@ -190,17 +196,14 @@ def test_verify_recounts_the_counts_and_the_mapping_and_checks_every_records_sid
 
     freq = pq.read_table(folder / "vocab" / "token_freq.parquet")
     bumped = freq.set_column(1, "count", pa.array([c + (i == 0) for i, c in enumerate(freq["count"].to_pylist())]))
-    out = io.BytesIO()
-    pq.write_table(bumped, out)
-    altered(folder / "vocab" / "token_freq.parquet", out.getvalue(), manifest_path)
+    altered(folder / "vocab" / "token_freq.parquet", parquet_bytes(bumped), manifest_path)
     [problem] = verify_version(str(manifest_path)).problems
     assert "token_freq.parquet: the counts differ from a count of the train records" in problem
 
     shard = manifest["shards"][0]
     counts = pq.read_table(Path(manifest["root"]) / shard["token_counts"])
-    out = io.BytesIO()
-    pq.write_table(counts.slice(1), out)  # one id's count dropped
-    altered(Path(manifest["root"]) / shard["token_counts"], out.getvalue(), manifest_path)
+    one_dropped = parquet_bytes(counts.slice(1))  # one id's count dropped
+    altered(Path(manifest["root"]) / shard["token_counts"], one_dropped, manifest_path)
     problems = verify_version(str(manifest_path)).problems
     assert any("token counts differ from those of the shard's train records" in p for p in problems), problems
 
@@ -219,23 +222,14 @@ def test_verify_recounts_the_counts_and_the_mapping_and_checks_every_records_sid
         problems = verify_version(str(manifest_path)).problems
         assert any("d2t.npy: not the draft vocabulary" in p for p in problems), (dtype, problems)
 
-    # A validation record in place of its shard's first train record: on the wrong side.
+    # A record of one side in place of the first record of the other side's file: on the wrong side, either way.
     entry = next(s for s in manifest["shards"] if s.get("validation_records"))
     root = Path(manifest["root"])
     train, validation = pq.read_table(root / entry["train"]), pq.read_table(root / entry["validation"])
-    moved = pa.concat_tables([validation.slice(0, 1), train.slice(1)])
-    out = io.BytesIO()
-    pq.write_table(moved, out)
-    altered(root / entry["train"], out.getvalue(), manifest_path)
-    problems = verify_version(str(manifest_path)).problems
-    assert any(f"1 records not on their source prompt's side ({validation['id'][0]})" in p for p in problems), problems
-    # And the other way: a train record in place of the validation file's first record.
-    moved = pa.concat_tables([train.slice(0, 1), validation.slice(1)])
-    out = io.BytesIO()
-    pq.write_table(moved, out)
-    altered(root / entry["validation"], out.getvalue(), manifest_path)
-    problems = verify_version(str(manifest_path)).problems
-    assert any(f"1 records not on their source prompt's side ({train['id'][0]})" in p for p in problems), problems
+    for into, stray, held in (("train", validation, train), ("validation", train, validation)):
+        altered(root / entry[into], parquet_bytes(pa.concat_tables([stray.slice(0, 1), held.slice(1)])), manifest_path)
+        problems = verify_version(str(manifest_path)).problems
+        assert any(f"1 records not on their source prompt's side ({stray['id'][0]})" in p for p in problems), problems
 
 
 def test_answers_cut_on_both_sides_verify_clean_by_the_side_their_file_names(
@@ -260,9 +254,8 @@ def test_a_damaged_validation_file_leaves_the_vocabulary_checked(deployment: Pat
     altered(Path(manifest["root"]) / entry["validation"], b"not parquet", manifest_path)
     freq_path = manifest_path.parent / "vocab" / "token_freq.parquet"
     freq = pq.read_table(freq_path)
-    out = io.BytesIO()
-    pq.write_table(freq.set_column(1, "count", pa.array([c + 1 for c in freq["count"].to_pylist()])), out)
-    altered(freq_path, out.getvalue(), manifest_path)
+    bumped = freq.set_column(1, "count", pa.array([c + 1 for c in freq["count"].to_pylist()]))
+    altered(freq_path, parquet_bytes(bumped), manifest_path)
     problems = verify_version(str(manifest_path)).problems
     assert f"{entry['validation']}: unreadable as a file of records (ArrowInvalid: " in "\n".join(problems), problems
     assert any("token_freq.parquet: the counts differ from a count of the train records" in p for p in problems)
@@ -465,9 +458,7 @@ def test_verify_reports_a_record_of_no_prompt_instead_of_failing(deployment: Pat
     entry = manifest["shards"][0]
     train = pq.read_table(root / entry["train"])
     ids = ["0" * 20, *train.column("id").to_pylist()[1:]]
-    out = io.BytesIO()
-    pq.write_table(train.set_column(0, "id", pa.array(ids, pa.string())), out)
-    altered(root / entry["train"], out.getvalue(), manifest_path)
+    altered(root / entry["train"], parquet_bytes(train.set_column(0, "id", pa.array(ids, pa.string()))), manifest_path)
     problems = verify_version(str(manifest_path)).problems
     assert any(
         "1 records whose input_ids are not the prompt sent + the server's output (" + "0" * 20 in p for p in problems

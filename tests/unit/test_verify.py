@@ -624,6 +624,7 @@ def test_a_split_file_of_more_than_256_records_is_compared_by_its_count_not_its_
     rewrite(path, manifest, key, many, schema)
     problems = verify_version(str(path)).problems
     assert not [said for said in problems if "manifest says" in said], problems
-    shard["records"] = manifest["records"] = 301
+    shard["records"] += 1
+    manifest["records"] += 1
     path.write_text(json.dumps(manifest))
     assert f"{key}: 300 records, manifest says 301" in verify_version(str(path)).problems

@@ -390,7 +390,7 @@ def test_a_part_is_tried_on_its_schedule_up_to_the_bound_and_once_past_it(
     assert tried == pytest.approx(tries_at)
     bound = outage_s or 30
     assert cut_off_at == pytest.approx([max(bound - at, 0.05) for at in tries_at])
-    assert message.startswith(f"storage took no checkpoint for {outage_s or 30:g} s (")
+    assert message.startswith(f"storage took no checkpoint for {bound:g} s (")
 
 
 def test_what_storage_takes_back_on_the_way_out_lands_and_the_task_still_fails(
