@@ -36,6 +36,7 @@ if os.fork() == 0:
     info = pipeline.run._renderer.cache_info()
     found = {"hits": info.hits - before.hits, "misses": info.misses - before.misses,
              "table_built": renderer._decoder_built,
+             "longest_token_known": "max_token_bytes" in vars(renderer),
              "parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
              "encodes": renderer.encode_texts(["a b", "c"], add_special_tokens=False) is not None}
     os.write(write, json.dumps(found).encode())
@@ -88,6 +89,7 @@ def test_a_task_forked_from_the_scheduler_finds_its_renderer_built() -> None:
         "hits": 1,
         "misses": 0,
         "table_built": True,
+        "longest_token_known": True,  # prepare's bound on text, read from the whole vocabulary once
         "parallelism": None,  # the tokenizer's thread pool was never used before the fork: the child keeps it
         "encodes": True,
     }

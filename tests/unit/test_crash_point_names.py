@@ -5,12 +5,14 @@ counted as fired; and the records are compared split by split."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
 from tools.crash_points import CrashPoint, Operation, Outcome, parse_point, result_line, summary
 from tools.crash_points.checks import Delivered, differences
 from tools.crash_points.harness import first_try_kills
+from tools.crash_points.memo import memoised
 from tools.crash_points.points import RENEW, Arm, Injector
 
 KEY = "crashpoint-mini/tools/cp-1"
@@ -106,3 +108,26 @@ def test_a_first_try_is_killed_halfway_and_once_its_result_landed() -> None:
     assert halfway.method == "delete" and first_try_kills(made) == [halfway, raw]
     assert first_try_kills(made[:9]) == [raw]  # halfway is the raw file itself: one kill
     assert first_try_kills(made[:4]) == [made[1]] and first_try_kills([]) == []
+
+
+def test_the_harness_draws_a_report_s_plots_once_for_the_data_they_draw(tmp_path: Path) -> None:
+    """A crash point's run publishes the reference run's data again: its plots are the ones drawn first, byte for
+    byte; other data, or other counts in the report, are drawn anew. The run's timing and cost are no part of a plot."""
+    import pyarrow as pa
+
+    from regen.stages.publish import dataset_report
+
+    def verdicts(longest: int) -> pa.Table:
+        lengths = {"prompt_len": [3, longest], "output_len": [5, 9], "reasoning_len": [1, 2]}
+        return pa.table({name: pa.array(values, pa.int64()) for name, values in lengths.items()})
+
+    report = {"verdicts": {"ok": 2}, "throughput": {"seconds": 1.0}}
+    drawn = dataset_report._plots(verdicts(7), report)
+    with memoised(tmp_path):
+        first = dataset_report._plots(verdicts(7), report)
+        again = dataset_report._plots(verdicts(7), {**report, "throughput": {"seconds": 2.5}, "cost": {"usd": 1.0}})
+        other = dataset_report._plots(verdicts(8), report)
+        counted = dataset_report._plots(verdicts(7), {**report, "verdicts": {"ok": 1, "invalid": 1}})
+    assert first == again == drawn and set(first) == {"lengths.png", "verdicts.png"}
+    assert other["lengths.png"] != first["lengths.png"] and counted["verdicts.png"] != first["verdicts.png"]
+    assert len(list((tmp_path / "plots").glob("*.pickle"))) == 3

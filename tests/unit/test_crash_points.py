@@ -45,16 +45,21 @@ def test_a_sample_of_crash_points_leaves_every_version_complete_and_right(runnin
 def test_the_harness_leaves_its_process_as_it_found_it() -> None:
     """Other tests run after it in the same worker: the deployment's config, plain storage and fresh claims left
     alone are theirs again."""
+    from moto import backends
+
     from regen import claims
     from regen.pipeline import run_storage
+    from regen.stages.publish import dataset_report
 
     before, opened, held = os.environ.get("REGEN_CONFIG"), run_storage.open_storage, run_storage.held
-    fresh = claims.FRESH_SHARE
+    fresh, plots, listed = claims.FRESH_SHARE, dataset_report._plots, backends.list_of_moto_modules
     with harness("local"):
         assert os.environ.get("REGEN_CONFIG") != before and run_storage.open_storage is not opened
+        assert dataset_report._plots is not plots and backends.list_of_moto_modules is not listed
     assert os.environ.get("REGEN_CONFIG") == before and run_storage.open_storage is opened
     assert run_storage.held is held
     assert fresh == claims.FRESH_SHARE
+    assert dataset_report._plots is plots and backends.list_of_moto_modules is listed
 
 
 def test_the_fault_free_run_publishes_every_dataset_both_splits_and_a_gap_in_shard_numbers(running: Harness) -> None:

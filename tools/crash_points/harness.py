@@ -33,6 +33,7 @@ from tools.crash_points.checks import (
 )
 from tools.crash_points.dag import Dag, Trace, run_try
 from tools.crash_points.fleet import FLEETS, check_first_run
+from tools.crash_points.memo import memoised
 from tools.crash_points.points import (
     FAULTS,
     INJECTOR,
@@ -77,6 +78,7 @@ class Harness:
         from tools.devstack import start_simulator
 
         self.simulator = self.stack.enter_context(start_simulator(self.folder, *self.fleet.args))
+        self.stack.enter_context(memoised(self.folder))
         self.s3_client: Callable[[], Any] | None = None
         self.store: tuple[Any, str, str] | None = None  # S3: the store without the proxy, where snapshots are kept
         if self.backend == "s3":

@@ -70,13 +70,14 @@ def _renderer(declaration: str) -> ChatRenderer:
 
 
 def preload() -> None:
-    """Build the config's default profile at work (the renderer and its decode table) in a process that forks task
-    processes, so that every task forked after it inherits the renderer and the libraries behind it, instead of
-    spending about 2 CPU-seconds on them each. Nothing is sent and nothing is written. A config or tokenizer that
-    fails here is left for plan to report, with its own message."""
+    """Build the config's default profile at work (the renderer, its decode table, its longest token) in a process
+    that forks task processes, so that every task forked after it inherits the renderer and the libraries behind it,
+    instead of spending about 2 CPU-seconds on them each. Nothing is sent and nothing is written. A config or
+    tokenizer that fails here is left for plan to report, with its own message."""
     try:
         config = load_config()
         renderer = _renderer(config.profile(config.defaults.profile).model_dump_json())
+        renderer.max_token_bytes  # noqa: B018 (read from the whole vocabulary once: prepare's bound on text)
     except Exception as e:  # a hint for the log: plan says what to fix
         log.warning("preload skipped (plan will report it): %s", e)
         return
