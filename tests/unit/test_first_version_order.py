@@ -357,8 +357,15 @@ def test_rows_without_a_reference_are_ordered_by_the_fit_of_the_answers_so_far()
     assert sorted(taken) == sorted(prompts.ids)  # each sample once
 
 
-def write_verdicts(storage: LocalStorage, location: DatasetLocation, shard: int, prompt_lengths: list[int]) -> None:
-    """A validated shard's verdicts for the columns the fit reads: no reference, answers five tokens a prompt token."""
+def write_verdicts(
+    storage: LocalStorage,
+    location: DatasetLocation,
+    shard: int,
+    prompt_lengths: list[int],
+    expected: list[int | None] | None = None,
+) -> None:
+    """A validated shard's verdicts for the columns the fit reads: answers five tokens a prompt token, with the
+    lengths prepare expected (none by default)."""
     import pyarrow as pa
 
     from regen.layout import VERDICTS_SUFFIX
@@ -367,7 +374,7 @@ def write_verdicts(storage: LocalStorage, location: DatasetLocation, shard: int,
         {
             "prompt_len": pa.array(prompt_lengths, pa.int32()),
             "output_len": pa.array([5 * n for n in prompt_lengths], pa.int32()),
-            "expected_tokens": pa.array([None] * len(prompt_lengths), pa.int32()),
+            "expected_tokens": pa.array(expected or [None] * len(prompt_lengths), pa.int32()),
         }
     )
     path = storage.root / "verdicts.parquet"
@@ -395,6 +402,30 @@ def test_a_later_shard_is_ordered_by_the_earlier_shards_answers_from_its_first_r
     hints = Hints()
     taken = [len(prompts.prompt_ids(i)) for i in shard_order(prompts, list(prompts.ids), hints, None, storage, this)]
     assert taken == sorted(taken, reverse=True) and hints.failed == {}  # longest first from the first request
+
+
+def test_a_shard_s_fit_starts_from_the_last_eight_shards_dealt_before_it_and_their_latest_4096_answers(
+    tmp_path: Path,
+) -> None:
+    """Ten shards validated before shard 10, one answer each with its reference (one of -1: counted as 0): the pool
+    is the last eight's, never its own. After a shard of 4,100 answers, the latest 4,096 of the last eight shards'."""
+    from regen.manifest import ShardManifest
+    from regen.stages.generate.order import pooled_answers
+
+    storage = LocalStorage(tmp_path)
+    location = DatasetLocation(storage.root_uri, "kimi-k2.5-mini", "d", "v1")
+    for number in range(10):
+        write_verdicts(storage, location, number, [number + 1], [-1 if number == 9 else 10 * number])
+    write_verdicts(storage, location, 10, [500])  # its own, validated by a try before a reopen: not another shard's
+    this = ShardManifest(location, 10, location.shard(10).prompts, "", 1)
+    pooled = pooled_answers(storage, this)
+    assert [(round(np.expm1(p)), r and round(np.expm1(r)), round(np.expm1(y))) for p, r, y in pooled] == [
+        (n + 1, 0 if n == 9 else 10 * n, 5 * (n + 1)) for n in range(2, 10)
+    ]
+    write_verdicts(storage, location, 11, list(range(1, 4101)))
+    later = ShardManifest(location, 12, location.shard(12).prompts, "", 1)
+    pooled = pooled_answers(storage, later)
+    assert [round(np.expm1(p)) for p, _, _ in pooled] == list(range(5, 4101))  # shards 3-9's 7 and 4 more dropped
 
 
 def test_a_shared_fit_that_cannot_be_read_leaves_the_shard_its_own_fit_and_one_for_a_second_version_is_not_read(
