@@ -19,11 +19,11 @@ Struct, pydantic, TypedDict, NamedTuple: those fields' annotations are run) or t
 ("invalid": cosmic-ray turns `{**x}` into `{+x}`), which no test needs to kill.
 
 The killing suite (MODULES below) of a module: the fast-tier test files that import it, found by parsing the imports
-of tests/ (`--print-importers` prints them, to check the mapping against), minus the parity/e2e/contract files, which
-the marker expression deselects anyway. verify_vocab is imported by no test, only by verify, so its suite is verify's
-tests that reach it, and export's adds the two files that check its splits through the pipeline (the held-out split,
-older releases' files), which import the pipeline rather than export. Files are ordered fastest first so that `-x`
-stops a killed mutant early. Each run is
+of tests/ (`--print-importers` prints them), minus the parity/e2e/contract files, which the marker expression
+deselects anyway; a file that imports it and is not in MODULES yet is added to its suite, last. verify_vocab is
+imported by no test, only by verify, so its suite is verify's tests that reach it, and export's adds the two files
+that check its splits through the pipeline (the held-out split, older releases' files), which import the pipeline
+rather than export. Files are ordered fastest first so that `-x` stops a killed mutant early. Each run is
 
     python -m pytest -x -q -p no:randomly -p no:cacheprovider
         -m "not e2e and not parity and not crashpoints and not generated" <suite files>
@@ -175,6 +175,15 @@ def importers(tests: Path) -> dict[str, list[str]]:
             if module in names:
                 found[key].append(str(file.relative_to(tests.parent)))
     return found
+
+
+def suite_of(key: str) -> list[str]:
+    """The module's killing suite: MODULES' files (fastest first), then every other fast-tier file that imports the
+    module, so that a test file written after MODULES still counts (a mutant only it kills would survive)."""
+    listed = MODULES[key][1]
+    slow = ("tests/e2e/", "tests/parity/", "tests/contract/")
+    found = importers(ROOT / "tests")[key]
+    return listed + [f for f in found if f not in listed and not f.startswith(slow) and not f.endswith("conftest.py")]
 
 
 def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -355,7 +364,7 @@ def run_module(key: str, args, copies: list[Path], report: dict, save) -> dict:
     from cosmic_ray.mutating import mutate_code
     from cosmic_ray.plugins import get_operator
 
-    relative, suite = MODULES[key]
+    relative, suite = MODULES[key][0], suite_of(key)
     copy = copies[0]
     path = copy / relative
     source = path.read_text()
@@ -590,7 +599,7 @@ def main() -> None:
         return
     if args.list:
         for key in keys:
-            relative, suite = MODULES[key]
+            relative, suite = MODULES[key][0], suite_of(key)
             print(f"{key:<16}{len(mutants(ROOT / relative)):>6} mutants  {relative}  suite: {' '.join(suite)}")
         return
 
