@@ -243,3 +243,22 @@ def test_the_fit_is_made_again_each_time_the_answers_double_past_256(monkeypatch
     for sample_id in list(order)[:600]:
         order.observe(sample_id, 2 * prompts.reference_tokens(sample_id))
     assert fits == [16, 32, 64, 128, 256, 512]
+
+
+def test_an_answer_seen_and_one_pooled_from_another_shard_are_one_observation_each_empty_ones_too() -> None:
+    """The fit takes this shard's answers as it takes other shards' verdicts: log1p of the prompt's, the
+    reference's and the answer's lengths, an empty answer as 0 tokens; so moving answers between the two changes no
+    prediction."""
+    import numpy as np
+
+    n = 12
+    references = [50 * (i + 1) for i in range(n)] + [700, None]
+    prompts = prompts_of([3 + i for i in range(n + 2)], references, references)
+    seen = [(f"s{i}", 0 if i % 4 == 0 else 3 * references[i]) for i in range(n)]
+    pooled = [
+        (float(np.log1p(3 + i)), float(np.log1p(references[i])), float(np.log1p(y))) for i, (_, y) in enumerate(seen)
+    ]
+    pending = ["s12", "s13"]
+    alone = fitted_lengths(prompts, seen, pending)
+    assert alone is not None and alone == fitted_lengths(prompts, [], pending, pooled=pooled)
+    assert alone == fitted_lengths(prompts, seen[:6], pending, pooled=pooled[6:])
