@@ -481,7 +481,7 @@ def run_module(key: str, args, copies: list[Path], report: dict, save) -> dict:
                 print(f"  [{count}/{len(chosen)}] {Counter(e['outcome'] for e in result['results'])}", flush=True)
             save()
 
-    todo = [(count, index) for count, index in enumerate(chosen, 1) if _key(every[index]) not in done]
+    todo = [(n, index) for n, index in enumerate(chosen, 1) if _key(every[index]) not in done and n > args.after]
     with ThreadPoolExecutor(len(copies)) as pool:
         list(pool.map(lambda item: run_mutant(*item), todo))  # raises what a worker raised
     result["results"].sort(key=lambda entry: (entry["line"], entry["operator"], entry["occurrence"]))
@@ -574,6 +574,9 @@ def main() -> None:
     parser.add_argument("--max-baseline", type=float, default=900.0, help="seconds the unmutated suite may take")
     parser.add_argument(
         "--source", default="head", help="what is copied and mutated: head (default), worktree, or a commit"
+    )
+    parser.add_argument(
+        "--after", type=int, default=0, help="run only the mutants after the first N (a run cut short, its report lost)"
     )
     parser.add_argument("--whole-suite", action="store_true", help="every mutant runs the whole suite (no coverage)")
     parser.add_argument("--workers", type=int, default=1, help="mutants run at once, each in a copy of its own")
