@@ -1,5 +1,5 @@
-"""Work the harness does again at every crash point with the same result, done once: about a sixth of an S3 point's
-CPU. Neither changes what a task writes or what the checks compare."""
+"""Work the harness did again at every crash point with the same result, done once (docs/benchmarks.md, "Crash
+points", says what each cost). Neither changes what a task writes or what the checks compare."""
 
 from __future__ import annotations
 
