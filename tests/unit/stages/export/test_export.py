@@ -105,6 +105,21 @@ def test_every_answer_lands_in_exactly_one_place_as_the_server_sent_it(
     ]
 
 
+def test_a_split_file_keeps_statistics_for_its_scalar_columns_and_dictionaries_for_its_strings_only(
+    published: tuple[PreparedDataset, LocalStorage, dict[str, Any]],
+) -> None:
+    """Token-id lists gain nothing from either, and computing them was a tenth of the write; a reader filtering by id,
+    dataset or verdict still skips row groups by their statistics."""
+    prepared, storage, _ = published
+    [shard] = prepared.shards
+    group = pq.ParquetFile(io.BytesIO(storage.get_bytes(shard.keys.split("train")))).metadata.row_group(0)
+    columns = {group.column(i).path_in_schema.split(".")[0]: group.column(i) for i in range(group.num_columns)}
+    with_statistics = {name for name, column in columns.items() if column.is_stats_set}
+    dictionary = {name for name, column in columns.items() if any("DICTIONARY" in e for e in column.encodings)}
+    assert with_statistics == set(columns) - {"input_ids", "loss_mask", "flags"}
+    assert dictionary == {"id", "verdict", "finish_reason", "dataset", "profile", "text"}
+
+
 def test_the_dataset_report_counts_what_landed(published: tuple[PreparedDataset, LocalStorage, dict[str, Any]]) -> None:
     prepared, storage, summary = published
     location = prepared.location
