@@ -177,12 +177,13 @@ def importers(tests: Path) -> dict[str, list[str]]:
     return found
 
 
-def suite_of(key: str) -> list[str]:
-    """The module's killing suite: MODULES' files (fastest first), then every other fast-tier file that imports the
-    module, so that a test file written after MODULES still counts (a mutant only it kills would survive)."""
+def suite_of(key: str, tree: Path = ROOT) -> list[str]:
+    """The module's killing suite in `tree` (the copy a run mutates: its tests, not the checkout's): MODULES' files
+    (fastest first), then every other fast-tier file there that imports the module, so that a test file written after
+    MODULES still counts (a mutant only it kills would survive)."""
     listed = MODULES[key][1]
     slow = ("tests/e2e/", "tests/parity/", "tests/contract/")
-    found = importers(ROOT / "tests")[key]
+    found = importers(tree / "tests")[key]
     return listed + [f for f in found if f not in listed and not f.startswith(slow) and not f.endswith("conftest.py")]
 
 
@@ -364,8 +365,8 @@ def run_module(key: str, args, copies: list[Path], report: dict, save) -> dict:
     from cosmic_ray.mutating import mutate_code
     from cosmic_ray.plugins import get_operator
 
-    relative, suite = MODULES[key][0], suite_of(key)
     copy = copies[0]
+    relative, suite = MODULES[key][0], suite_of(key, copy)
     path = copy / relative
     source = path.read_text()
     lines = source.splitlines()

@@ -419,7 +419,7 @@ def test_a_shard_s_fit_starts_from_the_last_eight_shards_dealt_before_it_and_the
     write_verdicts(storage, location, 10, [500])  # its own, validated by a try before a reopen: not another shard's
     this = ShardManifest(location, 10, location.shard(10).prompts, "", 1)
     pooled = pooled_answers(storage, this)
-    assert [(round(np.expm1(p)), r and round(np.expm1(r)), round(np.expm1(y))) for p, r, y in pooled] == [
+    assert [(round(np.expm1(p)), round(np.expm1(r)), round(np.expm1(y))) for p, r, y in pooled] == [
         (n + 1, 0 if n == 9 else 10 * n, 5 * (n + 1)) for n in range(2, 10)
     ]
     write_verdicts(storage, location, 11, list(range(1, 4101)))
